@@ -1,0 +1,64 @@
+-- admit.lua: advance the admission mark by one batch of users still waiting, at most once
+-- per tick of Redis' own clock.
+--
+-- Two pumps that both believe they hold the lock (lock lost, pause, clock skew) still admit
+-- one batch per tick: the tick number comes from TIME here, not from the caller. Users who
+-- left or were evicted are not in `waiting`, so they do not use a slot.
+--
+-- KEYS[1] queue:{T}:waiting          ZSET seq -> user
+-- KEYS[2] queue:{T}:admitted_count   STRING admission mark
+-- KEYS[3] queue:{T}:last_tick        STRING last tick advanced
+-- KEYS[4] queue:{T}:batch_size       STRING runtime batch size for this target (optional)
+-- KEYS[5] queue:{T}:admissions       LIST "tick:count", newest first, last 60 ticks
+-- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms
+-- KEYS[7] queue:{T}:waits            HASH wait histogram: b:<lower bound s> -> users,
+--                                    count, sum_ms, admitted (users admitted in all)
+-- ARGV[1] batch size in force when the target has none of its own
+-- ARGV[2] tick length ms
+-- ARGV[3] key ttl seconds
+-- returns {advanced 0|1, mark, tick, admitted, batch}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tick = math.floor(now / tonumber(ARGV[2]))
+local ttl = tonumber(ARGV[3])
+local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
+local batch = tonumber(redis.call('GET', KEYS[4]) or ARGV[1])
+local last = tonumber(redis.call('GET', KEYS[3]) or '-1')
+if tick <= last then
+  return {0, mark, tick, 0, batch}
+end
+redis.call('SET', KEYS[3], tick, 'EX', ttl)
+local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, batch)
+local admitted = #front / 2
+if admitted > 0 then
+  mark = tonumber(front[#front])
+  redis.call('SET', KEYS[2], mark, 'EX', ttl)
+  -- Wait statistics: entry -> admission, bucketed like domain::wait_bucket.
+  local users = {}
+  for i = 1, #front, 2 do
+    users[#users + 1] = front[i]
+  end
+  local entered = redis.call('HMGET', KEYS[6], unpack(users))
+  local sum, counted = 0, 0
+  for i = 1, #entered do
+    if entered[i] then
+      local w = math.max(0, now - tonumber(entered[i]))
+      local s = math.floor(w / 1000)
+      local b
+      if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
+      elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
+      redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
+      sum = sum + w
+      counted = counted + 1
+    end
+  end
+  redis.call('HDEL', KEYS[6], unpack(users))
+  redis.call('HINCRBY', KEYS[7], 'count', counted)
+  redis.call('HINCRBY', KEYS[7], 'sum_ms', sum)
+  redis.call('HINCRBY', KEYS[7], 'admitted', admitted)
+  redis.call('EXPIRE', KEYS[7], ttl)
+end
+redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
+redis.call('LTRIM', KEYS[5], 0, 59)
+redis.call('EXPIRE', KEYS[5], ttl)
+return {1, mark, tick, admitted, batch}

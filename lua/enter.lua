@@ -1,0 +1,52 @@
+-- enter.lua: put a user in a target's queue, or tell where they already are.
+--
+-- KEYS[1] queue:{T}:waiting          ZSET seq -> user
+-- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[3] queue:{T}:seq              STRING counter
+-- KEYS[4] queue:{T}:admitted_count   STRING admission mark
+-- KEYS[5] queue:{T}:token:{user}     STRING token, EX token ttl
+-- KEYS[6] queue:{T}:batch_size       STRING runtime batch size (optional)
+-- KEYS[7] queue:{T}:entered_at       HASH user -> entry ms (wait statistics)
+-- ARGV[1] user id
+-- ARGV[2] max capacity (users waiting and not yet admitted)
+-- ARGV[3] key ttl seconds (sliding)
+-- ARGV[4] candidate token, stored only if the user is admitted now
+-- ARGV[5] token ttl seconds
+-- returns {'ADMITTED', token}
+--       | {'WAITING', seq, mark, ahead, batch_override_or_0}
+--       | {'FULL'}
+local user = ARGV[1]
+local ttl = tonumber(ARGV[3])
+local tok = redis.call('GET', KEYS[5])
+if tok then
+  return {'ADMITTED', tok}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
+local seq = redis.call('ZSCORE', KEYS[1], user)
+if seq then
+  seq = tonumber(seq)
+else
+  local waiting = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf')
+  if waiting >= tonumber(ARGV[2]) then
+    return {'FULL'}
+  end
+  seq = redis.call('INCR', KEYS[3])
+  redis.call('ZADD', KEYS[1], seq, user)
+  redis.call('HSET', KEYS[7], user, now)
+end
+if seq <= mark then
+  redis.call('SET', KEYS[5], ARGV[4], 'EX', tonumber(ARGV[5]))
+  redis.call('ZREM', KEYS[1], user)
+  redis.call('ZREM', KEYS[2], user)
+  redis.call('HDEL', KEYS[7], user)
+  return {'ADMITTED', ARGV[4]}
+end
+redis.call('ZADD', KEYS[2], now, user)
+for i = 1, 4 do
+  redis.call('EXPIRE', KEYS[i], ttl)
+end
+redis.call('EXPIRE', KEYS[7], ttl)
+local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
+return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[6]) or '0')}

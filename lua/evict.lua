@@ -1,0 +1,24 @@
+-- evict.lua: remove users who stopped polling, a bounded number per call so Redis never
+-- blocks on a huge queue.
+--
+-- KEYS[1] queue:{T}:waiting     ZSET seq -> user
+-- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
+-- KEYS[3] queue:{T}:entered_at  HASH user -> entry ms
+-- KEYS[4] queue:{T}:evicted     STRING count of evictions (churn)
+-- ARGV[1] heartbeat timeout ms
+-- ARGV[2] max users to evict in this call
+-- ARGV[3] key ttl seconds
+-- returns the number of users evicted
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = now - tonumber(ARGV[1])
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', 0, tonumber(ARGV[2]))
+if #stale == 0 then
+  return 0
+end
+redis.call('ZREM', KEYS[1], unpack(stale))
+redis.call('ZREM', KEYS[2], unpack(stale))
+redis.call('HDEL', KEYS[3], unpack(stale))
+redis.call('INCRBY', KEYS[4], #stale)
+redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
+return #stale

@@ -1,0 +1,83 @@
+//! Command line: one file per subcommand, each an `Args` struct and a `run`. The only
+//! place in vq that prints.
+
+mod flag;
+mod pump;
+mod serve;
+mod token;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{LogFormat, Overrides, Settings};
+
+#[derive(Parser)]
+#[command(name = "vq", version, about = "A virtual waiting room for flash sales", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the queue API (and the pump, unless --no-pump)
+    Serve(serve::Args),
+    /// Run the admission pump only
+    Pump(pump::Args),
+    /// Show or change the virtual-queue.enabled flag
+    Flag(flag::Args),
+    /// Create an entry token
+    Mint(token::MintArgs),
+    /// Decode and check an entry token, saying why it fails
+    Verify(token::VerifyArgs),
+}
+
+/// `--config FILE`, shared by every command that reads settings.
+#[derive(clap::Args, Clone, Default)]
+pub struct ConfigArg {
+    /// Path of a vq.toml (default: built-in defaults, then VQ_… environment)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    pub fn load(&self, overrides: &Overrides) -> anyhow::Result<Settings> {
+        Settings::load(self.config.as_deref(), overrides).map_err(|e| anyhow::anyhow!("configuration: {e}"))
+    }
+}
+
+fn init_tracing(format: &LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Runs a command; errors are printed as one line on stderr with exit code 1 (commands that
+/// define their own codes, like verify, return them).
+pub fn main(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Serve(a) => serve::run(a),
+        Command::Pump(a) => pump::run(a),
+        Command::Flag(a) => flag::run(a),
+        Command::Mint(a) => token::mint(a),
+        Command::Verify(a) => token::verify(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

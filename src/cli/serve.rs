@@ -1,0 +1,48 @@
+//! `vq serve`: the queue API, the gate and (unless `--no-pump`) the pump.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use super::{ConfigArg, init_tracing, runtime};
+use crate::app::{ServeOptions, cancel_on_signal, run as run_app};
+use crate::config::{Overrides, StoreKind, secret_from_env};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  VQ_TOKEN_SECRET=$(head -c 32 /dev/urandom | base64) vq serve\n  vq serve --config vq.toml --listen 0.0.0.0:8080 --no-pump"
+)]
+pub struct Args {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Address to listen on (overrides `listen`)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Do not run the admission pump in this process (run `vq pump` elsewhere)
+    #[arg(long)]
+    no_pump: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = args.config.load(&Overrides { listen: args.listen })?;
+    let secret = secret_from_env()?;
+    init_tracing(&settings.log.format);
+    if settings.store == StoreKind::Memory {
+        tracing::warn!(
+            "store = memory: the queue lives in this process only. SINGLE INSTANCE ONLY: do not run several vq serve on it, and state is lost on restart"
+        );
+    }
+    let settings = Arc::new(settings);
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(settings.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", settings.listen))?;
+        let cancel = CancellationToken::new();
+        cancel_on_signal(cancel.clone());
+        run_app(listener, settings, secret, ServeOptions { pump: !args.no_pump }, cancel).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

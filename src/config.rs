@@ -1,0 +1,312 @@
+//! The typed configuration tree, loaded once: defaults ← `vq.toml` ← `VQ_…` env ← flags.
+//!
+//! Unknown keys are an error naming the key. The token secret is never part of this tree:
+//! it comes from `VQ_TOKEN_SECRET` or the file named by `VQ_TOKEN_SECRET_FILE` only.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::store::StoreLimits;
+use crate::token::{Secret, SecretError};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Redis,
+    Memory,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    /// Names this process in locks, acknowledgements and stats; hostname + pid when unset.
+    pub instance_id: Option<String>,
+    pub store: StoreKind,
+    pub redis: RedisSettings,
+    pub queue: QueueSettings,
+    pub token: TokenSettings,
+    pub flag: FlagSettings,
+    pub gate: GateSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Comma-separated `redis://host:port`; set = Redis Cluster mode.
+    pub cluster_nodes: Option<String>,
+    /// Bound on every Redis command on the request path, so a dead Redis cannot hang
+    /// requests: past it, enter and poll fail open.
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSettings {
+    pub batch_size: u64,
+    pub tick_ms: u64,
+    pub max_capacity: u64,
+    pub heartbeat_timeout_s: u64,
+    pub max_evict_per_tick: u64,
+    pub key_ttl_s: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenSettings {
+    pub ttl_s: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlagSettings {
+    pub refresh_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateSettings {
+    pub upstream: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            instance_id: None,
+            store: StoreKind::Redis,
+            redis: RedisSettings::default(),
+            queue: QueueSettings::default(),
+            token: TokenSettings::default(),
+            flag: FlagSettings::default(),
+            gate: GateSettings::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self { url: "redis://127.0.0.1:6379".into(), cluster_nodes: None, timeout_ms: 250 }
+    }
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            tick_ms: 2000,
+            max_capacity: 100_000,
+            heartbeat_timeout_s: 60,
+            max_evict_per_tick: 1000,
+            key_ttl_s: 1800,
+        }
+    }
+}
+
+impl Default for TokenSettings {
+    fn default() -> Self {
+        Self { ttl_s: 300 }
+    }
+}
+
+impl Default for FlagSettings {
+    fn default() -> Self {
+        Self { refresh_ms: 1000 }
+    }
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self { upstream: None }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { format: LogFormat::Text }
+    }
+}
+
+/// Environment variables with the `VQ_` prefix that are not configuration keys.
+const NOT_KEYS: [&str; 3] = ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "URL"];
+
+/// Settings from the command line that win over every other source.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl Settings {
+    /// Loads defaults ← `file` (when given, it must exist) ← `VQ_…` env ← `overrides`.
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, Box<figment::Error>> {
+        let mut fig = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(Box::new(figment::Error::from(format!("config file {} does not exist", path.display()))));
+            }
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        fig = fig.merge(Env::prefixed("VQ_").split("__").ignore(&NOT_KEYS)).merge(Serialized::defaults(overrides));
+        let settings: Settings = fig.extract().map_err(Box::new)?;
+        settings.check().map_err(|e| Box::new(figment::Error::from(e)))?;
+        Ok(settings)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let q = &self.queue;
+        if q.batch_size == 0 {
+            return Err("queue.batch_size must be at least 1".into());
+        }
+        if q.tick_ms < 200 {
+            return Err("queue.tick_ms must be at least 200 (the lock lives tick - 100 ms)".into());
+        }
+        if q.max_capacity == 0 || q.heartbeat_timeout_s == 0 || q.key_ttl_s == 0 || self.token.ttl_s == 0 {
+            return Err(
+                "queue.max_capacity, queue.heartbeat_timeout_s, queue.key_ttl_s and token.ttl_s must be positive"
+                    .into(),
+            );
+        }
+        if self.flag.refresh_ms == 0 || self.flag.refresh_ms > 1000 {
+            return Err(
+                "flag.refresh_ms must be between 1 and 1000 (a change must reach every instance within 3 s)".into()
+            );
+        }
+        Ok(())
+    }
+
+    pub fn instance_id(&self) -> String {
+        self.instance_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "vq".to_owned());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    pub fn limits(&self) -> StoreLimits {
+        StoreLimits {
+            max_capacity: self.queue.max_capacity,
+            key_ttl_s: self.queue.key_ttl_s,
+            token_ttl_s: self.token.ttl_s,
+        }
+    }
+
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis.timeout_ms)
+    }
+
+    /// The admission lock lives one tick minus 100 ms, so it is free again at the next tick.
+    pub fn lock_ttl_ms(&self) -> u64 {
+        self.queue.tick_ms - 100
+    }
+}
+
+/// Reads the secret from `VQ_TOKEN_SECRET`, or the file named by `VQ_TOKEN_SECRET_FILE`
+/// (trailing newline dropped). The value never appears in an error.
+pub fn secret_from_env() -> Result<Secret, SecretError> {
+    let raw = match std::env::var("VQ_TOKEN_SECRET") {
+        Ok(v) if !v.is_empty() => v.into_bytes(),
+        _ => match std::env::var("VQ_TOKEN_SECRET_FILE") {
+            Ok(path) => std::fs::read(&path)
+                .map(|mut b| {
+                    while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                        b.pop();
+                    }
+                    b
+                })
+                .map_err(|_| SecretError::Missing)?,
+            Err(_) => return Err(SecretError::Missing),
+        },
+    };
+    Secret::new(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        Jail::expect_with(|_| {
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
+            assert_eq!(s.queue.batch_size, 100);
+            assert_eq!(s.queue.tick_ms, 2000);
+            assert_eq!(s.queue.max_capacity, 100_000);
+            assert_eq!(s.token.ttl_s, 300);
+            assert_eq!(s.lock_ttl_ms(), 1900);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        Jail::expect_with(|jail| {
+            jail.create_file("vq.toml", "listen = \"127.0.0.1:9000\"\n[queue]\nbatch_size = 50\ntick_ms = 1000\n")?;
+            jail.set_env("VQ_QUEUE__BATCH_SIZE", "70");
+            jail.set_env("VQ_REDIS__URL", "redis://127.0.0.1:7000");
+            jail.set_env("VQ_TOKEN_SECRET", "not a key");
+            let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+            assert_eq!(s.queue.batch_size, 70);
+            assert_eq!(s.queue.tick_ms, 1000);
+            assert_eq!(s.redis.url, "redis://127.0.0.1:7000");
+            assert_eq!(s.listen.to_string(), "127.0.0.1:9000");
+            let o = Overrides { listen: Some("127.0.0.1:9100".parse().unwrap()) };
+            let s = Settings::load(Some(Path::new("vq.toml")), &o).unwrap();
+            assert_eq!(s.listen.to_string(), "127.0.0.1:9100");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        Jail::expect_with(|jail| {
+            jail.create_file("vq.toml", "[queue]\nbatch_sise = 5\n")?;
+            let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains("batch_sise"), "{err}");
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_QUEUE__TICKMS", "5");
+            let err = Settings::load(None, &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains("tickms"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn secret_must_be_long_enough_and_is_never_echoed() {
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_TOKEN_SECRET", "hunter2");
+            let err = secret_from_env().unwrap_err();
+            assert!(!err.to_string().contains("hunter2"));
+            assert!(err.to_string().contains("32 bytes"));
+            jail.set_env("VQ_TOKEN_SECRET", "x".repeat(32));
+            assert!(secret_from_env().is_ok());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,14 @@
+//! Pure domain: queue targets, users, positions and ETA, flag evaluation.
+//!
+//! Nothing here does IO, reads a clock or touches tokio: every function takes the data and
+//! the time it needs as arguments, so the admission arithmetic is unit-tested without Redis.
+
+mod flag;
+mod position;
+mod stats;
+mod target;
+
+pub use flag::{FlagState, TargetOverride};
+pub use position::{QueuePosition, eta_seconds};
+pub use stats::{WaitHistogram, admission_rate_per_sec, wait_bucket};
+pub use target::{ParseError, QueueTarget, QueueTargetType, UserId};

@@ -1,0 +1,105 @@
+//! Cluster-wide queue figures computed from what the store holds (never one instance's memory).
+
+use std::collections::BTreeMap;
+
+/// The histogram bucket (its lower bound in seconds) of a wait: whole seconds below 2 min,
+/// 10 s up to 10 min, 1 min up to an hour. `admit.lua` computes the same buckets.
+pub fn wait_bucket(wait_s: u64) -> u64 {
+    match wait_s {
+        s if s < 120 => s,
+        s if s < 600 => s / 10 * 10,
+        s if s < 3600 => s / 60 * 60,
+        _ => 3600,
+    }
+}
+
+fn bucket_width(lower: u64) -> u64 {
+    match lower {
+        s if s < 120 => 1,
+        s if s < 600 => 10,
+        s if s < 3600 => 60,
+        _ => 0,
+    }
+}
+
+/// Waits from entry to admission, as counted by the pump for every admitted user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WaitHistogram {
+    /// bucket lower bound (s) -> users
+    pub buckets: BTreeMap<u64, u64>,
+    pub count: u64,
+    pub sum_ms: u64,
+}
+
+impl WaitHistogram {
+    pub fn record(&mut self, wait_ms: u64) {
+        *self.buckets.entry(wait_bucket(wait_ms / 1000)).or_default() += 1;
+        self.count += 1;
+        self.sum_ms += wait_ms;
+    }
+
+    pub fn avg_seconds(&self) -> f64 {
+        if self.count == 0 { 0.0 } else { self.sum_ms as f64 / self.count as f64 / 1000.0 }
+    }
+
+    /// The `q` quantile (0–1), interpolated linearly inside its bucket.
+    pub fn quantile_seconds(&self, q: f64) -> f64 {
+        let total: u64 = self.buckets.values().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let rank = q * total as f64;
+        let mut seen = 0u64;
+        for (lower, n) in &self.buckets {
+            if (seen + n) as f64 >= rank {
+                let into = (rank - seen as f64) / *n as f64;
+                return *lower as f64 + into * bucket_width(*lower) as f64;
+            }
+            seen += n;
+        }
+        self.buckets.keys().last().map_or(0.0, |b| *b as f64)
+    }
+}
+
+/// Users admitted per second over the last minute, from `(tick, admitted)` pairs.
+pub fn admission_rate_per_sec(admissions: &[(u64, u64)], tick_ms: u64, now_ms: u64) -> f64 {
+    let since = now_ms.saturating_sub(60_000);
+    let n: u64 = admissions.iter().filter(|(tick, _)| tick * tick_ms >= since).map(|(_, n)| n).sum();
+    n as f64 / 60.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_fine_for_short_waits_and_coarse_for_long() {
+        assert_eq!(wait_bucket(0), 0);
+        assert_eq!(wait_bucket(119), 119);
+        assert_eq!(wait_bucket(125), 120);
+        assert_eq!(wait_bucket(601), 600);
+        assert_eq!(wait_bucket(9999), 3600);
+    }
+
+    #[test]
+    fn quantiles_fall_inside_the_right_bucket() {
+        let mut h = WaitHistogram::default();
+        for w in [0, 2000, 4000, 6000] {
+            for _ in 0..25 {
+                h.record(w);
+            }
+        }
+        assert!((h.avg_seconds() - 3.0).abs() < 1e-9);
+        let p95 = h.quantile_seconds(0.95);
+        assert!((6.0..=7.0).contains(&p95), "{p95}");
+        let p50 = h.quantile_seconds(0.5);
+        assert!((2.0..=3.0).contains(&p50), "{p50}");
+    }
+
+    #[test]
+    fn rate_counts_only_the_last_minute() {
+        let now = 1_000_000;
+        let adm = [(500, 100), (499, 100), (100, 100)];
+        assert!((admission_rate_per_sec(&adm, 2000, now) - 200.0 / 60.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,35 @@
+//! Extractors that turn path segments and headers into domain types once, answering
+//! 400 `INVALID_REQUEST` with a detail for anything malformed.
+
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
+
+use super::ApiError;
+use crate::domain::{QueueTarget, UserId};
+
+/// `{kind}/{id}` of `/virtual-queues/{kind}/{id}/…`.
+pub struct TargetPath(pub QueueTarget);
+
+impl<S: Send + Sync> FromRequestParts<S> for TargetPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((kind, id)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        QueueTarget::from_path(&kind, &id).map(TargetPath).map_err(|e| ApiError::invalid(e.to_string()))
+    }
+}
+
+/// The `X-User-Id` header: a positive 64-bit integer.
+pub struct User(pub UserId);
+
+impl<S: Send + Sync> FromRequestParts<S> for User {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let raw = parts.headers.get("x-user-id").ok_or_else(|| ApiError::invalid("missing X-User-Id header"))?;
+        let text = raw.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
+        text.parse::<UserId>().map(User).map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
+    }
+}

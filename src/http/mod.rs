@@ -1,0 +1,35 @@
+//! The HTTP API: routes, extractors that parse once, and [`ApiError`], the only place that
+//! knows status codes. Handlers call the service and shape JSON; nothing else.
+
+mod error;
+mod extract;
+mod queue;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+
+pub use error::ApiError;
+pub use extract::{TargetPath, User};
+
+use crate::service::QueueService;
+
+/// Everything a handler can reach.
+pub struct AppState {
+    pub service: Arc<QueueService>,
+}
+
+pub type SharedState = Arc<AppState>;
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
+        .route("/virtual-queues/{kind}/{id}/entries/me", get(queue::poll).delete(queue::leave))
+        .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
+        .route("/healthz", get(queue::healthz))
+        .route("/readyz", get(queue::readyz))
+        .fallback(error::not_found)
+        .method_not_allowed_fallback(error::method_not_allowed)
+        .with_state(state)
+}

@@ -1,0 +1,93 @@
+//! Handlers of the queue API (SPEC §5.1–5.4) and the health probes.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::Serialize;
+
+use super::{ApiError, SharedState, TargetPath, User};
+use crate::service::{QueueStats, QueueStatus};
+use crate::store::QueueStore;
+use crate::token::iso8601;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusBody {
+    status: &'static str,
+    position: Option<u64>,
+    ahead_count: u64,
+    eta_seconds: u64,
+    entry_token: Option<String>,
+    token_expires_at: Option<String>,
+}
+
+impl From<QueueStatus> for StatusBody {
+    fn from(s: QueueStatus) -> Self {
+        let admitted = if matches!(s, QueueStatus::Admitted(_)) { "ADMITTED" } else { "DIRECT_ADMITTED" };
+        match s {
+            QueueStatus::Waiting { position, ahead, eta_seconds } => Self {
+                status: "WAITING",
+                position: Some(position),
+                ahead_count: ahead,
+                eta_seconds,
+                entry_token: None,
+                token_expires_at: None,
+            },
+            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => Self {
+                status: admitted,
+                position: None,
+                ahead_count: 0,
+                eta_seconds: 0,
+                token_expires_at: Some(iso8601(t.expires_at)),
+                entry_token: Some(t.raw),
+            },
+        }
+    }
+}
+
+pub async fn enter(
+    State(st): State<SharedState>,
+    TargetPath(t): TargetPath,
+    User(u): User,
+) -> Result<Json<StatusBody>, ApiError> {
+    Ok(Json(st.service.enter(t, u).await?.into()))
+}
+
+pub async fn poll(
+    State(st): State<SharedState>,
+    TargetPath(t): TargetPath,
+    User(u): User,
+) -> Result<Json<StatusBody>, ApiError> {
+    Ok(Json(st.service.status(t, u).await?.into()))
+}
+
+pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {
+    st.service.leave(t, u).await;
+    StatusCode::NO_CONTENT
+}
+
+pub async fn stats(State(st): State<SharedState>, TargetPath(t): TargetPath) -> Result<Json<QueueStats>, ApiError> {
+    st.service.stats(t).await.map(Json).map_err(|e| {
+        tracing::warn!(error = %e, "stats unavailable");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+            "queue figures are unavailable while Redis is unreachable",
+        )
+    })
+}
+
+pub async fn healthz() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Ready as long as the process serves: with Redis down vq still answers (fail-open), so
+/// the probe reports the store's state without taking the instance out of rotation.
+pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
+    let store = match st.service.store.ping().await {
+        Ok(()) => "ok",
+        Err(_) => "unreachable",
+    };
+    Json(serde_json::json!({"status": "ready", "store": store}))
+}

@@ -1,0 +1,107 @@
+//! The admission pump: every tick, for each active target, the instance that wins the
+//! target's lock admits one batch, evicts stale users and forgets expired targets.
+//!
+//! `tick()` is one round (tests call it directly); `run()` is a short loop around it. One
+//! failing target is logged and never stops the loop or the other targets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::domain::QueueTarget;
+use crate::service::now_epoch_ms;
+use crate::store::{AdmitOutcome, AnyStore, QueueStore, StoreError};
+
+/// What the pump did for one target in one tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetTick {
+    pub target: QueueTarget,
+    /// False when another instance holds the lock this tick.
+    pub locked: bool,
+    pub admit: Option<AdmitOutcome>,
+    pub evicted: u64,
+    /// The target's keys had expired and it left `queue:active`.
+    pub forgotten: bool,
+}
+
+pub struct Pump {
+    store: AnyStore,
+    settings: Arc<Settings>,
+    instance_id: String,
+}
+
+impl Pump {
+    pub fn new(store: AnyStore, settings: Arc<Settings>, instance_id: String) -> Self {
+        Self { store, settings, instance_id }
+    }
+
+    /// One round over every active target.
+    pub async fn tick(&self) -> Result<Vec<Result<TargetTick, (QueueTarget, StoreError)>>, StoreError> {
+        let targets = self.store.active_targets().await?;
+        // The operator's runtime batch size, read each tick; config is the fallback.
+        let batch = match self.store.global_batch_size().await {
+            Ok(b) => b.unwrap_or(self.settings.queue.batch_size),
+            Err(_) => self.settings.queue.batch_size,
+        };
+        let mut out = Vec::with_capacity(targets.len());
+        for target in targets {
+            out.push(self.tick_target(target, batch).await.map_err(|e| (target, e)));
+        }
+        Ok(out)
+    }
+
+    async fn tick_target(&self, target: QueueTarget, batch: u64) -> Result<TargetTick, StoreError> {
+        let q = &self.settings.queue;
+        let mut tick = TargetTick { target, locked: false, admit: None, evicted: 0, forgotten: false };
+        if self.store.forget_if_expired(target).await? {
+            tick.forgotten = true;
+            return Ok(tick);
+        }
+        if !self.store.try_lock_admission(target, &self.instance_id, self.settings.lock_ttl_ms()).await? {
+            return Ok(tick);
+        }
+        tick.locked = true;
+        tick.admit = Some(self.store.admit(target, batch, q.tick_ms).await?);
+        tick.evicted = self.store.evict(target, q.heartbeat_timeout_s * 1000, q.max_evict_per_tick).await?;
+        Ok(tick)
+    }
+
+    /// Ticks until `cancel`, aligned to the tick boundaries of the wall clock (plus a small
+    /// offset), so instances on one host try at the same moment and each tick of admit.lua's
+    /// clock gets exactly one attempt. A tick in progress finishes before returning.
+    pub async fn run(self, cancel: CancellationToken) {
+        let tick_ms = self.settings.queue.tick_ms;
+        tracing::info!(instance = %self.instance_id, tick_ms, "admission pump started");
+        loop {
+            let now = now_epoch_ms();
+            let wait = tick_ms - now % tick_ms + 20;
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+            }
+            match self.tick().await {
+                Ok(results) => {
+                    for r in results {
+                        match r {
+                            Ok(t) => {
+                                if let Some(a) = t.admit.filter(|a| a.admitted > 0) {
+                                    tracing::debug!(target_queue = %t.target, admitted = a.admitted, mark = a.mark, "admitted");
+                                }
+                                if t.evicted > 0 {
+                                    tracing::info!(target_queue = %t.target, evicted = t.evicted, "evicted users who stopped polling");
+                                }
+                            }
+                            Err((target, e)) => {
+                                tracing::warn!(target_queue = %target, error = %e, "pump tick failed for target")
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "pump could not list active targets"),
+            }
+        }
+        tracing::info!("admission pump stopped");
+    }
+}

@@ -1,0 +1,252 @@
+//! The queue service: flag decision, store call, token issue, fail-open. HTTP handlers call
+//! this and nothing else; it knows no status codes.
+//!
+//! A store error never reaches a client: enter and poll answer DIRECT_ADMITTED with a
+//! stateless token (SPEC §9), the error is counted and logged at most once per interval.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::config::Settings;
+use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
+use crate::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, Waiting};
+use crate::token::{self, EntryToken, Secret};
+
+/// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
+/// dropped it between its keys expiring and a new entry.
+const REGISTER_EVERY: Duration = Duration::from_secs(5);
+/// At most one log line per this interval for Redis failures on the request path.
+const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+pub fn now_epoch_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a user is told by enter and poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueStatus {
+    Waiting {
+        position: u64,
+        ahead: u64,
+        eta_seconds: u64,
+    },
+    Admitted(EntryToken),
+    /// The queue is off for this user (flag) or Redis is down (fail-open).
+    DirectAdmitted(EntryToken),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("the queue for {0} is full: try again shortly")]
+    Full(QueueTarget),
+    #[error("user is not in the queue for {0}: enter first (users who stop polling are evicted)")]
+    NotInQueue(QueueTarget),
+}
+
+/// Cluster-wide figures of one target (SPEC §5.4).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStats {
+    pub waiting_count: u64,
+    pub admitted_count: u64,
+    pub admission_rate_per_sec: f64,
+    pub avg_wait_seconds: f64,
+    pub p95_wait_seconds: f64,
+    pub evicted_count: u64,
+    pub batch_size: u64,
+}
+
+/// Counts Redis failures and logs them at most once per interval.
+struct Degraded {
+    total: AtomicU64,
+    last_log: Mutex<Option<Instant>>,
+    since_log: AtomicU64,
+}
+
+impl Degraded {
+    fn record(&self, what: &str, err: &StoreError) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= DEGRADED_LOG_EVERY) {
+            *last = Some(Instant::now());
+            self.since_log.store(0, Ordering::Relaxed);
+            tracing::warn!(error = %err, failures_since_last_log = n, "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)");
+        }
+    }
+}
+
+pub struct QueueService {
+    pub store: AnyStore,
+    secret: Secret,
+    settings: Arc<Settings>,
+    flag: RwLock<Arc<FlagState>>,
+    /// Runtime batch size for every target (0 = none set), refreshed with the flag.
+    global_batch: AtomicU64,
+    degraded: Degraded,
+    registered: Mutex<HashMap<QueueTarget, Instant>>,
+}
+
+impl QueueService {
+    pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
+        Self {
+            store,
+            secret,
+            settings,
+            flag: RwLock::new(Arc::new(FlagState::default())),
+            global_batch: AtomicU64::new(0),
+            degraded: Degraded { total: AtomicU64::new(0), last_log: Mutex::new(None), since_log: AtomicU64::new(0) },
+            registered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// Redis failures counted on the request path since start.
+    pub fn redis_degraded_total(&self) -> u64 {
+        self.degraded.total.load(Ordering::Relaxed)
+    }
+
+    pub fn flag(&self) -> Arc<FlagState> {
+        self.flag.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether this user goes through the queue (and the gate) for this target.
+    pub fn queue_applies(&self, target: QueueTarget, user: UserId) -> bool {
+        self.flag().applies(target, user)
+    }
+
+    /// Reads the flag and the runtime batch size from the store. On error the last values
+    /// stay in force (SPEC §8). Returns the flag version now applied.
+    pub async fn refresh_flag(&self) -> Result<u64, StoreError> {
+        let flag = self.store.read_flag().await?;
+        let batch = self.store.global_batch_size().await?;
+        self.global_batch.store(batch.unwrap_or(0), Ordering::Relaxed);
+        let version = flag.version;
+        let mut current = self.flag.write().unwrap_or_else(|e| e.into_inner());
+        if **current != flag {
+            tracing::info!(version, state = %flag.describe(None), "flag changed");
+            *current = Arc::new(flag);
+        }
+        Ok(version)
+    }
+
+    /// The batch size in force: the target's runtime value, else the global one, else config.
+    pub fn batch_size(&self, target_override: Option<u64>) -> u64 {
+        target_override
+            .or(match self.global_batch.load(Ordering::Relaxed) {
+                0 => None,
+                b => Some(b),
+            })
+            .unwrap_or(self.settings.queue.batch_size)
+    }
+
+    fn now_s() -> u64 {
+        now_epoch_ms() / 1000
+    }
+
+    fn candidate(&self, target: QueueTarget, user: UserId) -> EntryToken {
+        token::mint(&self.secret, target, user, Self::now_s(), self.settings.token.ttl_s)
+    }
+
+    fn direct(&self, target: QueueTarget, user: UserId) -> QueueStatus {
+        QueueStatus::DirectAdmitted(self.candidate(target, user))
+    }
+
+    fn stored_token(raw: String) -> QueueStatus {
+        // Our own token, read back from the store; its expiry is in its payload.
+        let expires_at = token::decode(&raw).map_or(0, |(c, _, _)| c.expires_at);
+        QueueStatus::Admitted(EntryToken { raw, expires_at })
+    }
+
+    fn waiting(&self, w: Waiting) -> QueueStatus {
+        let pos = QueuePosition { seq: w.seq, admitted_mark: w.mark, ahead: w.ahead };
+        QueueStatus::Waiting {
+            position: w.seq,
+            ahead: w.ahead,
+            eta_seconds: pos.eta_seconds(self.batch_size(w.batch_override), self.settings.queue.tick_ms),
+        }
+    }
+
+    pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        if !self.queue_applies(target, user) {
+            return Ok(self.direct(target, user));
+        }
+        let candidate = self.candidate(target, user);
+        match self.store.enter(target, user, &candidate.raw).await {
+            Ok(EnterOutcome::Waiting(w)) => {
+                self.register_active(target).await;
+                Ok(self.waiting(w))
+            }
+            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(raw)),
+            Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
+            Err(e) => {
+                self.degraded.record("enter", &e);
+                Ok(QueueStatus::DirectAdmitted(candidate))
+            }
+        }
+    }
+
+    pub async fn status(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        if !self.queue_applies(target, user) {
+            return Ok(self.direct(target, user));
+        }
+        let candidate = self.candidate(target, user);
+        match self.store.status(target, user, &candidate.raw).await {
+            Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
+            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(raw)),
+            Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
+            Err(e) => {
+                self.degraded.record("poll", &e);
+                Ok(QueueStatus::DirectAdmitted(candidate))
+            }
+        }
+    }
+
+    /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
+    pub async fn leave(&self, target: QueueTarget, user: UserId) {
+        if let Err(e) = self.store.leave(target, user).await {
+            self.degraded.record("leave", &e);
+        }
+    }
+
+    pub async fn stats(&self, target: QueueTarget) -> Result<QueueStats, StoreError> {
+        let snap = self.store.snapshot(target).await?;
+        Ok(QueueStats {
+            waiting_count: snap.waiting,
+            admitted_count: snap.admitted_total,
+            admission_rate_per_sec: admission_rate_per_sec(
+                &snap.admissions,
+                self.settings.queue.tick_ms,
+                now_epoch_ms(),
+            ),
+            avg_wait_seconds: snap.waits.avg_seconds(),
+            p95_wait_seconds: snap.waits.quantile_seconds(0.95),
+            evicted_count: snap.evicted,
+            batch_size: self.batch_size(snap.batch_override),
+        })
+    }
+
+    async fn register_active(&self, target: QueueTarget) {
+        {
+            let mut seen = self.registered.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.get(&target).is_some_and(|t| t.elapsed() < REGISTER_EVERY) {
+                return;
+            }
+            seen.insert(target, Instant::now());
+        }
+        if let Err(e) = self.store.register_active(target).await {
+            // Try again at the next entry rather than in REGISTER_EVERY.
+            self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
+            self.degraded.record("register", &e);
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The embedded store: the semantics of the Lua scripts, in one process, under one mutex.
+//!
+//! For trial runs of a single `vq serve` only: two processes on it are two separate queues.
+//! Its clock is the process clock (the Redis store uses Redis' `TIME`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{AdmitOutcome, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, Waiting};
+use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Default)]
+struct TargetState {
+    waiting: BTreeMap<u64, UserId>,
+    seq_of: HashMap<UserId, u64>,
+    heartbeat: HashMap<UserId, u64>,
+    seq: u64,
+    mark: u64,
+    last_tick: Option<u64>,
+    /// token and its expiry (ms)
+    tokens: HashMap<UserId, (String, u64)>,
+    lock: Option<(String, u64)>,
+    batch_override: Option<u64>,
+    evicted: u64,
+    admissions: Vec<(u64, u64)>,
+    entered_at: HashMap<UserId, u64>,
+    waits: WaitHistogram,
+    admitted_total: u64,
+    /// Last time any of the target's state was written (ms): the sliding key TTL.
+    touched: u64,
+}
+
+impl TargetState {
+    fn remove(&mut self, user: UserId) -> bool {
+        self.heartbeat.remove(&user);
+        self.entered_at.remove(&user);
+        match self.seq_of.remove(&user) {
+            Some(seq) => {
+                self.waiting.remove(&seq);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn ahead(&self, seq: u64) -> u64 {
+        self.waiting.range(self.mark + 1..seq).count() as u64
+    }
+
+    fn waiting_count(&self) -> u64 {
+        self.waiting.range(self.mark + 1..).count() as u64
+    }
+
+    fn live_token(&mut self, user: UserId, now: u64) -> Option<String> {
+        match self.tokens.get(&user) {
+            Some((t, exp)) if *exp > now => Some(t.clone()),
+            Some(_) => {
+                self.tokens.remove(&user);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The shared tail of enter and status for a user holding `seq`.
+    fn position(
+        &mut self,
+        user: UserId,
+        seq: u64,
+        candidate: &str,
+        token_ttl_s: u64,
+        now: u64,
+    ) -> Result<Waiting, String> {
+        if seq <= self.mark {
+            self.tokens.insert(user, (candidate.to_owned(), now + token_ttl_s * 1000));
+            self.remove(user);
+            return Err(candidate.to_owned());
+        }
+        self.heartbeat.insert(user, now);
+        self.touched = now;
+        Ok(Waiting { seq, mark: self.mark, ahead: self.ahead(seq), batch_override: self.batch_override })
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    targets: HashMap<QueueTarget, TargetState>,
+    active: BTreeSet<QueueTarget>,
+    flag: HashMap<String, String>,
+    global_batch: Option<u64>,
+}
+
+/// In-process store with the semantics of [`super::RedisStore`].
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+    limits: StoreLimits,
+}
+
+impl MemoryStore {
+    pub fn new(limits: StoreLimits) -> Self {
+        Self { inner: Arc::default(), limits }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl QueueStore for MemoryStore {
+    async fn enter(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<EnterOutcome, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.targets.entry(target).or_default();
+        if let Some(token) = t.live_token(user, now) {
+            return Ok(EnterOutcome::Admitted(token));
+        }
+        let seq = match t.seq_of.get(&user) {
+            Some(seq) => *seq,
+            None => {
+                if t.waiting_count() >= self.limits.max_capacity {
+                    return Ok(EnterOutcome::Full);
+                }
+                t.seq += 1;
+                t.waiting.insert(t.seq, user);
+                t.seq_of.insert(user, t.seq);
+                t.entered_at.insert(user, now);
+                t.seq
+            }
+        };
+        Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
+            Ok(w) => EnterOutcome::Waiting(w),
+            Err(token) => EnterOutcome::Admitted(token),
+        })
+    }
+
+    async fn status(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<StatusOutcome, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let Some(t) = inner.targets.get_mut(&target) else {
+            return Ok(StatusOutcome::NotInQueue);
+        };
+        if let Some(token) = t.live_token(user, now) {
+            return Ok(StatusOutcome::Admitted(token));
+        }
+        let Some(seq) = t.seq_of.get(&user).copied() else {
+            return Ok(StatusOutcome::NotInQueue);
+        };
+        Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
+            Ok(w) => StatusOutcome::Waiting(w),
+            Err(token) => StatusOutcome::Admitted(token),
+        })
+    }
+
+    async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        Ok(inner.targets.get_mut(&target).is_some_and(|t| t.remove(user)))
+    }
+
+    async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.targets.entry(target).or_default();
+        if t.lock.as_ref().is_some_and(|(_, until)| *until > now) {
+            return Ok(false);
+        }
+        t.lock = Some((holder.to_owned(), now + ttl_ms));
+        Ok(true)
+    }
+
+    async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
+        let now = now_ms();
+        let tick = now / tick_ms.max(1);
+        let mut inner = self.lock();
+        let t = inner.targets.entry(target).or_default();
+        let batch = t.batch_override.unwrap_or(default_batch);
+        if t.last_tick.is_some_and(|last| tick <= last) {
+            return Ok(AdmitOutcome { advanced: false, mark: t.mark, tick, admitted: 0, batch });
+        }
+        t.last_tick = Some(tick);
+        let front: Vec<(u64, UserId)> =
+            t.waiting.range(t.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
+        if let Some((last, _)) = front.last() {
+            t.mark = *last;
+        }
+        for (_, user) in &front {
+            if let Some(at) = t.entered_at.remove(user) {
+                t.waits.record(now.saturating_sub(at));
+            }
+        }
+        let admitted = front.len() as u64;
+        t.admitted_total += admitted;
+        t.admissions.insert(0, (tick, admitted));
+        t.admissions.truncate(60);
+        t.touched = now;
+        Ok(AdmitOutcome { advanced: true, mark: t.mark, tick, admitted, batch })
+    }
+
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+        let cutoff = now_ms().saturating_sub(timeout_ms);
+        let mut inner = self.lock();
+        let Some(t) = inner.targets.get_mut(&target) else {
+            return Ok(0);
+        };
+        let mut stale: Vec<(u64, UserId)> =
+            t.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, *u)).collect();
+        stale.sort_unstable();
+        stale.truncate(max as usize);
+        for (_, user) in &stale {
+            t.remove(*user);
+        }
+        t.evicted += stale.len() as u64;
+        Ok(stale.len() as u64)
+    }
+
+    async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
+        self.lock().active.insert(target);
+        Ok(())
+    }
+
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        Ok(self.lock().active.iter().copied().collect())
+    }
+
+    async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let ttl_ms = self.limits.key_ttl_s * 1000;
+        let mut inner = self.lock();
+        let expired = inner.targets.get(&target).is_none_or(|t| t.touched + ttl_ms < now);
+        if expired {
+            inner.targets.remove(&target);
+            inner.active.remove(&target);
+        }
+        Ok(expired)
+    }
+
+    async fn read_flag(&self) -> Result<FlagState, StoreError> {
+        Ok(FlagState::from_fields(&self.lock().flag))
+    }
+
+    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        inner.flag.extend(set);
+        for k in delete {
+            inner.flag.remove(&k);
+        }
+        let version = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
+        inner.flag.insert("version".into(), version.to_string());
+        Ok(version)
+    }
+
+    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.lock().global_batch)
+    }
+
+    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        match target {
+            Some(t) => inner.targets.entry(t).or_default().batch_override = batch,
+            None => inner.global_batch = batch,
+        }
+        Ok(())
+    }
+
+    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+        let now = now_ms();
+        let inner = self.lock();
+        let Some(t) = inner.targets.get(&target) else {
+            return Ok(TargetSnapshot::default());
+        };
+        Ok(TargetSnapshot {
+            waiting: t.waiting_count(),
+            mark: t.mark,
+            seq: t.seq,
+            evicted: t.evicted,
+            batch_override: t.batch_override,
+            lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
+            admissions: t.admissions.clone(),
+            admitted_total: t.admitted_total,
+            waits: t.waits.clone(),
+        })
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! Where queue state lives, behind one trait in domain words.
+//!
+//! [`RedisStore`] is production: every multi-key change is one Lua script from `lua/`, and
+//! the key layout is the contract of SPEC §3. [`MemoryStore`] has the same semantics in one
+//! process, for trial runs of a single instance. Both pass the conformance suite in
+//! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`.
+
+mod memory;
+mod redis;
+
+use std::future::Future;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::{RedisStore, keys};
+
+use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
+
+/// What the store needs to know of the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Users waiting (not yet admitted) beyond which enter answers full.
+    pub max_capacity: u64,
+    /// Sliding expiry of a target's keys.
+    pub key_ttl_s: u64,
+    /// Lifetime of the stored token key (= the token's own lifetime).
+    pub token_ttl_s: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("redis command timed out")]
+    Timeout,
+    #[error("unexpected reply from {what}: {detail}")]
+    Reply { what: &'static str, detail: String },
+}
+
+/// A user's place while waiting, plus the per-target batch size if one is set at runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    pub seq: u64,
+    pub mark: u64,
+    pub ahead: u64,
+    pub batch_override: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnterOutcome {
+    Waiting(Waiting),
+    /// Admitted: the stored token (the candidate if it was issued just now).
+    Admitted(String),
+    Full,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusOutcome {
+    Waiting(Waiting),
+    Admitted(String),
+    NotInQueue,
+}
+
+/// What one admit call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitOutcome {
+    /// False when this tick had already been advanced (by this or another instance).
+    pub advanced: bool,
+    pub mark: u64,
+    pub tick: u64,
+    /// Users admitted by this call.
+    pub admitted: u64,
+    /// The batch size that was in force.
+    pub batch: u64,
+}
+
+/// A target's figures as stored, for stats and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetSnapshot {
+    /// Users waiting and not yet admitted.
+    pub waiting: u64,
+    pub mark: u64,
+    pub seq: u64,
+    pub evicted: u64,
+    pub batch_override: Option<u64>,
+    /// Instance holding the admission lock now, if any.
+    pub lock_holder: Option<String>,
+    /// (tick, users admitted) for the last ticks, newest first.
+    pub admissions: Vec<(u64, u64)>,
+    /// Users admitted since the target's keys were created.
+    pub admitted_total: u64,
+    /// Waits from entry to admission of every admitted user.
+    pub waits: WaitHistogram,
+}
+
+/// Queue state, in domain words. Every method is one atomic step.
+pub trait QueueStore: Send + Sync + 'static {
+    /// Idempotent: a user already waiting keeps their seq; an admitted user gets their token.
+    fn enter(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate_token: &str,
+    ) -> impl Future<Output = Result<EnterOutcome, StoreError>> + Send;
+
+    /// The poll: refreshes the heartbeat, issues the token once the mark reaches the seq.
+    fn status(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate_token: &str,
+    ) -> impl Future<Output = Result<StatusOutcome, StoreError>> + Send;
+
+    /// Returns whether the user was waiting.
+    fn leave(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// `SET NX PX` on the target's admission lock.
+    fn try_lock_admission(
+        &self,
+        target: QueueTarget,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Advances the mark by one batch of live users, at most once per tick of the store's clock.
+    fn admit(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+    ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send;
+
+    /// Removes up to `max` users whose last poll is older than `timeout_ms`.
+    fn evict(
+        &self,
+        target: QueueTarget,
+        timeout_ms: u64,
+        max: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    fn register_active(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn active_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
+
+    /// Drops the target from the active set when its keys have expired; returns whether it did.
+    fn forget_if_expired(&self, target: QueueTarget) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    fn read_flag(&self) -> impl Future<Output = Result<FlagState, StoreError>> + Send;
+
+    /// Sets and deletes flag fields and bumps the version; returns the new version.
+    fn write_flag(
+        &self,
+        set: Vec<(String, String)>,
+        delete: Vec<String>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The runtime batch size for every target, if an operator set one.
+    fn global_batch_size(&self) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Sets (or with `None` clears) the runtime batch size, for one target or all.
+    fn set_batch_size(
+        &self,
+        target: Option<QueueTarget>,
+        batch: Option<u64>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The store chosen by configuration.
+#[derive(Clone)]
+pub enum AnyStore {
+    Redis(RedisStore),
+    Memory(MemoryStore),
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Redis($s) => $call.await,
+            AnyStore::Memory($s) => $call.await,
+        }
+    };
+}
+
+impl QueueStore for AnyStore {
+    async fn enter(&self, t: QueueTarget, u: UserId, c: &str) -> Result<EnterOutcome, StoreError> {
+        delegate!(self, s => s.enter(t, u, c))
+    }
+    async fn status(&self, t: QueueTarget, u: UserId, c: &str) -> Result<StatusOutcome, StoreError> {
+        delegate!(self, s => s.status(t, u, c))
+    }
+    async fn leave(&self, t: QueueTarget, u: UserId) -> Result<bool, StoreError> {
+        delegate!(self, s => s.leave(t, u))
+    }
+    async fn try_lock_admission(&self, t: QueueTarget, h: &str, ttl: u64) -> Result<bool, StoreError> {
+        delegate!(self, s => s.try_lock_admission(t, h, ttl))
+    }
+    async fn admit(&self, t: QueueTarget, b: u64, tick: u64) -> Result<AdmitOutcome, StoreError> {
+        delegate!(self, s => s.admit(t, b, tick))
+    }
+    async fn evict(&self, t: QueueTarget, timeout: u64, max: u64) -> Result<u64, StoreError> {
+        delegate!(self, s => s.evict(t, timeout, max))
+    }
+    async fn register_active(&self, t: QueueTarget) -> Result<(), StoreError> {
+        delegate!(self, s => s.register_active(t))
+    }
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        delegate!(self, s => s.active_targets())
+    }
+    async fn forget_if_expired(&self, t: QueueTarget) -> Result<bool, StoreError> {
+        delegate!(self, s => s.forget_if_expired(t))
+    }
+    async fn read_flag(&self) -> Result<FlagState, StoreError> {
+        delegate!(self, s => s.read_flag())
+    }
+    async fn write_flag(&self, set: Vec<(String, String)>, del: Vec<String>) -> Result<u64, StoreError> {
+        delegate!(self, s => s.write_flag(set, del))
+    }
+    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        delegate!(self, s => s.global_batch_size())
+    }
+    async fn set_batch_size(&self, t: Option<QueueTarget>, b: Option<u64>) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_batch_size(t, b))
+    }
+    async fn snapshot(&self, t: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+        delegate!(self, s => s.snapshot(t))
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        delegate!(self, s => s.ping())
+    }
+}

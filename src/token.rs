@@ -1,0 +1,234 @@
+//! Entry tokens: `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`, no padding,
+//! payload `TYPE|id|user|expiresAtEpochSec`. Pure: the caller passes the time.
+//!
+//! The format is a public contract (SPEC §6): gates written in other languages verify it.
+
+use std::fmt;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::domain::{QueueTarget, QueueTargetType, UserId};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The shortest secret `vq serve` accepts, in bytes.
+pub const MIN_SECRET_LEN: usize = 32;
+
+/// The HMAC key. Its `Debug` never prints the value.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Refuses secrets shorter than [`MIN_SECRET_LEN`] bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, SecretError> {
+        let bytes = bytes.into();
+        if bytes.len() < MIN_SECRET_LEN {
+            return Err(SecretError::TooShort { len: bytes.len() });
+        }
+        Ok(Self(bytes))
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        HmacSha256::new_from_slice(&self.0).expect("hmac accepts keys of any length")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error(
+        "VQ_TOKEN_SECRET is not set: vq needs a secret of at least 32 bytes to sign entry tokens (e.g. export VQ_TOKEN_SECRET=$(head -c 32 /dev/urandom | base64))"
+    )]
+    Missing,
+    #[error("VQ_TOKEN_SECRET is {len} bytes long: it must be at least 32 bytes")]
+    TooShort { len: usize },
+}
+
+/// What a token says, once decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenClaims {
+    pub target: QueueTarget,
+    pub user: UserId,
+    pub expires_at: u64,
+}
+
+/// Why a token is refused. The `Display` text is the `detail` of a 403.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("no entry token: send the X-Entry-Token header")]
+    Missing,
+    #[error("the entry token is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("the entry token's signature does not match")]
+    BadSignature,
+    #[error("the entry token expired at {at} (epoch seconds)")]
+    Expired { at: u64 },
+    #[error("the entry token is for {actual}, not {expected}")]
+    WrongType { expected: QueueTargetType, actual: QueueTargetType },
+    #[error("the entry token is for {actual}, not {expected}")]
+    WrongTarget { expected: QueueTarget, actual: QueueTarget },
+    #[error("the entry token belongs to another user")]
+    WrongUser,
+    #[error("the entry token was already used for a purchase")]
+    AlreadyUsed,
+}
+
+/// A signed token and its expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryToken {
+    pub raw: String,
+    pub expires_at: u64,
+}
+
+/// Signs a token for `user` on `target`, valid until `now + ttl_s`. No Redis involved: this is
+/// both the first step of `issueIfAbsent` and the whole of `mintStateless`.
+pub fn mint(secret: &Secret, target: QueueTarget, user: UserId, now: u64, ttl_s: u64) -> EntryToken {
+    let expires_at = now + ttl_s;
+    let payload = format!("{}|{}|{}|{}", target.kind.as_str(), target.id, user.0, expires_at);
+    let mut mac = secret.mac();
+    mac.update(payload.as_bytes());
+    let sig = mac.finalize().into_bytes();
+    let raw = format!("{}.{}", URL_SAFE_NO_PAD.encode(&payload), URL_SAFE_NO_PAD.encode(sig));
+    EntryToken { raw, expires_at }
+}
+
+/// Splits and decodes a token without checking its signature.
+pub fn decode(raw: &str) -> Result<(TokenClaims, Vec<u8>, Vec<u8>), TokenError> {
+    let (p64, s64) = raw.split_once('.').ok_or(TokenError::Malformed("no `.` separator"))?;
+    let payload = URL_SAFE_NO_PAD.decode(p64).map_err(|_| TokenError::Malformed("payload is not base64url"))?;
+    let sig = URL_SAFE_NO_PAD.decode(s64).map_err(|_| TokenError::Malformed("signature is not base64url"))?;
+    let text = std::str::from_utf8(&payload).map_err(|_| TokenError::Malformed("payload is not text"))?;
+    let mut parts = text.split('|');
+    let (Some(kind), Some(id), Some(user), Some(exp), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(TokenError::Malformed("payload is not TYPE|id|user|expiry"));
+    };
+    let kind = match kind {
+        "LIMITED_DROP" => QueueTargetType::LimitedDrop,
+        "TICKETING_EVENT" => QueueTargetType::TicketingEvent,
+        _ => return Err(TokenError::Malformed("unknown target type")),
+    };
+    let target = QueueTarget::from_parts(kind.as_str(), id).map_err(|_| TokenError::Malformed("bad target id"))?;
+    let user = user.parse().map_err(|_| TokenError::Malformed("bad user id"))?;
+    let expires_at = exp.parse().map_err(|_| TokenError::Malformed("bad expiry"))?;
+    Ok((TokenClaims { target, user, expires_at }, payload, sig))
+}
+
+/// Checks the signature only (constant time) and returns the claims.
+pub fn verify_signature(secret: &Secret, raw: &str) -> Result<TokenClaims, TokenError> {
+    let (claims, payload, sig) = decode(raw)?;
+    let mut mac = secret.mac();
+    mac.update(&payload);
+    mac.verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+    Ok(claims)
+}
+
+/// Every check of SPEC §6: well-formed, signature, expiry, type, target, user.
+pub fn verify(
+    secret: &Secret,
+    raw: &str,
+    target: QueueTarget,
+    user: UserId,
+    now: u64,
+) -> Result<TokenClaims, TokenError> {
+    let claims = verify_signature(secret, raw)?;
+    if claims.expires_at <= now {
+        return Err(TokenError::Expired { at: claims.expires_at });
+    }
+    if claims.target.kind != target.kind {
+        return Err(TokenError::WrongType { expected: target.kind, actual: claims.target.kind });
+    }
+    if claims.target != target {
+        return Err(TokenError::WrongTarget { expected: target, actual: claims.target });
+    }
+    if claims.user != user {
+        return Err(TokenError::WrongUser);
+    }
+    Ok(claims)
+}
+
+/// Formats epoch seconds as ISO-8601 UTC (`2026-12-02T11:55:42Z`).
+pub fn iso8601(epoch_s: u64) -> String {
+    let days = (epoch_s / 86_400) as i64;
+    let secs = epoch_s % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, (secs / 60) % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> Secret {
+        Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
+    }
+    fn target() -> QueueTarget {
+        "LIMITED_DROP:42".parse().unwrap()
+    }
+
+    #[test]
+    fn payload_has_the_public_format() {
+        let t = mint(&secret(), target(), UserId(7), 1_767_225_300, 300);
+        let (p, _) = t.raw.split_once('.').unwrap();
+        assert_eq!(URL_SAFE_NO_PAD.decode(p).unwrap(), b"LIMITED_DROP|42|7|1767225600");
+        assert!(!t.raw.contains('='));
+        assert_eq!(t.expires_at, 1_767_225_600);
+    }
+
+    #[test]
+    fn valid_token_verifies() {
+        let t = mint(&secret(), target(), UserId(7), 1000, 300);
+        let c = verify(&secret(), &t.raw, target(), UserId(7), 1299).unwrap();
+        assert_eq!(c.user, UserId(7));
+    }
+
+    #[test]
+    fn each_failure_says_why() {
+        let s = secret();
+        let t = mint(&s, target(), UserId(7), 1000, 300).raw;
+        assert_eq!(verify(&s, &t, target(), UserId(7), 1300), Err(TokenError::Expired { at: 1300 }));
+        assert_eq!(verify(&s, &t, target(), UserId(8), 1000), Err(TokenError::WrongUser));
+        let other: QueueTarget = "LIMITED_DROP:43".parse().unwrap();
+        assert!(matches!(verify(&s, &t, other, UserId(7), 1000), Err(TokenError::WrongTarget { .. })));
+        let event: QueueTarget = "TICKETING_EVENT:42".parse().unwrap();
+        assert!(matches!(verify(&s, &t, event, UserId(7), 1000), Err(TokenError::WrongType { .. })));
+        let other_secret = Secret::new(vec![b'x'; 32]).unwrap();
+        assert_eq!(verify(&other_secret, &t, target(), UserId(7), 1000), Err(TokenError::BadSignature));
+        assert!(matches!(verify(&s, "garbage", target(), UserId(7), 1000), Err(TokenError::Malformed(_))));
+        // Tampered payload: same signature, user changed.
+        let (_, sig) = t.split_once('.').unwrap();
+        let forged = format!("{}.{sig}", URL_SAFE_NO_PAD.encode("LIMITED_DROP|42|8|1300"));
+        assert_eq!(verify(&s, &forged, target(), UserId(8), 1000), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn short_secret_is_refused_and_never_printed() {
+        assert_eq!(Secret::new(b"short".to_vec()).unwrap_err(), SecretError::TooShort { len: 5 });
+        assert_eq!(format!("{:?}", secret()), "Secret(***)");
+    }
+
+    #[test]
+    fn iso8601_formats_utc() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso8601(1_767_225_600), "2026-01-01T00:00:00Z");
+        assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}
