@@ -1,0 +1,191 @@
+//! One suite, two stores: the embedded store must behave like the Redis scripts, or it goes.
+
+use std::time::Duration;
+
+use vq::domain::{QueueTarget, UserId};
+use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
+
+use crate::support::{RedisServer, open_store, test_settings};
+
+fn t() -> QueueTarget {
+    "limited-drop:42".parse().expect("target")
+}
+
+async fn with_both(check: impl AsyncFn(AnyStore, u64)) {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.max_capacity = 5;
+    check(open_store(&s), 500).await;
+    let mut m = test_settings(None);
+    m.queue.max_capacity = 5;
+    check(open_store(&m), 500).await;
+}
+
+fn seq(o: EnterOutcome) -> u64 {
+    match o {
+        EnterOutcome::Waiting(w) => w.seq,
+        other => panic!("expected waiting, got {other:?}"),
+    }
+}
+
+/// Waits until the store's clock is in a new tick, so an admit call is sure to advance.
+async fn next_tick(tick_ms: u64) {
+    let now = vq::service::now_epoch_ms();
+    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
+}
+
+#[tokio::test]
+async fn enter_is_idempotent_and_numbers_in_order() {
+    with_both(async |s, _| {
+        assert_eq!(seq(s.enter(t(), UserId(7), "tok").await.unwrap()), 1);
+        assert_eq!(seq(s.enter(t(), UserId(8), "tok").await.unwrap()), 2);
+        assert_eq!(seq(s.enter(t(), UserId(7), "tok").await.unwrap()), 1, "same user keeps the seq");
+        match s.enter(t(), UserId(9), "tok").await.unwrap() {
+            EnterOutcome::Waiting(w) => assert_eq!((w.ahead, w.mark), (2, 0)),
+            o => panic!("{o:?}"),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn full_queue_refuses_new_users_but_not_waiting_ones() {
+    with_both(async |s, _| {
+        for u in 1..=5 {
+            seq(s.enter(t(), UserId(u), "tok").await.unwrap());
+        }
+        assert_eq!(s.enter(t(), UserId(6), "tok").await.unwrap(), EnterOutcome::Full);
+        assert_eq!(seq(s.enter(t(), UserId(3), "tok").await.unwrap()), 3);
+        assert!(s.leave(t(), UserId(1)).await.unwrap());
+        assert_eq!(seq(s.enter(t(), UserId(6), "tok").await.unwrap()), 6, "a leaver frees a place");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
+    with_both(async |s, tick_ms| {
+        for u in 1..=5 {
+            s.enter(t(), UserId(u), "tok").await.unwrap();
+        }
+        assert!(s.leave(t(), UserId(2)).await.unwrap());
+        next_tick(tick_ms).await;
+        let a = s.admit(t(), 2, tick_ms).await.unwrap();
+        assert!(a.advanced);
+        assert_eq!((a.admitted, a.mark), (2, 3), "users 1 and 3: the leaver used no slot");
+        let again = s.admit(t(), 2, tick_ms).await.unwrap();
+        assert!(!again.advanced, "a second call in the same tick admits nobody");
+        assert_eq!(again.mark, 3);
+        // User 4 has nobody waiting ahead now, but is not admitted before the next tick.
+        match s.status(t(), UserId(4), "tok4").await.unwrap() {
+            StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead, w.mark), (4, 0, 3)),
+            o => panic!("{o:?}"),
+        }
+        next_tick(tick_ms).await;
+        let b = s.admit(t(), 2, tick_ms).await.unwrap();
+        assert_eq!((b.admitted, b.mark), (2, 5));
+        next_tick(tick_ms).await;
+        let c = s.admit(t(), 2, tick_ms).await.unwrap();
+        assert_eq!((c.admitted, c.mark), (0, 5), "never above the last seq");
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!(snap.admitted_total, 4);
+        assert_eq!(snap.waits.count, 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admitted_user_gets_one_token_and_leaves_the_queue() {
+    with_both(async |s, tick_ms| {
+        s.enter(t(), UserId(1), "first").await.unwrap();
+        s.enter(t(), UserId(2), "first").await.unwrap();
+        next_tick(tick_ms).await;
+        s.admit(t(), 1, tick_ms).await.unwrap();
+        assert_eq!(s.status(t(), UserId(1), "issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.status(t(), UserId(1), "other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.enter(t(), UserId(1), "other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!(snap.waiting, 1, "user 2 still waits; user 1 left the queue");
+        assert_eq!(s.status(t(), UserId(3), "x").await.unwrap(), StatusOutcome::NotInQueue);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
+    with_both(async |s, tick_ms| {
+        for u in 1..=4 {
+            s.enter(t(), UserId(u), "tok").await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.status(t(), UserId(4), "tok").await.unwrap();
+        assert_eq!(s.evict(t(), 200, 2).await.unwrap(), 2, "bounded per call");
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 0, "user 4 polled recently");
+        assert_eq!(s.status(t(), UserId(1), "tok").await.unwrap(), StatusOutcome::NotInQueue);
+        // An evicted user re-enters at the back with a new seq (FR-8).
+        assert_eq!(seq(s.enter(t(), UserId(1), "tok").await.unwrap()), 5);
+        next_tick(tick_ms).await;
+        let a = s.admit(t(), 10, tick_ms).await.unwrap();
+        assert_eq!(a.admitted, 2, "evicted users use no admission slot");
+        assert_eq!(s.snapshot(t()).await.unwrap().evicted, 3);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn admission_lock_is_exclusive_until_it_expires() {
+    with_both(async |s, _| {
+        assert!(s.try_lock_admission(t(), "a", 200).await.unwrap());
+        assert!(!s.try_lock_admission(t(), "b", 200).await.unwrap());
+        assert_eq!(s.snapshot(t()).await.unwrap().lock_holder.as_deref(), Some("a"));
+        tokio::time::sleep(Duration::from_millis(260)).await;
+        assert!(s.try_lock_admission(t(), "b", 200).await.unwrap());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn flag_and_batch_size_round_trip() {
+    with_both(async |s, tick_ms| {
+        assert!(!s.read_flag().await.unwrap().enabled);
+        let v1 =
+            s.write_flag(vec![("enabled".into(), "1".into()), ("percent".into(), "40".into())], vec![]).await.unwrap();
+        let v2 = s.write_flag(vec![("target:LIMITED_DROP:42".into(), "off".into())], vec![]).await.unwrap();
+        assert_eq!(v2, v1 + 1);
+        let f = s.read_flag().await.unwrap();
+        assert!(f.enabled);
+        assert_eq!((f.percent, f.version, f.overrides.len()), (40, v2, 1));
+        s.write_flag(vec![], vec!["target:LIMITED_DROP:42".into()]).await.unwrap();
+        assert!(s.read_flag().await.unwrap().overrides.is_empty());
+
+        s.set_batch_size(None, Some(7)).await.unwrap();
+        assert_eq!(s.global_batch_size().await.unwrap(), Some(7));
+        s.set_batch_size(Some(t()), Some(1)).await.unwrap();
+        for u in 1..=3 {
+            s.enter(t(), UserId(u), "tok").await.unwrap();
+        }
+        next_tick(tick_ms).await;
+        let a = s.admit(t(), 100, tick_ms).await.unwrap();
+        assert_eq!((a.admitted, a.batch), (1, 1), "the target's runtime batch size wins");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn active_targets_are_registered_and_listed() {
+    with_both(async |s, _| {
+        let other: QueueTarget = "ticketing-event:7".parse().unwrap();
+        s.register_active(t()).await.unwrap();
+        s.register_active(other).await.unwrap();
+        s.register_active(t()).await.unwrap();
+        let mut active = s.active_targets().await.unwrap();
+        active.sort();
+        assert_eq!(active, vec![t(), other]);
+        s.enter(t(), UserId(1), "tok").await.unwrap();
+        assert!(!s.forget_if_expired(t()).await.unwrap(), "live target stays");
+        assert!(s.forget_if_expired(other).await.unwrap(), "target without keys goes");
+        assert_eq!(s.active_targets().await.unwrap(), vec![t()]);
+    })
+    .await;
+}

@@ -1,0 +1,77 @@
+//! The pump: one batch per tick per target, whatever happens to the lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use vq::pump::Pump;
+
+use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings};
+
+async fn next_tick(tick_ms: u64) {
+    let now = vq::service::now_epoch_ms();
+    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
+}
+
+#[tokio::test]
+async fn two_pumps_in_one_tick_admit_one_batch_even_without_the_lock() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(test_settings(Some(&redis)));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    for u in 1..=50 {
+        app.enter("limited-drop/1", u).await;
+    }
+    let a = Pump::new(open_store(&s), s.clone(), "a".into());
+    let b = Pump::new(open_store(&s), s.clone(), "b".into());
+    next_tick(s.queue.tick_ms).await;
+    let first = a.tick().await.unwrap();
+    let mut c = redis.conn().await;
+    let _: u64 = c.del("queue:admission:{LIMITED_DROP:1}").await.unwrap();
+    let second = b.tick().await.unwrap();
+    let first = first[0].as_ref().unwrap();
+    let second = second[0].as_ref().unwrap();
+    assert!(first.locked && second.locked, "b got the deleted lock");
+    assert_eq!(first.admit.unwrap().admitted, 10);
+    assert!(!second.admit.unwrap().advanced, "admit.lua's tick guard stops the second batch");
+    let mark: u64 = c.get("queue:{LIMITED_DROP:1}:admitted_count").await.unwrap();
+    assert_eq!(mark, 10);
+}
+
+#[tokio::test]
+async fn one_broken_target_does_not_stop_the_others() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(test_settings(Some(&redis)));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    app.enter("limited-drop/1", 1).await;
+    app.enter("limited-drop/2", 1).await;
+    let mut c = redis.conn().await;
+    // Someone overwrote target 1's queue with the wrong type: its scripts fail.
+    let _: () = c.set("queue:{LIMITED_DROP:1}:waiting", "oops").await.unwrap();
+    let pump = Pump::new(open_store(&s), s.clone(), "p".into());
+    next_tick(s.queue.tick_ms).await;
+    let results = pump.tick().await.unwrap();
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().any(|r| r.is_err()));
+    let ok = results.iter().find_map(|r| r.as_ref().ok()).unwrap();
+    assert_eq!(ok.target.to_string(), "LIMITED_DROP:2");
+    assert_eq!(ok.admit.unwrap().admitted, 1);
+}
+
+#[tokio::test]
+async fn pump_loop_admits_a_batch_each_tick_and_stops_on_cancel() {
+    let redis = RedisServer::spawn();
+    let s = test_settings(Some(&redis));
+    let app = spawn_app(s.clone(), true).await;
+    flag_on(&redis).await;
+    for u in 1..=40 {
+        app.enter("ticketing-event/7", u).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let mut c = redis.conn().await;
+    let mark: u64 = c.get("queue:{TICKETING_EVENT:7}:admitted_count").await.unwrap_or(0);
+    assert!(mark >= 10 && mark % 10 == 0, "whole batches of 10 only: {mark}");
+    assert!(mark <= 30, "at most one batch per 0.5 s tick: {mark}");
+    app.stop().await;
+}

@@ -1,0 +1,243 @@
+//! The queue API over real HTTP on a real Redis.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::support::{RedisServer, TestApp, flag_on, spawn_app, test_settings};
+
+const T: &str = "limited-drop/42";
+
+async fn app_with_queue_on(redis: &RedisServer, tweak: impl FnOnce(&mut vq::config::Settings)) -> TestApp {
+    let mut s = test_settings(Some(redis));
+    tweak(&mut s);
+    let app = spawn_app(s, false).await;
+    flag_on(redis).await;
+    app
+}
+
+#[tokio::test]
+async fn thousand_concurrent_enters_get_seqs_one_to_thousand() {
+    let redis = RedisServer::spawn();
+    let app = Arc::new(app_with_queue_on(&redis, |_| {}).await);
+    let mut tasks = Vec::new();
+    for u in 1..=1000u64 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = app.enter(T, u).await;
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["status"], "WAITING");
+            v["position"].as_u64().unwrap()
+        }));
+    }
+    let mut seqs = Vec::new();
+    for t in tasks {
+        seqs.push(t.await.unwrap());
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=1000).collect::<Vec<_>>(), "no gap, no duplicate");
+}
+
+#[tokio::test]
+async fn hundred_concurrent_enters_of_one_user_get_one_seq() {
+    let redis = RedisServer::spawn();
+    let app = Arc::new(app_with_queue_on(&redis, |_| {}).await);
+    app.enter(T, 1).await;
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move { app.json(app.enter(T, 2).await).await["position"].as_u64().unwrap() }));
+    }
+    let mut seen = HashSet::new();
+    for t in tasks {
+        seen.insert(t.await.unwrap());
+    }
+    assert_eq!(seen, HashSet::from([2]));
+    let mut c = redis.conn().await;
+    let n: u64 = redis::cmd("ZCARD").arg("queue:{LIMITED_DROP:42}:waiting").query_async(&mut c).await.unwrap();
+    assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn enter_answers_the_documented_json() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |s| s.queue.batch_size = 2).await;
+    for u in 1..=4 {
+        app.enter(T, u).await;
+    }
+    let v = app.json(app.enter(T, 5).await).await;
+    assert_eq!(v["status"], "WAITING");
+    assert_eq!(v["position"], 5);
+    assert_eq!(v["aheadCount"], 4);
+    assert_eq!(v["etaSeconds"], 2, "3 ticks of 0.5 s for 4 ahead + self at 2 per tick, rounded up");
+    assert!(v["entryToken"].is_null() && v["tokenExpiresAt"].is_null());
+}
+
+#[tokio::test]
+async fn full_queue_answers_429_queue_full() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |s| s.queue.max_capacity = 2).await;
+    assert_eq!(app.enter(T, 1).await.status(), 200);
+    assert_eq!(app.enter(T, 2).await.status(), 200);
+    let r = app.enter(T, 3).await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "QUEUE_FULL");
+    assert!(v["detail"].as_str().unwrap().contains("full"));
+}
+
+#[tokio::test]
+async fn leave_answers_204_and_the_next_poll_404() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |_| {}).await;
+    app.enter(T, 9).await;
+    assert_eq!(app.poll(T, 9).await.status(), 200);
+    assert_eq!(app.leave(T, 9).await.status(), 204);
+    let r = app.poll(T, 9).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(app.json(r).await["code"], "NOT_IN_QUEUE");
+    assert_eq!(app.leave(T, 9).await.status(), 204, "leaving twice is fine");
+}
+
+#[tokio::test]
+async fn user_who_stops_polling_is_evicted_and_gets_404() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.heartbeat_timeout_s = 1;
+    s.queue.batch_size = 1;
+    let app = spawn_app(s, true).await;
+    flag_on(&redis).await;
+    for u in 1..=3 {
+        app.enter(T, u).await;
+    }
+    // Users 2 and 3 keep polling; user 1... is admitted at the first tick. User 3 stops.
+    for _ in 0..8 {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        app.poll(T, 2).await;
+    }
+    let r = app.poll(T, 3).await;
+    assert_eq!(r.status(), 404, "no poll for longer than heartbeat_timeout_s");
+    assert_eq!(app.json(r).await["code"], "NOT_IN_QUEUE");
+    let mut c = redis.conn().await;
+    let evicted: u64 = redis::cmd("GET").arg("queue:{LIMITED_DROP:42}:evicted").query_async(&mut c).await.unwrap();
+    assert!(evicted >= 1);
+}
+
+#[tokio::test]
+async fn admitted_user_gets_the_same_token_on_every_poll_and_enter() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |s| s.queue.batch_size = 1).await;
+    app.enter(T, 1).await;
+    let pump = vq::pump::Pump::new(
+        crate::support::open_store(&test_settings(Some(&redis))),
+        Arc::new(test_settings(Some(&redis))),
+        "test".into(),
+    );
+    pump.tick().await.unwrap();
+    let v = app.json(app.poll(T, 1).await).await;
+    assert_eq!(v["status"], "ADMITTED");
+    let token = v["entryToken"].as_str().unwrap().to_owned();
+    assert!(v["tokenExpiresAt"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(app.json(app.poll(T, 1).await).await["entryToken"], token.as_str());
+    assert_eq!(app.json(app.enter(T, 1).await).await["entryToken"], token.as_str());
+    let mut c = redis.conn().await;
+    let stored: String = redis::cmd("GET").arg("queue:{LIMITED_DROP:42}:token:1").query_async(&mut c).await.unwrap();
+    assert_eq!(stored, token);
+    let ttl: i64 = redis::cmd("TTL").arg("queue:{LIMITED_DROP:42}:token:1").query_async(&mut c).await.unwrap();
+    assert!((290..=300).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test]
+async fn flag_off_admits_directly_with_a_token() {
+    let redis = RedisServer::spawn();
+    let app = spawn_app(test_settings(Some(&redis)), false).await;
+    let v = app.json(app.enter(T, 5).await).await;
+    assert_eq!(v["status"], "DIRECT_ADMITTED");
+    assert!(v["entryToken"].as_str().is_some_and(|t| t.contains('.')));
+    let v = app.json(app.poll(T, 5).await).await;
+    assert_eq!(v["status"], "DIRECT_ADMITTED");
+    let mut c = redis.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS").arg("queue:*").query_async(&mut c).await.unwrap();
+    assert!(keys.is_empty(), "flag off does not touch the queue: {keys:?}");
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_invalid_request() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |_| {}).await;
+    let cases: Vec<(&str, Option<&str>)> = vec![
+        ("/virtual-queues/limited-drop/42/entries", None),
+        ("/virtual-queues/limited-drop/42/entries", Some("abc")),
+        ("/virtual-queues/limited-drop/42/entries", Some("0")),
+        ("/virtual-queues/limited-drop/42/entries", Some("-3")),
+        ("/virtual-queues/limited-drop/42/entries", Some("99999999999999999999999")),
+        ("/virtual-queues/LIMITED_DROP/42/entries", Some("1")),
+        ("/virtual-queues/concert/42/entries", Some("1")),
+        ("/virtual-queues/limited-drop/0/entries", Some("1")),
+        ("/virtual-queues/limited-drop/x1/entries", Some("1")),
+        ("/virtual-queues/limited-drop/%FF/entries", Some("1")),
+    ];
+    for (path, user) in cases {
+        let mut req = app.client.post(app.url(path));
+        if let Some(u) = user {
+            req = req.header("X-User-Id", u);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 400, "{path} {user:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["code"], "INVALID_REQUEST", "{path} {user:?}");
+        assert!(!v["detail"].as_str().unwrap().is_empty());
+    }
+    let r = app.client.get(app.url("/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(app.json(r).await["code"], "NOT_FOUND");
+    let r = app.client.put(app.url("/virtual-queues/limited-drop/42/entries")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(app.json(r).await["code"], "METHOD_NOT_ALLOWED");
+}
+
+#[tokio::test]
+async fn redis_down_fails_open_without_5xx_and_recovers() {
+    let mut redis = RedisServer::spawn();
+    let port = redis.port;
+    let app = app_with_queue_on(&redis, |_| {}).await;
+    assert_eq!(app.json(app.enter(T, 1).await).await["status"], "WAITING");
+    redis.kill();
+    for u in 1..=20 {
+        let r = app.enter(T, u).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(app.json(r).await["status"], "DIRECT_ADMITTED");
+        let r = app.poll(T, u).await;
+        assert_eq!(r.status(), 200);
+    }
+    let health = app.json(app.client.get(app.url("/readyz")).send().await.unwrap()).await;
+    assert_eq!(health["store"], "unreachable");
+    let _redis = RedisServer::spawn_on(port);
+    flag_on(&_redis).await;
+    let mut back = false;
+    for _ in 0..50 {
+        if app.json(app.enter(T, 77).await).await["status"] == "WAITING" {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "the queue resumes when Redis returns, without a restart");
+}
+
+#[tokio::test]
+async fn stats_are_served_per_target() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |_| {}).await;
+    for u in 1..=3 {
+        app.enter(T, u).await;
+    }
+    let v = app.json(app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap()).await;
+    assert_eq!(v["waitingCount"], 3);
+    assert_eq!(v["admittedCount"], 0);
+    for k in ["admissionRatePerSec", "avgWaitSeconds", "p95WaitSeconds"] {
+        assert!(v[k].is_number(), "{k}");
+    }
+}
