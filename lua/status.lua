@@ -8,6 +8,7 @@
 -- KEYS[5] queue:{T}:token:{user}     STRING token, EX token ttl
 -- KEYS[6] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[7] queue:{T}:entered_at       HASH user -> entry ms
+-- KEYS[8] queue:{T}:waits            HASH target counters (tokens_issued)
 -- ARGV[1] user id
 -- ARGV[2] key ttl seconds (sliding)
 -- ARGV[3] candidate token, stored only if the user is admitted now
@@ -32,6 +33,7 @@ if seq <= mark then
   redis.call('ZREM', KEYS[1], user)
   redis.call('ZREM', KEYS[2], user)
   redis.call('HDEL', KEYS[7], user)
+  redis.call('HINCRBY', KEYS[8], 'tokens_issued', 1)
   return {'ADMITTED', ARGV[3]}
 end
 local t = redis.call('TIME')

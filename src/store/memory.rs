@@ -31,6 +31,8 @@ struct TargetState {
     entered_at: HashMap<UserId, u64>,
     waits: WaitHistogram,
     admitted_total: u64,
+    tokens_issued: u64,
+    tokens_used: u64,
     /// Last time any of the target's state was written (ms): the sliding key TTL.
     touched: u64,
 }
@@ -78,6 +80,7 @@ impl TargetState {
     ) -> Result<Waiting, String> {
         if seq <= self.mark {
             self.tokens.insert(user, (candidate.to_owned(), now + token_ttl_s * 1000));
+            self.tokens_issued += 1;
             self.remove(user);
             return Err(candidate.to_owned());
         }
@@ -283,6 +286,8 @@ impl QueueStore for MemoryStore {
             lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
             admissions: t.admissions.clone(),
             admitted_total: t.admitted_total,
+            tokens_issued: t.tokens_issued,
+            tokens_used: t.tokens_used,
             waits: t.waits.clone(),
         })
     }

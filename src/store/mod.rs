@@ -88,6 +88,9 @@ pub struct TargetSnapshot {
     pub admissions: Vec<(u64, u64)>,
     /// Users admitted since the target's keys were created.
     pub admitted_total: u64,
+    /// Tokens issued through the queue (not DIRECT_ADMITTED ones) and marked used by the gate.
+    pub tokens_issued: u64,
+    pub tokens_used: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
 }

@@ -105,6 +105,7 @@ impl QueueStore for RedisStore {
             .key(keys::token(target, user))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, "entered_at"))
+            .key(keys::of(target, "waits"))
             .arg(user.0)
             .arg(self.limits.max_capacity)
             .arg(self.limits.key_ttl_s)
@@ -129,6 +130,7 @@ impl QueueStore for RedisStore {
             .key(keys::token(target, user))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, "entered_at"))
+            .key(keys::of(target, "waits"))
             .arg(user.0)
             .arg(self.limits.key_ttl_s)
             .arg(candidate)
@@ -148,6 +150,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "entered_at"))
+            .key(keys::of(target, "waits"))
             .arg(user.0)
             .invoke_async(&mut self.conn())
             .await?;
@@ -296,6 +299,8 @@ impl QueueStore for RedisStore {
                 })
                 .collect(),
             admitted_total: waits.get("admitted").copied().unwrap_or(0),
+            tokens_issued: waits.get("tokens_issued").copied().unwrap_or(0),
+            tokens_used: waits.get("tokens_used").copied().unwrap_or(0),
             waits: WaitHistogram {
                 buckets: waits.iter().filter_map(|(k, v)| Some((k.strip_prefix("b:")?.parse().ok()?, *v))).collect(),
                 count: waits.get("count").copied().unwrap_or(0),

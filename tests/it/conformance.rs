@@ -106,6 +106,7 @@ async fn admitted_user_gets_one_token_and_leaves_the_queue() {
         assert_eq!(s.enter(t(), UserId(1), "other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.waiting, 1, "user 2 still waits; user 1 left the queue");
+        assert_eq!(snap.tokens_issued, 1, "one token, however often it is read");
         assert_eq!(s.status(t(), UserId(3), "x").await.unwrap(), StatusOutcome::NotInQueue);
     })
     .await;
