@@ -5,7 +5,7 @@
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:seq              STRING counter (ttl refresh only)
 -- KEYS[4] queue:{T}:admitted_count   STRING admission mark
--- KEYS[5] queue:{T}:token:{user}     STRING token, EX token ttl
+-- KEYS[5] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
 -- KEYS[6] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[7] queue:{T}:entered_at       HASH user -> entry ms
 -- KEYS[8] queue:{T}:waits            HASH target counters (tokens_issued)
@@ -20,6 +20,10 @@ local user = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local tok = redis.call('GET', KEYS[5])
 if tok then
+  -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+  if string.sub(tok, 1, 5) == 'used:' then
+    tok = string.sub(tok, 6)
+  end
   return {'ADMITTED', tok}
 end
 local seq = redis.call('ZSCORE', KEYS[1], user)

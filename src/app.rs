@@ -10,10 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Settings, StoreKind};
+use crate::http::gate::Gate;
 use crate::http::{AppState, router};
 use crate::pump::Pump;
-use crate::service::QueueService;
-use crate::store::{AnyStore, MemoryStore, RedisStore};
+use crate::service::{QueueService, now_epoch_ms};
+use crate::store::{AnyStore, FlagAck, MemoryStore, QueueStore, RedisStore};
 use crate::token::Secret;
 
 /// Opens the configured store. The Redis store connects lazily, so this succeeds while
@@ -28,17 +29,31 @@ pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     })
 }
 
-/// Keeps the service's copy of the flag fresh; on Redis errors the last value stays.
-async fn refresh_flag_loop(service: Arc<QueueService>, cancel: CancellationToken) {
+/// How long an instance's flag acknowledgement lives: an instance whose record is gone has
+/// stopped refreshing (dead, or cut off from Redis).
+pub const FLAG_ACK_TTL_MS: u64 = 3000;
+
+/// Keeps the service's copy of the flag fresh and acknowledges the version applied (for the
+/// confirmed rollback of `vq flag off`); on Redis errors the last value stays.
+async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, cancel: CancellationToken) {
     let every = Duration::from_millis(service.settings().flag.refresh_ms);
     let mut failing = false;
+    let mut applied: Option<(u64, u64)> = None;
     loop {
         match service.refresh_flag().await {
-            Ok(_) if failing => {
-                failing = false;
-                tracing::info!("flag refresh works again");
+            Ok(version) => {
+                if failing {
+                    failing = false;
+                    tracing::info!("flag refresh works again");
+                }
+                let (v, at) = match applied {
+                    Some((v, at)) if v == version => (v, at),
+                    _ => (version, now_epoch_ms()),
+                };
+                applied = Some((v, at));
+                let ack = FlagAck { instance: instance_id.clone(), version: v, applied_at_ms: at };
+                let _ = service.store.ack_flag(ack, FLAG_ACK_TTL_MS).await;
             }
-            Ok(_) => {}
             Err(e) if !failing => {
                 failing = true;
                 tracing::warn!(error = %e, "cannot read the flag: keeping the last value read");
@@ -54,6 +69,8 @@ async fn refresh_flag_loop(service: Arc<QueueService>, cancel: CancellationToken
 
 pub struct ServeOptions {
     pub pump: bool,
+    /// Write "queue on for everyone" to the store at start-up (trial runs).
+    pub flag_on: bool,
 }
 
 /// Serves until `cancel`, then drains: the pump finishes its tick, in-flight requests end.
@@ -67,18 +84,26 @@ pub async fn run(
     let store = open_store(&settings)?;
     let instance_id = settings.instance_id();
     let service = Arc::new(QueueService::new(store.clone(), secret, settings.clone()));
+    if opts.flag_on {
+        let on = vec![("enabled".to_owned(), "1".to_owned()), ("percent".to_owned(), "100".to_owned())];
+        match store.write_flag(on, Vec::new()).await {
+            Ok(v) => tracing::info!(version = v, "queue turned on for every user (--flag-on)"),
+            Err(e) => tracing::warn!(error = %e, "--flag-on: could not write the flag"),
+        }
+    }
     // Read the flag once before serving, so the first requests see it (if Redis answers).
     let _ = service.refresh_flag().await;
 
     let tracker = TaskTracker::new();
-    tracker.spawn(refresh_flag_loop(service.clone(), cancel.clone()));
+    tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
     if opts.pump {
         let pump = Pump::new(store, settings.clone(), instance_id.clone());
         tracker.spawn(pump.run(cancel.clone()));
     }
     tracker.close();
 
-    let app = router(Arc::new(AppState { service }));
+    let gate = Gate::new(&settings.gate).map_err(|e| anyhow::anyhow!("gate.routes: {e}"))?;
+    let app = router(Arc::new(AppState { service, gate }));
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.clone().cancelled_owned())

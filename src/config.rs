@@ -80,7 +80,23 @@ pub struct FlagSettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GateSettings {
+    /// The purchase API behind the gate, e.g. `http://127.0.0.1:9000`.
     pub upstream: Option<String>,
+    /// Time to wait for the upstream's response headers before answering 504.
+    pub timeout_ms: u64,
+    /// Routes whose requests need a valid entry token (when the flag applies).
+    pub routes: Vec<GateRoute>,
+}
+
+/// One gated route: `POST /limited-drops/{id}/orders` → target `LIMITED_DROP:{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateRoute {
+    pub method: String,
+    /// Path with exactly one `{…}` segment holding the target id.
+    pub path: String,
+    /// `LIMITED_DROP` or `TICKETING_EVENT` (slugs accepted).
+    pub target: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,7 +154,19 @@ impl Default for FlagSettings {
 
 impl Default for GateSettings {
     fn default() -> Self {
-        Self { upstream: None }
+        let route = |method: &str, path: &str, target: &str| GateRoute {
+            method: method.into(),
+            path: path.into(),
+            target: target.into(),
+        };
+        Self {
+            upstream: None,
+            timeout_ms: 10_000,
+            routes: vec![
+                route("POST", "/limited-drops/{dropId}/orders", "LIMITED_DROP"),
+                route("POST", "/events/{id}/seats/select", "TICKETING_EVENT"),
+            ],
+        }
     }
 }
 
@@ -187,6 +215,10 @@ impl Settings {
                 "queue.max_capacity, queue.heartbeat_timeout_s, queue.key_ttl_s and token.ttl_s must be positive"
                     .into(),
             );
+        }
+        crate::gate::GateRoutes::compile(&self.gate.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        if let Some(u) = self.gate.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
+            return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
         }
         if self.flag.refresh_ms == 0 || self.flag.refresh_ms > 1000 {
             return Err(
@@ -244,6 +276,7 @@ pub fn secret_from_env() -> Result<Secret, SecretError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
     use super::*;
     use figment::Jail;

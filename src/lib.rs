@@ -9,6 +9,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod gate;
 pub mod http;
 pub mod pump;
 pub mod service;

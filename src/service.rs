@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::Settings;
 use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
-use crate::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, Waiting};
-use crate::token::{self, EntryToken, Secret};
+use crate::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, TokenClaim, Waiting};
+use crate::token::{self, EntryToken, Secret, TokenError};
 
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
 /// dropped it between its keys expiring and a new entry.
@@ -58,15 +58,60 @@ pub struct QueueStats {
     pub batch_size: u64,
 }
 
-/// Counts Redis failures and logs them at most once per interval.
+/// What the gate lets through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatePass {
+    /// The queue does not apply to this user and target: no token needed.
+    FlagOff,
+    /// A valid token; `claim` is the one-time-use mark to settle after the purchase (none when
+    /// Redis could not be reached, or for a read-only check).
+    Verified { claim: Option<PendingClaim> },
+}
+
+/// A token marked used before forwarding; settle it with [`QueueService::settle_claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingClaim {
+    target: QueueTarget,
+    user: UserId,
+    token: String,
+    previous: Option<String>,
+}
+
+/// Whether a gate check marks the token used (a purchase) or only reads (nginx auth_request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    Claim,
+    CheckOnly,
+}
+
+/// After a store failure, requests skip the store for this long and fail open at once,
+/// instead of each one paying for a reconnection attempt; the flag refresher probes Redis
+/// meanwhile and closes the window as soon as it answers.
+const SKIP_STORE_AFTER_FAILURE_MS: u64 = 1000;
+
+/// Counts Redis failures, logs them at most once per interval, and remembers until when the
+/// request path should not try Redis.
 struct Degraded {
     total: AtomicU64,
     last_log: Mutex<Option<Instant>>,
     since_log: AtomicU64,
+    /// Epoch ms before which enter/poll/gate do not call the store (0 = call it).
+    skip_until_ms: AtomicU64,
 }
 
 impl Degraded {
+    fn skipping(&self) -> bool {
+        let until = self.skip_until_ms.load(Ordering::Relaxed);
+        until != 0 && now_epoch_ms() < until
+    }
+
+    /// A request that failed open without calling the store.
+    fn record_skipped(&self) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn record(&self, what: &str, err: &StoreError) {
+        self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
         self.total.fetch_add(1, Ordering::Relaxed);
         let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
@@ -87,6 +132,7 @@ pub struct QueueService {
     global_batch: AtomicU64,
     degraded: Degraded,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
+    bypass_attempts: AtomicU64,
 }
 
 impl QueueService {
@@ -97,8 +143,14 @@ impl QueueService {
             settings,
             flag: RwLock::new(Arc::new(FlagState::default())),
             global_batch: AtomicU64::new(0),
-            degraded: Degraded { total: AtomicU64::new(0), last_log: Mutex::new(None), since_log: AtomicU64::new(0) },
+            degraded: Degraded {
+                total: AtomicU64::new(0),
+                last_log: Mutex::new(None),
+                since_log: AtomicU64::new(0),
+                skip_until_ms: AtomicU64::new(0),
+            },
             registered: Mutex::new(HashMap::new()),
+            bypass_attempts: AtomicU64::new(0),
         }
     }
 
@@ -128,6 +180,8 @@ impl QueueService {
     /// stay in force (SPEC §8). Returns the flag version now applied.
     pub async fn refresh_flag(&self) -> Result<u64, StoreError> {
         let flag = self.store.read_flag().await?;
+        // Redis answers again: let requests use it at once.
+        self.degraded.skip_until_ms.store(0, Ordering::Relaxed);
         let batch = self.store.global_batch_size().await?;
         self.global_batch.store(batch.unwrap_or(0), Ordering::Relaxed);
         let version = flag.version;
@@ -181,6 +235,10 @@ impl QueueService {
             return Ok(self.direct(target, user));
         }
         let candidate = self.candidate(target, user);
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return Ok(QueueStatus::DirectAdmitted(candidate));
+        }
         match self.store.enter(target, user, &candidate.raw).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.register_active(target).await;
@@ -200,6 +258,10 @@ impl QueueService {
             return Ok(self.direct(target, user));
         }
         let candidate = self.candidate(target, user);
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return Ok(QueueStatus::DirectAdmitted(candidate));
+        }
         match self.store.status(target, user, &candidate.raw).await {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
             Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(raw)),
@@ -213,6 +275,10 @@ impl QueueService {
 
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
     pub async fn leave(&self, target: QueueTarget, user: UserId) {
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return;
+        }
         if let Err(e) = self.store.leave(target, user).await {
             self.degraded.record("leave", &e);
         }
@@ -233,6 +299,87 @@ impl QueueService {
             evicted_count: snap.evicted,
             batch_size: self.batch_size(snap.batch_override),
         })
+    }
+
+    /// Gate requests refused since start.
+    pub fn bypass_attempts_total(&self) -> u64 {
+        self.bypass_attempts.load(Ordering::Relaxed)
+    }
+
+    /// The gate's decision for a request to a gated route of `target` (SPEC §6): with the flag
+    /// applying to this user, the token must be well-formed, signed, unexpired, for this type,
+    /// target and user, and not used yet (when Redis answers).
+    pub async fn gate_check(
+        &self,
+        target: QueueTarget,
+        user: Option<UserId>,
+        token: Option<&str>,
+        mode: ClaimMode,
+    ) -> Result<GatePass, TokenError> {
+        let flag = self.flag();
+        let applies = match user {
+            Some(u) => flag.applies(target, u),
+            None => flag.may_apply(target),
+        };
+        if !applies {
+            return Ok(GatePass::FlagOff);
+        }
+        let verdict = self.verify_and_claim(target, user, token, mode).await;
+        if verdict.is_err() {
+            self.bypass_attempts.fetch_add(1, Ordering::Relaxed);
+        }
+        verdict
+    }
+
+    async fn verify_and_claim(
+        &self,
+        target: QueueTarget,
+        user: Option<UserId>,
+        token: Option<&str>,
+        mode: ClaimMode,
+    ) -> Result<GatePass, TokenError> {
+        let user = user.ok_or(TokenError::NoUser)?;
+        let raw = token.filter(|t| !t.is_empty()).ok_or(TokenError::Missing)?;
+        let now = Self::now_s();
+        let claims = token::verify(&self.secret, raw, target, user, now)?;
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return Ok(GatePass::Verified { claim: None });
+        }
+        let outcome = match mode {
+            ClaimMode::CheckOnly => match self.store.token_used(target, user, raw).await {
+                Ok(true) => return Err(TokenError::AlreadyUsed),
+                Ok(false) => GatePass::Verified { claim: None },
+                Err(e) => {
+                    self.degraded.record("gate", &e);
+                    GatePass::Verified { claim: None }
+                }
+            },
+            ClaimMode::Claim => match self.store.claim_token(target, user, raw, claims.expires_at - now).await {
+                Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
+                Ok(TokenClaim::Claimed { previous }) => {
+                    GatePass::Verified { claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }) }
+                }
+                Err(e) => {
+                    // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
+                    self.degraded.record("gate", &e);
+                    GatePass::Verified { claim: None }
+                }
+            },
+        };
+        Ok(outcome)
+    }
+
+    /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
+    pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
+        let result = if purchase_succeeded {
+            self.store.confirm_token_used(claim.target).await
+        } else {
+            self.store.release_token(claim.target, claim.user, &claim.token, claim.previous).await
+        };
+        if let Err(e) = result {
+            self.degraded.record("gate settle", &e);
+        }
     }
 
     async fn register_active(&self, target: QueueTarget) {

@@ -65,6 +65,8 @@ pub struct TokenClaims {
 pub enum TokenError {
     #[error("no entry token: send the X-Entry-Token header")]
     Missing,
+    #[error("X-User-Id is missing or not a positive integer")]
+    NoUser,
     #[error("the entry token is malformed: {0}")]
     Malformed(&'static str),
     #[error("the entry token's signature does not match")]

@@ -24,6 +24,9 @@ pub struct Args {
     /// Do not run the admission pump in this process (run `vq pump` elsewhere)
     #[arg(long)]
     no_pump: bool,
+    /// Turn the queue on for every user at start-up (trial runs; `vq flag` does it in production)
+    #[arg(long)]
+    flag_on: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -42,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
         let cancel = CancellationToken::new();
         cancel_on_signal(cancel.clone());
-        run_app(listener, settings, secret, ServeOptions { pump: !args.no_pump }, cancel).await
+        run_app(listener, settings, secret, ServeOptions { pump: !args.no_pump, flag_on: args.flag_on }, cancel).await
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -48,6 +48,15 @@ impl FlagState {
         user_bucket(user) < percent
     }
 
+    /// Whether the queue applies to at least some users of this target.
+    pub fn may_apply(&self, target: QueueTarget) -> bool {
+        match self.overrides.get(&target) {
+            Some(TargetOverride::Off) => false,
+            Some(TargetOverride::On { percent }) => *percent > 0,
+            None => self.enabled && self.percent > 0,
+        }
+    }
+
     /// Whether the queue is on for at least some users of this target (the pump still runs
     /// for every active target; this is for display).
     pub fn describe(&self, target: Option<QueueTarget>) -> String {

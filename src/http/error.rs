@@ -46,10 +46,6 @@ impl From<QueueError> for ApiError {
     }
 }
 
-pub async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route")
-}
-
 pub async fn method_not_allowed() -> ApiError {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "this route does not take that method")
 }

@@ -3,6 +3,7 @@
 
 mod error;
 mod extract;
+pub mod gate;
 mod queue;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::service::QueueService;
 /// Everything a handler can reach.
 pub struct AppState {
     pub service: Arc<QueueService>,
+    pub gate: gate::Gate,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -29,7 +31,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
-        .fallback(error::not_found)
+        .route("/gate/verify", get(gate::verify))
+        .fallback(gate::proxy)
         .method_not_allowed_fallback(error::method_not_allowed)
         .with_state(state)
 }

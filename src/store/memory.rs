@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{AdmitOutcome, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, Waiting};
+use super::{
+    AdmitOutcome, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    TokenClaim, Waiting,
+};
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
 fn now_ms() -> u64 {
@@ -60,7 +63,7 @@ impl TargetState {
 
     fn live_token(&mut self, user: UserId, now: u64) -> Option<String> {
         match self.tokens.get(&user) {
-            Some((t, exp)) if *exp > now => Some(t.clone()),
+            Some((t, exp)) if *exp > now => Some(t.strip_prefix("used:").unwrap_or(t).to_owned()),
             Some(_) => {
                 self.tokens.remove(&user);
                 None
@@ -96,6 +99,7 @@ struct Inner {
     active: BTreeSet<QueueTarget>,
     flag: HashMap<String, String>,
     global_batch: Option<u64>,
+    acks: HashMap<String, (FlagAck, u64)>,
 }
 
 /// In-process store with the semantics of [`super::RedisStore`].
@@ -290,6 +294,80 @@ impl QueueStore for MemoryStore {
             tokens_used: t.tokens_used,
             waits: t.waits.clone(),
         })
+    }
+
+    async fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> Result<TokenClaim, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.targets.entry(target).or_default();
+        let used = format!("used:{token}");
+        let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
+        if previous.as_deref() == Some(used.as_str()) {
+            return Ok(TokenClaim::AlreadyUsed);
+        }
+        t.tokens.insert(user, (used, now + ttl_s.max(1) * 1000));
+        Ok(TokenClaim::Claimed { previous })
+    }
+
+    async fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let Some(t) = inner.targets.get_mut(&target) else { return Ok(()) };
+        let used = format!("used:{token}");
+        if t.tokens.get(&user).is_some_and(|(v, _)| *v == used) {
+            match previous {
+                Some(p) => {
+                    if let Some(entry) = t.tokens.get_mut(&user) {
+                        entry.0 = p;
+                    }
+                }
+                None => {
+                    t.tokens.remove(&user);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn confirm_token_used(&self, target: QueueTarget) -> Result<(), StoreError> {
+        self.lock().targets.entry(target).or_default().tokens_used += 1;
+        Ok(())
+    }
+
+    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let inner = self.lock();
+        Ok(inner
+            .targets
+            .get(&target)
+            .and_then(|t| t.tokens.get(&user))
+            .is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let until = now_ms() + ttl_ms;
+        self.lock().acks.insert(ack.instance.clone(), (ack, until));
+        Ok(())
+    }
+
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        let now = now_ms();
+        let inner = self.lock();
+        let mut acks: Vec<FlagAck> =
+            inner.acks.values().filter(|(_, until)| *until > now).map(|(a, _)| a.clone()).collect();
+        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(acks)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

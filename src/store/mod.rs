@@ -73,6 +73,25 @@ pub struct AdmitOutcome {
     pub batch: u64,
 }
 
+/// The result of claiming a token for one purchase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenClaim {
+    /// Marked used; `previous` is what the token key held, to restore on failure.
+    Claimed {
+        previous: Option<String>,
+    },
+    AlreadyUsed,
+}
+
+/// An instance's acknowledgement of the flag version it applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagAck {
+    pub instance: String,
+    pub version: u64,
+    /// When the instance applied that version (epoch ms, its clock).
+    pub applied_at_ms: u64,
+}
+
 /// A target's figures as stored, for stats and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TargetSnapshot {
@@ -168,6 +187,41 @@ pub trait QueueStore: Send + Sync + 'static {
 
     fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;
 
+    /// Marks a token used before its purchase is forwarded (best-effort one-time use).
+    fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send;
+
+    /// Undoes a claim after a purchase that did not succeed.
+    fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts a token consumed by a successful purchase.
+    fn confirm_token_used(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether this token was already used (read-only, for `/gate/verify`).
+    fn token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Records that `instance` applied flag `version`; the record lives `ttl_ms`.
+    fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The acknowledgements of every live instance.
+    fn flag_acks(&self) -> impl Future<Output = Result<Vec<FlagAck>, StoreError>> + Send;
+
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
@@ -229,6 +283,30 @@ impl QueueStore for AnyStore {
     }
     async fn snapshot(&self, t: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         delegate!(self, s => s.snapshot(t))
+    }
+    async fn claim_token(&self, t: QueueTarget, u: UserId, tok: &str, ttl: u64) -> Result<TokenClaim, StoreError> {
+        delegate!(self, s => s.claim_token(t, u, tok, ttl))
+    }
+    async fn release_token(
+        &self,
+        t: QueueTarget,
+        u: UserId,
+        tok: &str,
+        prev: Option<String>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.release_token(t, u, tok, prev))
+    }
+    async fn confirm_token_used(&self, t: QueueTarget) -> Result<(), StoreError> {
+        delegate!(self, s => s.confirm_token_used(t))
+    }
+    async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
+        delegate!(self, s => s.token_used(t, u, tok))
+    }
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        delegate!(self, s => s.ack_flag(ack, ttl_ms))
+    }
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        delegate!(self, s => s.flag_acks())
     }
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping())

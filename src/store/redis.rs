@@ -11,7 +11,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use super::{AdmitOutcome, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, Waiting};
+use super::{
+    AdmitOutcome, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    TokenClaim, Waiting,
+};
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
 static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
@@ -19,6 +22,8 @@ static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../
 static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/leave.lua")));
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/admit.lua")));
 static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/evict.lua")));
+static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_claim.lua")));
+static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_release.lua")));
 static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_set.lua")));
 
 /// Key names. Operators and tests read these with redis-cli; they are a contract.
@@ -28,6 +33,8 @@ pub mod keys {
     pub const ACTIVE: &str = "queue:active";
     pub const FLAG: &str = "virtual-queue:flag";
     pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
+    /// `virtual-queue:ack:{instance}` = "version:applied_at_ms", short TTL: live instances.
+    pub const FLAG_ACK_PREFIX: &str = "virtual-queue:ack:";
 
     pub fn of(target: QueueTarget, name: &str) -> String {
         format!("queue:{{{target}}}:{name}")
@@ -307,6 +314,99 @@ impl QueueStore for RedisStore {
                 sum_ms: waits.get("sum_ms").copied().unwrap_or(0),
             },
         })
+    }
+
+    async fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> Result<TokenClaim, StoreError> {
+        let r: Vec<String> = TOKEN_CLAIM
+            .key(keys::token(target, user))
+            .arg(token)
+            .arg(ttl_s.max(1))
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => Ok(TokenClaim::Claimed { previous: r.get(1).filter(|p| !p.is_empty()).cloned() }),
+            Some("0") => Ok(TokenClaim::AlreadyUsed),
+            _ => Err(reply_err("token_claim.lua", &r)),
+        }
+    }
+
+    async fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> Result<(), StoreError> {
+        let _: u64 = TOKEN_RELEASE
+            .key(keys::token(target, user))
+            .arg(token)
+            .arg(previous.unwrap_or_default())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn confirm_token_used(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().hincr(keys::of(target, "waits"), "tokens_used", 1).await?;
+        Ok(())
+    }
+
+    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+        let v: Option<String> = self.conn().get(keys::token(target, user)).await?;
+        Ok(v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let key = format!("{}{}", keys::FLAG_ACK_PREFIX, ack.instance);
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(format!("{}:{}", ack.version, ack.applied_at_ms))
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        let mut conn = self.conn();
+        let mut keys_found: Vec<String> = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", keys::FLAG_ACK_PREFIX))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            keys_found.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut acks = Vec::with_capacity(keys_found.len());
+        for key in keys_found {
+            let v: Option<String> = conn.get(&key).await?;
+            let parsed = v.as_deref().and_then(|v| {
+                let (ver, at) = v.split_once(':')?;
+                Some((ver.parse().ok()?, at.parse().ok()?))
+            });
+            if let Some((version, applied_at_ms)) = parsed {
+                let instance = key.trim_start_matches(keys::FLAG_ACK_PREFIX).to_owned();
+                acks.push(FlagAck { instance, version, applied_at_ms });
+            }
+        }
+        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(acks)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -1,6 +1,7 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
 mod conformance;
+pub mod gate;
 mod processes;
 mod pump;
 mod queue_api;

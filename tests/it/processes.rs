@@ -72,3 +72,105 @@ async fn three_instances_admit_one_batch_per_tick_even_when_the_lock_vanishes() 
     }
     drop(procs);
 }
+
+fn vq_cli(redis: &RedisServer, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::support::vq_bin())
+        .args(args)
+        .env("VQ_REDIS__URL", redis.url())
+        .output()
+        .expect("run vq")
+}
+
+async fn three_gated_instances(redis: &RedisServer) -> (Vec<VqProcess>, String) {
+    let upstream = crate::gate::spawn_echo().await;
+    let mut procs = Vec::new();
+    for name in ["vq-a", "vq-b", "vq-c"] {
+        let envs = [
+            ("VQ_INSTANCE_ID", name.to_owned()),
+            ("VQ_GATE__UPSTREAM", upstream.clone()),
+            ("VQ_FLAG__REFRESH_MS", "200".to_owned()),
+        ];
+        procs.push(VqProcess::serve(redis, &envs).await);
+    }
+    (procs, upstream)
+}
+
+/// `vq flag off` returns once all three instances applied it, and then none of them gates.
+#[tokio::test]
+async fn flag_off_is_confirmed_by_every_instance_within_three_seconds() {
+    let redis = RedisServer::spawn();
+    let (procs, _up) = three_gated_instances(&redis).await;
+    let on = vq_cli(&redis, &["flag", "on"]);
+    assert!(on.status.success(), "{}", String::from_utf8_lossy(&on.stderr));
+    let client = reqwest::Client::new();
+    for p in &procs {
+        let r =
+            client.post(format!("{}/limited-drops/1/orders", p.addr)).header("X-User-Id", "3").send().await.unwrap();
+        assert_eq!(r.status(), 403, "flag on: the gate wants a token");
+    }
+    let started = Instant::now();
+    let off = vq_cli(&redis, &["flag", "off"]);
+    let took = started.elapsed();
+    let out = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{out}\n{}", String::from_utf8_lossy(&off.stderr));
+    for name in ["vq-a", "vq-b", "vq-c"] {
+        assert!(out.lines().any(|l| l.contains(name) && l.contains("applied")), "{name} missing in:\n{out}");
+    }
+    assert!(took < Duration::from_secs(4), "vq flag off took {took:?}");
+    for p in &procs {
+        let r =
+            client.post(format!("{}/limited-drops/1/orders", p.addr)).header("X-User-Id", "3").send().await.unwrap();
+        assert_eq!(r.status(), 200, "flag off applied on {}", p.addr);
+    }
+}
+
+/// An instance that stops applying changes (here: frozen with SIGSTOP) is named, with a
+/// non-zero exit.
+#[tokio::test]
+async fn flag_off_names_the_instance_that_did_not_apply_it() {
+    let redis = RedisServer::spawn();
+    let (procs, _up) = three_gated_instances(&redis).await;
+    assert!(vq_cli(&redis, &["flag", "on"]).status.success());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let frozen = procs[2].child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
+    let off = vq_cli(&redis, &["flag", "off"]);
+    let _ = std::process::Command::new("kill").args(["-CONT", &frozen]).status();
+    assert_eq!(off.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&off.stderr);
+    assert!(err.contains("vq-c") && !err.contains("vq-a"), "{err}");
+}
+
+/// A 50 % canary queues about half of the users, and the gate (on another instance) agrees
+/// with the queue for each user.
+#[tokio::test]
+async fn canary_queues_about_half_and_the_gate_agrees_per_user() {
+    let redis = RedisServer::spawn();
+    let (procs, _up) = three_gated_instances(&redis).await;
+    assert!(vq_cli(&redis, &["flag", "on", "--percent", "50"]).status.success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let client = reqwest::Client::new();
+    let mut queued = 0;
+    for u in 1..=200u64 {
+        let v: serde_json::Value = client
+            .post(format!("{}/virtual-queues/limited-drop/9/entries", procs[0].addr))
+            .header("X-User-Id", u.to_string())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let in_queue = v["status"] == "WAITING";
+        queued += u64::from(in_queue);
+        let gate = client
+            .post(format!("{}/limited-drops/9/orders", procs[1].addr))
+            .header("X-User-Id", u.to_string())
+            .send()
+            .await
+            .unwrap();
+        let expected = if in_queue { 403 } else { 200 };
+        assert_eq!(gate.status(), expected, "user {u}: queue said {}", v["status"]);
+    }
+    assert!((70..=130).contains(&queued), "{queued} of 200 queued at 50 %");
+}

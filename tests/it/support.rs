@@ -51,12 +51,11 @@ impl RedisServer {
         let server = Self { port, child: Some(child), _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Ok(c) = redis::Client::open(server.url()) {
-                if let Ok(mut conn) = c.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                        break;
-                    }
-                }
+            let pong = redis::Client::open(server.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+            if pong.is_ok() {
+                break;
             }
             assert!(Instant::now() < deadline, "redis-server did not answer PING on port {port}");
             std::thread::sleep(Duration::from_millis(10));
@@ -125,7 +124,13 @@ pub async fn spawn_app(settings: Settings, pump: bool) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = format!("http://{}", listener.local_addr().expect("addr"));
     let cancel = CancellationToken::new();
-    let handle = tokio::spawn(run(listener, Arc::new(settings), secret(), ServeOptions { pump }, cancel.clone()));
+    let handle = tokio::spawn(run(
+        listener,
+        Arc::new(settings),
+        secret(),
+        ServeOptions { pump, flag_on: false },
+        cancel.clone(),
+    ));
     TestApp { addr, client: reqwest::Client::new(), cancel, handle: Some(handle) }
 }
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1:
+#   wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each.
+# Usage: scripts/bench.sh [seconds] [connections]
+# Installs wrk and redis-server (Debian packages) when missing; builds vq in release.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-10}"; conns="${2:-64}"
+
+pkgs=()
+command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+command -v wrk >/dev/null 2>&1 || pkgs+=(wrk)
+if [ ${#pkgs[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+cargo build --release --quiet
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rport=$(free_port); vport=$(free_port)
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
+pids+=($!)
+export VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn
+export VQ_TOKEN_SECRET="bench-secret-0123456789abcdef0123456789"
+export VQ_QUEUE__MAX_CAPACITY=100000000
+for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+target/release/vq serve --flag-on >"$work/vq.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
+
+run() { # name script arg
+  local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3")
+  local rps p50 p99 non2xx
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %s\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
+}
+echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
+run enter enter.lua 2
+entered=$(redis-cli -p "$rport" get 'queue:{LIMITED_DROP:1}:seq')
+run poll poll.lua "$entered"
+echo "users entered: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
