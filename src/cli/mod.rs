@@ -38,7 +38,7 @@ enum Command {
 #[derive(clap::Args, Clone, Default)]
 pub struct ConfigArg {
     /// Path of a vq.toml (default: built-in defaults, then VQ_… environment)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 }
 

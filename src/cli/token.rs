@@ -85,13 +85,18 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
     Ok(report(&a, Some(claims), verdict, checked))
 }
 
+/// Without the secret a token is decoded and explained, but never called valid.
+fn proven(err: Option<&TokenError>, signature_checked: bool) -> bool {
+    err.is_none() && signature_checked
+}
+
 fn report(
     a: &VerifyArgs,
     claims: Option<token::TokenClaims>,
     err: Option<TokenError>,
     signature_checked: bool,
 ) -> ExitCode {
-    let valid = err.is_none();
+    let valid = proven(err.as_ref(), signature_checked);
     if a.json {
         let mut v = serde_json::json!({ "valid": valid, "signatureChecked": signature_checked });
         if let Some(c) = claims {
@@ -115,7 +120,8 @@ fn report(
             println!("signature: NOT CHECKED (VQ_TOKEN_SECRET is not set)");
         }
         match &err {
-            None => println!("valid"),
+            None if valid => println!("valid"),
+            None => println!("not proven valid: the signature was not checked"),
             Some(e) => println!("invalid: {e}"),
         }
     }

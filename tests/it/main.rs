@@ -1,5 +1,6 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
+mod cli;
 mod conformance;
 pub mod gate;
 mod processes;

@@ -1,0 +1,101 @@
+//! The command line as an operator uses it: real processes, exit codes, stderr.
+
+use std::process::{Command, Output};
+
+use crate::support::{SECRET, vq_bin};
+
+fn vq(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(vq_bin());
+    cmd.args(args).env_remove("VQ_TOKEN_SECRET").env_remove("VQ_TOKEN_SECRET_FILE");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run vq")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_proper_secret_and_never_prints_it() {
+    let out = vq(&["serve", "--listen", "127.0.0.1:0"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("VQ_TOKEN_SECRET") && err.lines().count() == 1, "{err}");
+    let out = vq(&["serve", "--listen", "127.0.0.1:0"], &[("VQ_TOKEN_SECRET", "tooshort-s3cr3t")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("32 bytes") && !err.contains("tooshort-s3cr3t"), "{err}");
+}
+
+#[test]
+fn unknown_config_keys_are_named() {
+    let out = vq(&["serve"], &[("VQ_QUEUE__BATCHSIZE", "5"), ("VQ_TOKEN_SECRET", SECRET)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("batchsize"), "{}", text(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("vq.toml");
+    std::fs::write(&file, "[gate]\nupstrem = \"http://x\"\n").unwrap();
+    let out = vq(&["flag", "status", "--config", file.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("upstrem"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn shipped_vq_toml_loads_as_is() {
+    let toml = concat!(env!("CARGO_MANIFEST_DIR"), "/vq.toml");
+    let s = vq::config::Settings::load(Some(std::path::Path::new(toml)), &Default::default()).unwrap();
+    assert_eq!(s.queue.batch_size, 100);
+}
+
+#[test]
+fn mint_then_verify_explains_each_outcome() {
+    let env = [("VQ_TOKEN_SECRET", SECRET)];
+    let out = vq(&["mint", "--target", "limited-drop:42", "--user", "7", "--json"], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["targetType"].as_str(), v["targetId"].as_u64(), v["userId"].as_u64()),
+        (Some("LIMITED_DROP"), Some(42), Some(7))
+    );
+    let token = v["token"].as_str().unwrap();
+
+    let ok = vq(&["verify", token, "--target", "limited-drop:42", "--user", "7"], &env);
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stdout));
+    assert!(text(&ok.stdout).contains("valid"));
+
+    let wrong_user = vq(&["verify", token, "--user", "8"], &env);
+    assert_eq!(wrong_user.status.code(), Some(1));
+    assert!(text(&wrong_user.stdout).contains("another user"));
+
+    let wrong_target = vq(&["verify", token, "--target", "ticketing-event:42"], &env);
+    assert_eq!(wrong_target.status.code(), Some(1));
+    assert!(text(&wrong_target.stdout).contains("TICKETING_EVENT"));
+
+    let other_secret = vq(&["verify", token], &[("VQ_TOKEN_SECRET", "another-secret-that-is-long-enough-123")]);
+    assert_eq!(other_secret.status.code(), Some(1));
+    assert!(text(&other_secret.stdout).contains("signature"));
+
+    let garbage = vq(&["verify", "not-a-token"], &env);
+    assert_eq!(garbage.status.code(), Some(1));
+    assert!(text(&garbage.stdout).contains("malformed"));
+
+    let expired = vq(&["mint", "--target", "limited-drop:42", "--user", "7", "--ttl", "0"], &env);
+    let expired_token = text(&expired.stdout);
+    let out = vq(&["verify", expired_token.trim()], &env);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("expired"));
+
+    let unchecked = vq(&["verify", token, "--json"], &[]);
+    assert_eq!(unchecked.status.code(), Some(1), "no secret: not proven valid");
+    let v: serde_json::Value = serde_json::from_slice(&unchecked.stdout).unwrap();
+    assert_eq!(v["signatureChecked"], false);
+    assert_eq!(v["userId"], 7, "still decoded");
+
+    let usage = vq(&["verify"], &env);
+    assert_eq!(usage.status.code(), Some(2));
+    let bad_target = vq(&["mint", "--target", "concert:1", "--user", "7"], &env);
+    assert_eq!(bad_target.status.code(), Some(2));
+    assert!(text(&bad_target.stderr).contains("concert"));
+}
