@@ -3,6 +3,7 @@
 
 mod error;
 mod extract;
+mod metrics;
 mod queue;
 
 use std::sync::Arc;
@@ -29,7 +30,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
+        .route("/metrics", get(metrics::render))
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }
