@@ -86,6 +86,20 @@ impl QueueStats {
     }
 }
 
+/// Reads one target's figures from the store: what the stats endpoint answers and what
+/// `vq stats` shows, so the two cannot drift. The global batch size is read with the
+/// snapshot (not an instance's cached copy), so two instances at the same moment agree.
+pub async fn read_target_stats(
+    store: &AnyStore,
+    target: QueueTarget,
+    queue: &QueueSettings,
+) -> Result<(TargetSnapshot, QueueStats), StoreError> {
+    let global_batch = store.global_batch_size().await?;
+    let snap = store.snapshot(target).await?;
+    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, now_epoch_ms());
+    Ok((snap, stats))
+}
+
 /// Counts Redis failures and logs them at most once per interval.
 struct Degraded {
     total: AtomicU64,
@@ -257,11 +271,7 @@ impl QueueService {
     }
 
     pub async fn stats(&self, target: QueueTarget) -> Result<QueueStats, StoreError> {
-        // Read the global batch size with the snapshot (not this instance's cached copy), so
-        // two instances answering at the same moment agree.
-        let global_batch = self.store.global_batch_size().await?;
-        let snap = self.store.snapshot(target).await?;
-        Ok(QueueStats::from_snapshot(&snap, global_batch, &self.settings.queue, now_epoch_ms()))
+        Ok(read_target_stats(&self.store, target, &self.settings.queue).await?.1)
     }
 
     /// Sets the `/metrics` queue gauges of every active target from the store.

@@ -4,5 +4,6 @@ mod conformance;
 mod processes;
 mod pump;
 mod queue_api;
+mod stats;
 mod support;
 mod token_format;
