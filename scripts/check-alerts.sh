@@ -33,7 +33,7 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$
 pids+=($!)
 cargo build --quiet --bin vq
 VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="redis://127.0.0.1:$redis_port" \
-  target/debug/vq serve --listen "127.0.0.1:$vq_port" >"$work/vq.log" 2>&1 &
+  target/debug/vq serve --no-pump --listen "127.0.0.1:$vq_port" >"$work/vq.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do curl -fs "127.0.0.1:$vq_port/healthz" >/dev/null && break; sleep 0.1; done
 VQ_REDIS__URL="redis://127.0.0.1:$redis_port" target/debug/vq flag on >/dev/null

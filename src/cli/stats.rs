@@ -207,7 +207,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             match collect(&store, &settings, args.target).await {
                 Ok(report) => print(&report, args.json, colour, true)?,
                 // Keep watching through a Redis outage: that is when the operator looks.
-                Err(e) if colour => print!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)\n"),
+                Err(e) if colour => println!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)"),
                 Err(e) => eprintln!("error: {e:#}"),
             }
             std::io::stdout().flush()?;
