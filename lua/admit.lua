@@ -16,7 +16,8 @@
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
--- returns {advanced 0|1, mark, tick, admitted, batch}
+-- returns {advanced 0|1, mark, tick, admitted, batch, waits}: waits = the admitted users'
+-- waits in ms, comma-separated (for the Prometheus histogram), '' when none
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tick = math.floor(now / tonumber(ARGV[2]))
@@ -25,11 +26,12 @@ local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
 local batch = tonumber(redis.call('GET', KEYS[4]) or ARGV[1])
 local last = tonumber(redis.call('GET', KEYS[3]) or '-1')
 if tick <= last then
-  return {0, mark, tick, 0, batch}
+  return {0, mark, tick, 0, batch, ''}
 end
 redis.call('SET', KEYS[3], tick, 'EX', ttl)
 local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, batch)
 local admitted = #front / 2
+local waits = {}
 if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
@@ -50,6 +52,7 @@ if admitted > 0 then
       redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
       sum = sum + w
       counted = counted + 1
+      waits[counted] = w
     end
   end
   redis.call('HDEL', KEYS[6], unpack(users))
@@ -61,4 +64,4 @@ end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
 redis.call('LTRIM', KEYS[5], 0, 59)
 redis.call('EXPIRE', KEYS[5], ttl)
-return {1, mark, tick, admitted, batch}
+return {1, mark, tick, admitted, batch, table.concat(waits, ',')}

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 pkgs=()
 command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
 command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+command -v promtool >/dev/null 2>&1 || pkgs+=(prometheus)
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "installing: ${pkgs[*]}"
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

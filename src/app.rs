@@ -67,6 +67,17 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     }
 }
 
+/// Installs the metrics recorder and folds histogram samples into buckets every few seconds.
+async fn metrics_upkeep_loop(cancel: CancellationToken) {
+    crate::metrics::install();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => crate::metrics::upkeep(),
+        }
+    }
+}
+
 pub struct ServeOptions {
     pub pump: bool,
     /// Write "queue on for everyone" to the store at start-up (trial runs).
@@ -96,6 +107,7 @@ pub async fn run(
 
     let tracker = TaskTracker::new();
     tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
+    tracker.spawn(metrics_upkeep_loop(cancel.clone()));
     if opts.pump {
         let pump = Pump::new(store, settings.clone(), instance_id.clone());
         tracker.spawn(pump.run(cancel.clone()));

@@ -63,8 +63,15 @@ impl Pump {
             return Ok(tick);
         }
         tick.locked = true;
-        tick.admit = Some(self.store.admit(target, batch, q.tick_ms).await?);
+        let admit = self.store.admit(target, batch, q.tick_ms).await?;
+        tick.admit = Some(admit);
         tick.evicted = self.store.evict(target, q.heartbeat_timeout_s * 1000, q.max_evict_per_tick).await?;
+        if admit.admitted > 0 {
+            crate::metrics::admitted(target, admit.admitted);
+        }
+        if tick.evicted > 0 {
+            crate::metrics::evicted(target, tick.evicted);
+        }
         Ok(tick)
     }
 

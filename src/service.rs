@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::config::Settings;
+use crate::config::{QueueSettings, Settings};
 use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
-use crate::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, TokenClaim, Waiting};
+use crate::store::{
+    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, TargetSnapshot, TokenClaim, Waiting,
+};
 use crate::token::{self, EntryToken, Secret, TokenError};
 
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
@@ -45,17 +47,59 @@ pub enum QueueError {
     NotInQueue(QueueTarget),
 }
 
-/// Cluster-wide figures of one target (SPEC §5.4).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+/// Cluster-wide figures of one target (SPEC §5.4), computed from the store's snapshot only,
+/// so every instance and `vq stats` answer the same.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStats {
     pub waiting_count: u64,
     pub admitted_count: u64,
+    /// Over the last minute.
     pub admission_rate_per_sec: f64,
     pub avg_wait_seconds: f64,
     pub p95_wait_seconds: f64,
     pub evicted_count: u64,
     pub batch_size: u64,
+    /// What the pump aims at: batch size / tick seconds.
+    pub target_rate_per_sec: f64,
+    pub max_capacity: u64,
+    pub tokens_issued: u64,
+    pub tokens_used: u64,
+}
+
+impl QueueStats {
+    /// The one computation behind the stats endpoint, `/metrics` gauges and `vq stats`.
+    /// `global_batch` is the operator's runtime batch size for every target, if set.
+    pub fn from_snapshot(snap: &TargetSnapshot, global_batch: Option<u64>, queue: &QueueSettings, now_ms: u64) -> Self {
+        let batch_size = snap.batch_override.or(global_batch).unwrap_or(queue.batch_size);
+        Self {
+            waiting_count: snap.waiting,
+            admitted_count: snap.admitted_total,
+            admission_rate_per_sec: admission_rate_per_sec(&snap.admissions, queue.tick_ms, now_ms),
+            avg_wait_seconds: snap.waits.avg_seconds(),
+            p95_wait_seconds: snap.waits.quantile_seconds(0.95),
+            evicted_count: snap.evicted,
+            batch_size,
+            target_rate_per_sec: batch_size as f64 * 1000.0 / queue.tick_ms.max(1) as f64,
+            max_capacity: queue.max_capacity,
+            tokens_issued: snap.tokens_issued,
+            tokens_used: snap.tokens_used,
+        }
+    }
+}
+
+/// Reads one target's figures from the store: what the stats endpoint answers and what
+/// `vq stats` shows, so the two cannot drift. The global batch size is read with the
+/// snapshot (not an instance's cached copy), so two instances at the same moment agree.
+pub async fn read_target_stats(
+    store: &AnyStore,
+    target: QueueTarget,
+    queue: &QueueSettings,
+) -> Result<(TargetSnapshot, QueueStats), StoreError> {
+    let global_batch = store.global_batch_size().await?;
+    let snap = store.snapshot(target).await?;
+    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, now_epoch_ms());
+    Ok((snap, stats))
 }
 
 /// What the gate lets through.
@@ -108,11 +152,13 @@ impl Degraded {
     /// A request that failed open without calling the store.
     fn record_skipped(&self) {
         self.total.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::redis_degraded();
     }
 
     fn record(&self, what: &str, err: &StoreError) {
         self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
         self.total.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::redis_degraded();
         let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| t.elapsed() >= DEGRADED_LOG_EVERY) {
@@ -132,7 +178,6 @@ pub struct QueueService {
     global_batch: AtomicU64,
     degraded: Degraded,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
-    bypass_attempts: AtomicU64,
 }
 
 impl QueueService {
@@ -150,7 +195,6 @@ impl QueueService {
                 skip_until_ms: AtomicU64::new(0),
             },
             registered: Mutex::new(HashMap::new()),
-            bypass_attempts: AtomicU64::new(0),
         }
     }
 
@@ -221,6 +265,15 @@ impl QueueService {
         QueueStatus::Admitted(EntryToken { raw, expires_at })
     }
 
+    /// The store keeps our candidate only when it issues the token in this call. (Two calls
+    /// in the same second mint equal candidates, so a re-read can rarely count twice.)
+    fn count_issue(raw: String, candidate: &EntryToken) -> String {
+        if raw == candidate.raw {
+            crate::metrics::token_issued();
+        }
+        raw
+    }
+
     fn waiting(&self, w: Waiting) -> QueueStatus {
         let pos = QueuePosition { seq: w.seq, admitted_mark: w.mark, ahead: w.ahead };
         QueueStatus::Waiting {
@@ -244,7 +297,7 @@ impl QueueService {
                 self.register_active(target).await;
                 Ok(self.waiting(w))
             }
-            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(raw)),
+            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &candidate))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Err(e) => {
                 self.degraded.record("enter", &e);
@@ -264,7 +317,7 @@ impl QueueService {
         }
         match self.store.status(target, user, &candidate.raw).await {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
-            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(raw)),
+            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &candidate))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
             Err(e) => {
                 self.degraded.record("poll", &e);
@@ -285,25 +338,17 @@ impl QueueService {
     }
 
     pub async fn stats(&self, target: QueueTarget) -> Result<QueueStats, StoreError> {
-        let snap = self.store.snapshot(target).await?;
-        Ok(QueueStats {
-            waiting_count: snap.waiting,
-            admitted_count: snap.admitted_total,
-            admission_rate_per_sec: admission_rate_per_sec(
-                &snap.admissions,
-                self.settings.queue.tick_ms,
-                now_epoch_ms(),
-            ),
-            avg_wait_seconds: snap.waits.avg_seconds(),
-            p95_wait_seconds: snap.waits.quantile_seconds(0.95),
-            evicted_count: snap.evicted,
-            batch_size: self.batch_size(snap.batch_override),
-        })
+        Ok(read_target_stats(&self.store, target, &self.settings.queue).await?.1)
     }
 
-    /// Gate requests refused since start.
-    pub fn bypass_attempts_total(&self) -> u64 {
-        self.bypass_attempts.load(Ordering::Relaxed)
+    /// Sets the `/metrics` queue gauges of every active target from the store.
+    pub async fn record_queue_gauges(&self) -> Result<(), StoreError> {
+        crate::metrics::set_capacity(self.settings.queue.max_capacity);
+        for target in self.store.active_targets().await? {
+            let s = self.stats(target).await?;
+            crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec);
+        }
+        Ok(())
     }
 
     /// The gate's decision for a request to a gated route of `target` (SPEC §6): with the flag
@@ -325,8 +370,11 @@ impl QueueService {
             return Ok(GatePass::FlagOff);
         }
         let verdict = self.verify_and_claim(target, user, token, mode).await;
-        if verdict.is_err() {
-            self.bypass_attempts.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &verdict {
+            crate::metrics::bypass_attempt();
+            if matches!(e, TokenError::Expired { .. }) {
+                crate::metrics::token_expired();
+            }
         }
         verdict
     }
@@ -373,6 +421,7 @@ impl QueueService {
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
     pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
         let result = if purchase_succeeded {
+            crate::metrics::token_consumed();
             self.store.confirm_token_used(claim.target).await
         } else {
             self.store.release_token(claim.target, claim.user, &claim.token, claim.previous).await

@@ -4,6 +4,7 @@
 mod flag;
 mod pump;
 mod serve;
+mod stats;
 mod token;
 
 use std::path::PathBuf;
@@ -26,6 +27,8 @@ enum Command {
     Serve(serve::Args),
     /// Run the admission pump only
     Pump(pump::Args),
+    /// Dashboard of every active queue, read from Redis (--watch, --json)
+    Stats(stats::Args),
     /// Show or change the virtual-queue.enabled flag
     Flag(flag::Args),
     /// Create an entry token
@@ -69,6 +72,7 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Pump(a) => pump::run(a),
+        Command::Stats(a) => stats::run(a),
         Command::Flag(a) => flag::run(a),
         Command::Mint(a) => token::mint(a),
         Command::Verify(a) => token::verify(a),

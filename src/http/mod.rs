@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 pub mod gate;
+mod metrics;
 mod queue;
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
         .fallback(gate::proxy)
+        .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }

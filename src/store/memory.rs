@@ -199,6 +199,7 @@ impl QueueStore for MemoryStore {
         for (_, user) in &front {
             if let Some(at) = t.entered_at.remove(user) {
                 t.waits.record(now.saturating_sub(at));
+                crate::metrics::wait_observed(now.saturating_sub(at));
             }
         }
         let admitted = front.len() as u64;

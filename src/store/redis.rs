@@ -190,6 +190,10 @@ impl QueueStore for RedisStore {
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
+        // The waits go to the Prometheus histogram of the instance that admitted.
+        for w in r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse::<u64>().ok()) {
+            crate::metrics::wait_observed(w);
+        }
         Ok(AdmitOutcome {
             advanced: num("admit.lua", &r, 0)? == 1,
             mark: num("admit.lua", &r, 1)?,

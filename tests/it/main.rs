@@ -6,5 +6,6 @@ pub mod gate;
 mod processes;
 mod pump;
 mod queue_api;
+mod stats;
 mod support;
 mod token_format;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Checks deploy/prometheus/alerts.yml: promtool check rules, promtool test rules (the alerts
+# fire when they should), then, unless --no-scrape, a real Prometheus scrapes a running
+# `vq serve` once and must see its virtual_queue_* series. Loopback only, time-bounded,
+# stops only the processes it started. Installs promtool (Debian package prometheus) when
+# missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null; then
+  echo "promtool missing: installing the Debian package prometheus" >&2
+  apt-get install -y prometheus >/dev/null
+fi
+
+promtool check rules deploy/prometheus/alerts.yml
+(cd deploy/prometheus && promtool test rules alerts_test.yml)
+
+[[ "${1:-}" == "--no-scrape" ]] && exit 0
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+redis_port=$(free_port); vq_port=$(free_port); prom_port=$(free_port)
+
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
+pids+=($!)
+cargo build --quiet --bin vq
+VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="redis://127.0.0.1:$redis_port" \
+  target/debug/vq serve --no-pump --listen "127.0.0.1:$vq_port" >"$work/vq.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do curl -fs "127.0.0.1:$vq_port/healthz" >/dev/null && break; sleep 0.1; done
+VQ_REDIS__URL="redis://127.0.0.1:$redis_port" target/debug/vq flag on >/dev/null
+sleep 1.2
+for u in 1 2 3; do
+  curl -fs -X POST -H "X-User-Id: $u" "127.0.0.1:$vq_port/virtual-queues/limited-drop/42/entries" >/dev/null
+done
+
+cat >"$work/prometheus.yml" <<YML
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ["$PWD/deploy/prometheus/alerts.yml"]
+scrape_configs:
+  - job_name: vq
+    static_configs: [{targets: ["127.0.0.1:$vq_port"]}]
+YML
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom_port" >"$work/prom.log" 2>&1 &
+pids+=($!)
+
+query='virtual_queue_length{target="LIMITED_DROP:42"}'
+deadline=$((SECONDS + 30))
+while ((SECONDS < deadline)); do
+  answer=$(curl -fsG "127.0.0.1:$prom_port/api/v1/query" --data-urlencode "query=$query" || true)
+  if grep -q '"value":\[[^]]*,"3"\]' <<<"$answer"; then
+    echo "prometheus scraped vq serve: $query = 3"
+    rules=$(curl -fs "127.0.0.1:$prom_port/api/v1/rules" | grep -o '"health":"[a-z]*"' | sort | uniq -c)
+    echo "rule health: $rules"
+    grep -q '"health":"err"' <<<"$(curl -fs "127.0.0.1:$prom_port/api/v1/rules")" && { echo "a rule fails to evaluate" >&2; exit 1; }
+    exit 0
+  fi
+  sleep 1
+done
+echo "prometheus did not see $query within 30 s; last answer: ${answer:-none}" >&2
+tail -5 "$work/prom.log" >&2
+exit 1

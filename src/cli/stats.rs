@@ -1,0 +1,288 @@
+//! `vq stats [--target T] [--watch] [--json]`: the operator's dashboard, read straight from
+//! Redis (no running `vq serve` needed).
+//!
+//! The figures of each target come from [`read_target_stats`], the function behind the stats
+//! endpoint, so `vq stats --json` and `GET …/stats` cannot drift. Rows over 90 % of capacity
+//! or under 50 % of the target admission rate are flagged: a marker word always, colour too
+//! on a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{Cell, CellAlignment, Color, ContentArrangement, Table};
+use serde::Serialize;
+
+use super::{ConfigArg, runtime};
+use crate::app::open_store;
+use crate::config::{Overrides, Settings, StoreKind};
+use crate::domain::QueueTarget;
+use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
+use crate::store::{AnyStore, QueueStore};
+
+/// Share of capacity above which a row is flagged (SPEC §10).
+const CAPACITY_ALERT: f64 = 0.9;
+/// Share of the target admission rate below which a row is flagged (SPEC §10).
+const RATE_ALERT: f64 = 0.5;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  vq stats\n  vq stats --target limited-drop:42 --watch     # redraws every tick until Ctrl-C\n  vq stats --json | jq '.targets[].stats.waitingCount'"
+)]
+pub struct Args {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Only this target, e.g. limited-drop:42 (default: every active target)
+    #[arg(long, value_name = "T")]
+    target: Option<QueueTarget>,
+    /// Redraw in place every tick until Ctrl-C
+    #[arg(long)]
+    watch: bool,
+    /// Print JSON (the stats endpoint's figures per target, plus flag, lock and Redis health)
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub redis: RedisHealth,
+    /// Global flag, e.g. `on 10%` or `off`.
+    pub flag: String,
+    pub flag_version: u64,
+    pub tick_ms: u64,
+    pub targets: Vec<TargetRow>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisHealth {
+    pub url: String,
+    pub ok: bool,
+    pub latency_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRow {
+    pub target: String,
+    /// Exactly what `GET /virtual-queues/{type}/{id}/stats` answers.
+    pub stats: QueueStats,
+    /// The flag in force for this target (global, canary or the target's override).
+    pub flag: String,
+    pub lock_holder: Option<String>,
+    pub capacity_percent: f64,
+    /// `OVER_CAPACITY_90` and/or `RATE_UNDER_50`.
+    pub alerts: Vec<&'static str>,
+}
+
+fn alerts_of(s: &QueueStats) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if s.max_capacity > 0 && s.waiting_count as f64 > CAPACITY_ALERT * s.max_capacity as f64 {
+        out.push("OVER_CAPACITY_90");
+    }
+    // Only with at least a batch waiting: a short queue admits less than the target by nature.
+    if s.waiting_count >= s.batch_size && s.admission_rate_per_sec < RATE_ALERT * s.target_rate_per_sec {
+        out.push("RATE_UNDER_50");
+    }
+    out
+}
+
+/// Reads everything the dashboard shows, in one pass.
+pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTarget>) -> anyhow::Result<Report> {
+    let url = settings.redis.url.clone();
+    let started = Instant::now();
+    store.ping().await.map_err(|e| anyhow::anyhow!("redis at {url} is unreachable: {e}"))?;
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let flag = store.read_flag().await?;
+    let mut targets = match only {
+        Some(t) => vec![t],
+        None => store.active_targets().await?,
+    };
+    targets.sort();
+    let mut rows = Vec::with_capacity(targets.len());
+    for t in targets {
+        let (snap, stats) = read_target_stats(store, t, &settings.queue).await?;
+        rows.push(TargetRow {
+            target: t.to_string(),
+            flag: flag.describe(Some(t)),
+            lock_holder: snap.lock_holder,
+            capacity_percent: if stats.max_capacity == 0 {
+                0.0
+            } else {
+                stats.waiting_count as f64 * 100.0 / stats.max_capacity as f64
+            },
+            alerts: alerts_of(&stats),
+            stats,
+        });
+    }
+    Ok(Report {
+        redis: RedisHealth { url, ok: true, latency_ms },
+        flag: flag.describe(None),
+        flag_version: flag.version,
+        tick_ms: settings.queue.tick_ms,
+        targets: rows,
+    })
+}
+
+fn secs(s: f64) -> String {
+    format!("{s:.1} s")
+}
+
+/// The dashboard as text; `colour` on a terminal.
+pub fn render(report: &Report, colour: bool) -> String {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic);
+    if !colour {
+        table.force_no_tty();
+    }
+    table.set_header(vec![
+        "target",
+        "waiting (cap %)",
+        "admitted",
+        "rate/s (target)",
+        "avg wait",
+        "p95 wait",
+        "evicted",
+        "tokens iss/used",
+        "flag",
+        "lock holder",
+        "alert",
+    ]);
+    let red = |c: Cell, on: bool| if colour && on { c.fg(Color::Red) } else { c };
+    for r in &report.targets {
+        let s = &r.stats;
+        let full = r.alerts.contains(&"OVER_CAPACITY_90");
+        let slow = r.alerts.contains(&"RATE_UNDER_50");
+        table.add_row(vec![
+            Cell::new(&r.target),
+            red(Cell::new(format!("{} ({:.1} %)", s.waiting_count, r.capacity_percent)), full)
+                .set_alignment(CellAlignment::Right),
+            Cell::new(s.admitted_count).set_alignment(CellAlignment::Right),
+            red(Cell::new(format!("{:.1} ({:.1})", s.admission_rate_per_sec, s.target_rate_per_sec)), slow)
+                .set_alignment(CellAlignment::Right),
+            Cell::new(secs(s.avg_wait_seconds)).set_alignment(CellAlignment::Right),
+            Cell::new(secs(s.p95_wait_seconds)).set_alignment(CellAlignment::Right),
+            Cell::new(s.evicted_count).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{}/{}", s.tokens_issued, s.tokens_used)).set_alignment(CellAlignment::Right),
+            Cell::new(&r.flag),
+            Cell::new(r.lock_holder.as_deref().unwrap_or("-")),
+            red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
+        ]);
+    }
+    let mut out = format!(
+        "vq stats  redis {} ok ({:.1} ms)  flag {} (v{})  tick {} ms  {} target(s)\n",
+        report.redis.url,
+        report.redis.latency_ms,
+        report.flag,
+        report.flag_version,
+        report.tick_ms,
+        report.targets.len()
+    );
+    if report.targets.is_empty() {
+        out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
+    } else {
+        out.push_str(&table.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = args.config.load(&Overrides::default())?;
+    if settings.store == StoreKind::Memory {
+        anyhow::bail!("vq stats needs store = redis: the embedded store lives inside one vq serve");
+    }
+    let colour = std::io::stdout().is_terminal() && !args.json;
+    runtime()?.block_on(async move {
+        let store = open_store(&settings)?;
+        if !args.watch {
+            let report = collect(&store, &settings, args.target).await?;
+            print(&report, args.json, colour, false)?;
+            return anyhow::Ok(());
+        }
+        let every = Duration::from_millis(settings.queue.tick_ms);
+        loop {
+            match collect(&store, &settings, args.target).await {
+                Ok(report) => print(&report, args.json, colour, true)?,
+                // Keep watching through a Redis outage: that is when the operator looks.
+                Err(e) if colour => println!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)"),
+                Err(e) => eprintln!("error: {e:#}"),
+            }
+            std::io::stdout().flush()?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(report: &Report, json: bool, colour: bool, watch: bool) -> anyhow::Result<()> {
+    if json {
+        // One JSON document per line in --watch, so scripts can read it line by line.
+        println!("{}", serde_json::to_string(report)?);
+    } else if watch && colour {
+        // Home + clear: redraw in place like watch(1).
+        print!("\x1b[H\x1b[2J{}", render(report, colour));
+    } else {
+        print!("{}", render(report, colour));
+        if watch {
+            println!("-- {} ms", now_epoch_ms());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(waiting: u64, rate: f64) -> QueueStats {
+        QueueStats {
+            waiting_count: waiting,
+            admitted_count: 0,
+            admission_rate_per_sec: rate,
+            avg_wait_seconds: 0.0,
+            p95_wait_seconds: 0.0,
+            evicted_count: 0,
+            batch_size: 100,
+            target_rate_per_sec: 50.0,
+            max_capacity: 1000,
+            tokens_issued: 0,
+            tokens_used: 0,
+        }
+    }
+
+    #[test]
+    fn rows_over_90_percent_or_under_half_rate_are_flagged() {
+        assert_eq!(alerts_of(&stats(901, 50.0)), vec!["OVER_CAPACITY_90"]);
+        assert_eq!(alerts_of(&stats(500, 24.0)), vec!["RATE_UNDER_50"]);
+        assert!(alerts_of(&stats(500, 25.0)).is_empty());
+        assert!(alerts_of(&stats(10, 0.0)).is_empty(), "fewer than a batch waiting is no slowness");
+    }
+
+    #[test]
+    fn without_a_terminal_the_marker_word_shows_and_no_escape_codes() {
+        let report = Report {
+            redis: RedisHealth { url: "redis://x".into(), ok: true, latency_ms: 0.2 },
+            flag: "on 100%".into(),
+            flag_version: 1,
+            tick_ms: 2000,
+            targets: vec![TargetRow {
+                target: "LIMITED_DROP:42".into(),
+                stats: stats(950, 0.0),
+                flag: "on 100%".into(),
+                lock_holder: Some("a".into()),
+                capacity_percent: 95.0,
+                alerts: alerts_of(&stats(950, 0.0)),
+            }],
+        };
+        let text = render(&report, false);
+        assert!(text.contains("OVER_CAPACITY_90 RATE_UNDER_50"), "{text}");
+        assert!(!text.contains('\x1b'), "{text}");
+    }
+}

@@ -1,0 +1,187 @@
+//! Prometheus metrics (SPEC §10): one small named function per thing counted, so callers
+//! (service, pump, store, gate) never spell metric names or labels themselves.
+//!
+//! Two kinds of series, and how to add them up across instances:
+//! - **events**, counted by the instance where they happen (`admitted_total`, `evicted_total`,
+//!   `tokens_total`, `wait_seconds`, `bypass_attempts_total`, `redis_degraded_total`, HTTP
+//!   durations): `sum` over instances is the cluster figure;
+//! - **state** read from Redis at scrape time ([`set_queue_state`]: `length`, `capacity`,
+//!   `target_admission_rate`): every instance reports the same value; use `max by (target)`.
+//!
+//! Labels are bounded: a target (active targets only), a route *template* and a status code,
+//! a token event. Never a user id, a raw path or a token. This module must not do IO.
+
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+use std::time::Duration;
+
+use metrics::{Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::domain::QueueTarget;
+
+pub const QUEUE_LENGTH: &str = "virtual_queue_length";
+pub const QUEUE_CAPACITY: &str = "virtual_queue_capacity";
+pub const TARGET_ADMISSION_RATE: &str = "virtual_queue_target_admission_rate";
+pub const ADMITTED_TOTAL: &str = "virtual_queue_admitted_total";
+pub const EVICTED_TOTAL: &str = "virtual_queue_evicted_total";
+pub const TOKENS_TOTAL: &str = "virtual_queue_tokens_total";
+pub const WAIT_SECONDS: &str = "virtual_queue_wait_seconds";
+pub const BYPASS_ATTEMPTS_TOTAL: &str = "virtual_queue_bypass_attempts_total";
+pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
+pub const HTTP_DURATION: &str = "virtual_queue_http_request_duration_seconds";
+
+/// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
+/// are for alerting and dashboards).
+const WAIT_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
+/// Poll latency target is P95 ≤ 300 ms; most requests take well under a millisecond.
+const HTTP_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 3.0];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the global recorder once per process (tests start many apps in one process) and
+/// returns the handle that renders `/metrics`.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), WAIT_BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), HTTP_BUCKETS))
+                .expect("bucket lists are non-empty constants")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("another metrics recorder is installed: /metrics will be empty");
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(QUEUE_LENGTH, "Users waiting and not yet admitted, per target (from Redis at scrape time)");
+    describe_gauge!(QUEUE_CAPACITY, "queue.max_capacity: waiting users beyond which enter answers 429");
+    describe_gauge!(TARGET_ADMISSION_RATE, "Admissions per second the pump aims at: batch size / tick seconds");
+    describe_counter!(ADMITTED_TOTAL, "Users admitted by this instance's pump, per target");
+    describe_counter!(EVICTED_TOTAL, "Users evicted for not polling by this instance's pump, per target (churn)");
+    describe_counter!(TOKENS_TOTAL, "Entry tokens by event: issued (through the queue), consumed, expired");
+    describe_histogram!(WAIT_SECONDS, metrics::Unit::Seconds, "Wait from entry to admission of admitted users");
+    describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
+    describe_counter!(REDIS_DEGRADED_TOTAL, "Requests answered fail-open because Redis failed");
+    describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
+}
+
+/// Renders the Prometheus text of this process.
+pub fn render() -> String {
+    install().render()
+}
+
+/// Drains histogram samples into their buckets; call every few seconds so memory stays flat
+/// between scrapes.
+pub fn upkeep() {
+    install().run_upkeep();
+}
+
+/// A target's state as read from Redis at scrape time.
+pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64) {
+    let label = target.to_string();
+    gauge!(QUEUE_LENGTH, "target" => label.clone()).set(waiting as f64);
+    gauge!(TARGET_ADMISSION_RATE, "target" => label).set(target_rate_per_sec);
+}
+
+pub fn set_capacity(max_capacity: u64) {
+    gauge!(QUEUE_CAPACITY).set(max_capacity as f64);
+}
+
+/// Called by the pump that advanced the mark.
+pub fn admitted(target: QueueTarget, users: u64) {
+    counter!(ADMITTED_TOTAL, "target" => target.to_string()).increment(users);
+}
+
+pub fn evicted(target: QueueTarget, users: u64) {
+    counter!(EVICTED_TOTAL, "target" => target.to_string()).increment(users);
+}
+
+/// One admitted user's wait, entry to admission.
+pub fn wait_observed(wait_ms: u64) {
+    histogram!(WAIT_SECONDS).record(wait_ms as f64 / 1000.0);
+}
+
+/// A token stored for a user admitted through the queue (not the stateless DIRECT_ADMITTED
+/// ones, which are minted on every call while the queue is off).
+pub fn token_issued() {
+    counter!(TOKENS_TOTAL, "event" => "issued").increment(1);
+}
+
+/// The gate passed a purchase with this token and the downstream answered 2xx.
+pub fn token_consumed() {
+    counter!(TOKENS_TOTAL, "event" => "consumed").increment(1);
+}
+
+/// The gate saw a token past its expiry.
+pub fn token_expired() {
+    counter!(TOKENS_TOTAL, "event" => "expired").increment(1);
+}
+
+/// The gate refused a purchase request (no, forged, expired, foreign or used token).
+pub fn bypass_attempt() {
+    counter!(BYPASS_ATTEMPTS_TOTAL).increment(1);
+}
+
+/// A request answered fail-open because Redis failed.
+pub fn redis_degraded() {
+    counter!(REDIS_DEGRADED_TOTAL).increment(1);
+}
+
+/// Histogram handles by status, then route template: after the first request of a kind, a
+/// request costs a read lock and two lookups, no allocation.
+type HttpHandles = HashMap<u16, HashMap<String, Histogram>>;
+static HTTP: OnceLock<RwLock<HttpHandles>> = OnceLock::new();
+
+/// One HTTP request. `route` is the matched route template (`/virtual-queues/{kind}/{id}/…`),
+/// or `"unmatched"`: never the raw path.
+pub fn http_request(route: &str, status: u16, took: Duration) {
+    let map = HTTP.get_or_init(|| RwLock::new(HashMap::new()));
+    let secs = took.as_secs_f64();
+    {
+        let read = map.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = read.get(&status).and_then(|m| m.get(route)) {
+            h.record(secs);
+            return;
+        }
+    }
+    let h = histogram!(HTTP_DURATION, "route" => route.to_owned(), "status" => status.to_string());
+    h.record(secs);
+    map.write().unwrap_or_else(|e| e.into_inner()).entry(status).or_default().insert(route.to_owned(), h);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_names_match_the_spec_and_labels_stay_bounded() {
+        install();
+        let t: QueueTarget = "LIMITED_DROP:42".parse().expect("target");
+        set_queue_state(t, 7, 50.0);
+        admitted(t, 3);
+        wait_observed(1500);
+        token_consumed();
+        bypass_attempt();
+        http_request("/virtual-queues/{kind}/{id}/entries", 200, Duration::from_micros(300));
+        http_request("/virtual-queues/{kind}/{id}/entries", 200, Duration::from_micros(300));
+        let text = render();
+        assert!(text.contains("virtual_queue_length{target=\"LIMITED_DROP:42\"} 7"), "{text}");
+        assert!(text.contains("virtual_queue_tokens_total{event=\"consumed\"}"), "{text}");
+        assert!(text.contains("virtual_queue_wait_seconds_bucket{le=\"2\"}"), "{text}");
+        assert!(text.contains("virtual_queue_bypass_attempts_total"), "{text}");
+        assert!(
+            text.contains(
+                "virtual_queue_http_request_duration_seconds_count{route=\"/virtual-queues/{kind}/{id}/entries\",status=\"200\"} 2"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,184 @@
+//! Operator visibility: cluster-wide stats, `vq stats --json`, `/metrics`, alert rules.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vq::config::Settings;
+use vq::pump::Pump;
+
+use crate::support::{RedisServer, TestApp, flag_on, open_store, spawn_app, test_settings, vq_bin};
+
+const T: &str = "limited-drop/5";
+
+async fn next_tick(tick_ms: u64) {
+    let now = vq::service::now_epoch_ms();
+    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
+}
+
+/// Settings with batches of 2, so 2 users are admitted per tick.
+fn settings(redis: &RedisServer) -> Settings {
+    let mut s = test_settings(Some(redis));
+    s.queue.batch_size = 2;
+    s
+}
+
+/// Enters `users` users at once, then admits a batch at each of the next ticks (the first
+/// in the tick they entered). Returns each admitted user's true wait in seconds, measured here.
+async fn admit_over_ticks(app: &TestApp, s: &Arc<Settings>, users: u64) -> Vec<f64> {
+    let pump = Pump::new(open_store(s), s.clone(), "test-pump".into());
+    next_tick(s.queue.tick_ms).await;
+    let entered = Instant::now();
+    for u in 1..=users {
+        assert_eq!(app.enter(T, u).await.status(), 200);
+    }
+    let mut waits = Vec::new();
+    while (waits.len() as u64) < users {
+        let before = entered.elapsed().as_secs_f64();
+        let ticks = pump.tick().await.expect("pump tick");
+        let after = entered.elapsed().as_secs_f64();
+        let admitted = ticks[0].as_ref().expect("target tick").admit.expect("lock held").admitted;
+        for _ in 0..admitted {
+            waits.push((before + after) / 2.0);
+        }
+        next_tick(s.queue.tick_ms).await;
+    }
+    waits
+}
+
+async fn stats_of(app: &TestApp) -> serde_json::Value {
+    let resp = app.client.get(app.url(&format!("/virtual-queues/{T}/stats"))).send().await.expect("stats");
+    assert_eq!(resp.status(), 200);
+    app.json(resp).await
+}
+
+fn f(v: &serde_json::Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number in {v}"))
+}
+
+#[tokio::test]
+async fn users_admitted_after_known_waits_give_avg_and_p95_within_one_bucket() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(settings(&redis));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    // 10 users, 2 per 0.5 s tick: waits of about 0, 0.5, 1, 1.5 and 2 s.
+    let mut truth = admit_over_ticks(&app, &s, 10).await;
+    truth.sort_by(f64::total_cmp);
+    let avg_true = truth.iter().sum::<f64>() / truth.len() as f64;
+    let p95_true = truth[(0.95 * truth.len() as f64).ceil() as usize - 1];
+
+    let v = stats_of(&app).await;
+    assert_eq!(v["admittedCount"], 10);
+    assert_eq!(v["waitingCount"], 0);
+    // Buckets are 1 s wide below 2 min; the average is kept exactly (sum of ms).
+    let (avg, p95) = (f(&v, "avgWaitSeconds"), f(&v, "p95WaitSeconds"));
+    assert!((avg - avg_true).abs() <= 0.1, "avg {avg} vs true {avg_true}");
+    assert!((p95 - p95_true).abs() <= 1.0, "p95 {p95} vs true {p95_true} (one bucket = 1 s)");
+    assert!(f(&v, "admissionRatePerSec") > 0.0);
+}
+
+#[tokio::test]
+async fn two_instances_answer_identical_stats() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(settings(&redis));
+    let a = spawn_app((*s).clone(), false).await;
+    let b = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    admit_over_ticks(&a, &s, 4).await;
+    // More users wait; one admitted user collects a token through the other instance.
+    for u in 100..105 {
+        a.enter(T, u).await;
+    }
+    assert_eq!(b.json(b.poll(T, 1).await).await["status"], "ADMITTED");
+    let (va, vb) = (stats_of(&a).await, stats_of(&b).await);
+    assert_eq!(va, vb, "any instance answers the same");
+    assert_eq!(va["waitingCount"], 5);
+    assert_eq!(va["admittedCount"], 4);
+    assert_eq!(va["tokensIssued"], 1);
+    assert_eq!(va["tokensUsed"], 0);
+    assert_eq!(va["evictedCount"], 0);
+    assert_eq!(va["batchSize"], 2);
+    assert_eq!(va["targetRatePerSec"], 4.0);
+}
+
+#[tokio::test]
+async fn vq_stats_json_equals_the_endpoint() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(settings(&redis));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    admit_over_ticks(&app, &s, 4).await;
+    for u in 100..103 {
+        app.enter(T, u).await;
+    }
+    let endpoint = stats_of(&app).await;
+    let out = Command::new(vq_bin())
+        .args(["stats", "--json"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
+        .env("VQ_QUEUE__BATCH_SIZE", s.queue.batch_size.to_string())
+        .output()
+        .expect("run vq stats");
+    assert!(out.status.success(), "vq stats failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("vq stats --json prints JSON");
+    assert_eq!(v["redis"]["ok"], true);
+    assert_eq!(v["flag"], "on 100%");
+    let rows = v["targets"].as_array().expect("targets");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["target"], "LIMITED_DROP:5");
+    assert_eq!(rows[0]["stats"], endpoint, "vq stats --json and GET …/stats show the same figures");
+
+    // The table without a terminal: readable, no escape codes, the target's row.
+    let out = Command::new(vq_bin())
+        .args(["stats", "--target", "limited-drop:5"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
+        .output()
+        .expect("run vq stats");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("LIMITED_DROP:5") && !text.contains('\x1b'), "{text}");
+}
+
+#[tokio::test]
+async fn vq_stats_says_redis_is_unreachable_with_a_non_zero_exit() {
+    let mut redis = RedisServer::spawn();
+    let url = redis.url();
+    redis.kill();
+    let out = Command::new(vq_bin()).args(["stats"]).env("VQ_REDIS__URL", &url).output().expect("run vq stats");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unreachable"), "{err}");
+}
+
+#[tokio::test]
+async fn metrics_show_queue_length_and_request_durations_by_route_template() {
+    let redis = RedisServer::spawn();
+    let s = settings(&redis);
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    for u in [777_001, 777_002, 777_003] {
+        app.enter(T, u).await;
+        app.poll(T, u).await;
+    }
+    let text = app.client.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    assert!(text.contains("virtual_queue_length{target=\"LIMITED_DROP:5\"} 3"), "{text}");
+    assert!(text.contains("virtual_queue_capacity "), "{text}");
+    assert!(text.contains("route=\"/virtual-queues/{kind}/{id}/entries/me\""), "{text}");
+    assert!(!text.contains("777001") && !text.contains("limited-drop/5"), "no user ids or raw paths in labels");
+}
+
+#[test]
+fn alert_rules_pass_promtool() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/alerts.yml");
+    let out = Command::new("promtool")
+        .args(["check", "rules", rules])
+        .output()
+        .expect("promtool must be installed (scripts/check-alerts.sh installs it: apt-get install -y prometheus)");
+    assert!(
+        out.status.success(),
+        "promtool check rules failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
