@@ -45,5 +45,6 @@ run() { # name script arg
 echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
 run enter enter.lua 2
 entered=$(redis-cli -p "$rport" get 'queue:{LIMITED_DROP:1}:seq')
-run poll poll.lua "$entered"
+redis-cli -p "$rport" --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$work/users.txt"
+run poll poll.lua "$work/users.txt"
 echo "users entered: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"

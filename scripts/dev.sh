@@ -14,8 +14,13 @@ say() { printf '==> %s\n' "$*" >&2; }
 listen="${VQ_LISTEN:-127.0.0.1:8080}"
 export VQ_LISTEN="$listen"
 started_redis=""
+vq_pid=""
 
 cleanup() {
+  if [ -n "$vq_pid" ]; then
+    kill "$vq_pid" 2>/dev/null || true
+    wait "$vq_pid" 2>/dev/null || true
+  fi
   if [ -n "$started_redis" ]; then
     kill "$started_redis" 2>/dev/null || true
     wait "$started_redis" 2>/dev/null || true
@@ -78,4 +83,6 @@ cat >&2 <<EOT
   curl -s -X DELETE -H 'X-User-Id: 1' http://$listen/virtual-queues/limited-drop/42/entries/me
 ==> Ctrl-C stops it.
 EOT
-"$vq" serve --flag-on "$@"
+"$vq" serve --flag-on "$@" &
+vq_pid=$!
+wait "$vq_pid"
