@@ -1,6 +1,8 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
+mod cluster;
 mod conformance;
+mod failover;
 pub mod gate;
 mod processes;
 mod pump;
