@@ -17,14 +17,21 @@ use crate::service::{QueueService, now_epoch_ms};
 use crate::store::{AnyStore, FlagAck, MemoryStore, QueueStore, RedisStore};
 use crate::token::Secret;
 
-/// Opens the configured store. The Redis store connects lazily, so this succeeds while
-/// Redis is down (vq fails open and reconnects by itself).
+/// Opens the configured store: Redis Cluster when `redis.cluster_nodes` is set, else the
+/// Redis at `redis.url`. Both connect lazily, so this succeeds while Redis is down (vq fails
+/// open and reconnects by itself).
 pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     Ok(match settings.store {
-        StoreKind::Redis => AnyStore::Redis(
-            RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
-                .with_context(|| format!("invalid redis.url {}", settings.redis.url))?,
-        ),
+        StoreKind::Redis => match settings.redis_cluster_nodes() {
+            Some(nodes) => AnyStore::Redis(
+                RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
+                    .with_context(|| format!("invalid redis.cluster_nodes {}", nodes.join(",")))?,
+            ),
+            None => AnyStore::Redis(
+                RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
+                    .with_context(|| format!("invalid redis.url {}", settings.redis.url))?,
+            ),
+        },
         StoreKind::Memory => AnyStore::Memory(MemoryStore::new(settings.limits())),
     })
 }

@@ -245,6 +245,21 @@ impl Settings {
         }
     }
 
+    /// The cluster's seed nodes when Redis Cluster mode is on (`redis.cluster_nodes` set and
+    /// not blank).
+    pub fn redis_cluster_nodes(&self) -> Option<Vec<String>> {
+        let nodes: Vec<String> = self
+            .redis
+            .cluster_nodes
+            .as_deref()?
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect();
+        (!nodes.is_empty()).then_some(nodes)
+    }
+
     pub fn redis_timeout(&self) -> Duration {
         Duration::from_millis(self.redis.timeout_ms)
     }
@@ -310,6 +325,22 @@ mod tests {
             let o = Overrides { listen: Some("127.0.0.1:9100".parse().unwrap()) };
             let s = Settings::load(Some(Path::new("vq.toml")), &o).unwrap();
             assert_eq!(s.listen.to_string(), "127.0.0.1:9100");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn cluster_nodes_from_env_switch_to_cluster_mode() {
+        Jail::expect_with(|jail| {
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().redis_cluster_nodes(), None);
+            jail.set_env("VQ_REDIS__CLUSTER_NODES", "redis://10.0.0.1:7000, redis://10.0.0.2:7000,");
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!(
+                s.redis_cluster_nodes(),
+                Some(vec!["redis://10.0.0.1:7000".to_owned(), "redis://10.0.0.2:7000".to_owned()])
+            );
+            jail.set_env("VQ_REDIS__CLUSTER_NODES", " ");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().redis_cluster_nodes(), None);
             Ok(())
         });
     }

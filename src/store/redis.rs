@@ -3,13 +3,20 @@
 //! Every key of a target carries the hash tag `{TYPE:id}`, so each script touches one slot.
 //! `queue:active`, the flag and the global batch size are outside any target's slot and are
 //! never touched by a target's script.
+//!
+//! One server or a Redis Cluster: [`RedisStore`] talks through [`Conn`], which is either a
+//! `ConnectionManager` or a lazily opened cluster connection, so the scripts and the key
+//! contract are the same code in both modes. No command here may need more than one slot, and
+//! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
-use std::time::Duration;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 use super::{
     AdmitOutcome, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
@@ -25,6 +32,8 @@ static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../.
 static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_claim.lua")));
 static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_release.lua")));
 static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_set.lua")));
+static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_ack.lua")));
+static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_acks.lua")));
 
 /// Key names. Operators and tests read these with redis-cli; they are a contract.
 pub mod keys {
@@ -33,8 +42,9 @@ pub mod keys {
     pub const ACTIVE: &str = "queue:active";
     pub const FLAG: &str = "virtual-queue:flag";
     pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
-    /// `virtual-queue:ack:{instance}` = "version:applied_at_ms", short TTL: live instances.
-    pub const FLAG_ACK_PREFIX: &str = "virtual-queue:ack:";
+    /// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag
+    /// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
+    pub const FLAG_ACKS: &str = "virtual-queue:acks";
 
     pub fn of(target: QueueTarget, name: &str) -> String {
         format!("queue:{{{target}}}:{name}")
@@ -47,10 +57,10 @@ pub mod keys {
     }
 }
 
-/// Production store on one Redis server.
+/// Production store on one Redis server or a Redis Cluster.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     limits: StoreLimits,
 }
 
@@ -65,11 +75,116 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self { conn, limits })
+        Ok(Self { conn: Conn::Single(conn), limits })
     }
 
-    fn conn(&self) -> ConnectionManager {
+    /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
+    /// rest is discovered. Connects lazily too, at the first command, and again after a failed
+    /// attempt (at most every [`CLUSTER_RETRY_AFTER`], so a dead cluster causes no storm).
+    pub fn connect_cluster(nodes: &[String], limits: StoreLimits, timeout: Duration) -> Result<Self, StoreError> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            // Redirections (MOVED/ASK after a resharding) need a retry or two within the bound.
+            .overall_response_timeout(Some(timeout * 2))
+            .retries(2)
+            .build()?;
+        let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
+        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits })
+    }
+
+    fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+}
+
+/// After a failed attempt to reach the cluster, commands fail at once for this long.
+pub const CLUSTER_RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// The connection every command goes through: one server, or a cluster (each command routed
+/// to the node owning its key's slot; `SCRIPT LOAD` after NOSCRIPT goes to every primary).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(Arc<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    /// Set once the slot map was read; the connection then follows the cluster by itself.
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+    /// Last failed attempt to open `conn`, for [`CLUSTER_RETRY_AFTER`].
+    failed_at: Mutex<Option<Instant>>,
+    timeout: Duration,
+}
+
+impl LazyCluster {
+    async fn get(&self) -> Result<ClusterConnection, RedisError> {
+        if let Some(c) = self.conn.get() {
+            return Ok(c.clone());
+        }
+        let recent_failure =
+            self.failed_at.lock().map(|f| f.is_some_and(|at| at.elapsed() < CLUSTER_RETRY_AFTER)).unwrap_or(false);
+        if recent_failure {
+            return Err(io_error(std::io::ErrorKind::NotConnected, "redis cluster unreachable (retrying shortly)"));
+        }
+        let opened = self
+            .conn
+            .get_or_try_init(|| async {
+                // Opening reads the slot map from the nodes: a few round trips.
+                match tokio::time::timeout(self.timeout * 4, self.client.get_async_connection()).await {
+                    Ok(r) => r,
+                    Err(_) => Err(io_error(std::io::ErrorKind::TimedOut, "redis cluster connect timed out")),
+                }
+            })
+            .await;
+        match opened {
+            Ok(c) => Ok(c.clone()),
+            Err(e) => {
+                if let Ok(mut f) = self.failed_at.lock() {
+                    *f = Some(Instant::now());
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn io_error(kind: std::io::ErrorKind, msg: &'static str) -> RedisError {
+    RedisError::from(std::io::Error::new(kind, msg))
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(lazy) => Box::pin(async move {
+                let mut c = lazy.get().await?;
+                c.req_packed_command(cmd).await
+            }),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(lazy) => Box::pin(async move {
+                let mut c = lazy.get().await?;
+                c.req_packed_commands(pipeline, offset, count).await
+            }),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(_) => 0,
+        }
     }
 }
 
@@ -367,48 +482,26 @@ impl QueueStore for RedisStore {
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
-        let key = format!("{}{}", keys::FLAG_ACK_PREFIX, ack.instance);
-        let _: () = redis::cmd("SET")
-            .arg(key)
-            .arg(format!("{}:{}", ack.version, ack.applied_at_ms))
-            .arg("PX")
-            .arg(ttl_ms)
-            .query_async(&mut self.conn())
+        let _: u64 = FLAG_ACK
+            .key(keys::FLAG_ACKS)
+            .arg(&ack.instance)
+            .arg(ack.version)
+            .arg(ack.applied_at_ms)
+            .arg(ttl_ms.max(1))
+            .invoke_async(&mut self.conn())
             .await?;
         Ok(())
     }
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
-        let mut conn = self.conn();
-        let mut keys_found: Vec<String> = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}*", keys::FLAG_ACK_PREFIX))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            keys_found.extend(batch);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        let mut acks = Vec::with_capacity(keys_found.len());
-        for key in keys_found {
-            let v: Option<String> = conn.get(&key).await?;
-            let parsed = v.as_deref().and_then(|v| {
-                let (ver, at) = v.split_once(':')?;
-                Some((ver.parse().ok()?, at.parse().ok()?))
-            });
-            if let Some((version, applied_at_ms)) = parsed {
-                let instance = key.trim_start_matches(keys::FLAG_ACK_PREFIX).to_owned();
-                acks.push(FlagAck { instance, version, applied_at_ms });
-            }
-        }
+        let live: Vec<String> = FLAG_ACKS.key(keys::FLAG_ACKS).invoke_async(&mut self.conn()).await?;
+        let mut acks: Vec<FlagAck> = live
+            .chunks_exact(2)
+            .filter_map(|pair| {
+                let (ver, at) = pair[1].split_once(':')?;
+                Some(FlagAck { instance: pair[0].clone(), version: ver.parse().ok()?, applied_at_ms: at.parse().ok()? })
+            })
+            .collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         Ok(acks)
     }

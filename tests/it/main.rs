@@ -1,7 +1,9 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
 mod cli;
+mod cluster;
 mod conformance;
+mod failover;
 pub mod gate;
 mod processes;
 mod pump;

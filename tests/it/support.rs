@@ -90,6 +90,140 @@ impl Drop for RedisServer {
     }
 }
 
+/// A 3-primary Redis Cluster on loopback (`--cluster-replicas 0`), each node on a free
+/// port with its bus on another free port; every node is killed on drop.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    children: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    pub fn spawn() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cluster = Self { ports: Vec::new(), children: Vec::new(), _dir: dir };
+        for _ in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            let node_dir = cluster._dir.path().join(port.to_string());
+            std::fs::create_dir(&node_dir).expect("node dir");
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--cluster-port", &bus.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+                .args(["--save", "", "--appendonly", "no"])
+                .current_dir(&node_dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed (scripts/test.sh installs it)");
+            cluster.ports.push(port);
+            cluster.children.push(child);
+        }
+        for port in &cluster.ports {
+            wait_for_ping(&format!("redis://127.0.0.1:{port}"));
+        }
+        let addrs: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli must be installed (package redis-tools)");
+        assert!(out.status.success(), "cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        // Every node must agree that all slots are served before a client reads the slot map.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for port in &cluster.ports {
+            loop {
+                let info = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut conn| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut conn))
+                    .unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster node {port} not ready: {info}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        cluster
+    }
+
+    /// The value of `redis.cluster_nodes` / `VQ_REDIS__CLUSTER_NODES`.
+    pub fn nodes(&self) -> String {
+        self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    }
+
+    pub async fn conn(&self) -> redis::cluster_async::ClusterConnection {
+        redis::cluster::ClusterClient::new(self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")))
+            .expect("cluster client")
+            .get_async_connection()
+            .await
+            .expect("connect to test cluster")
+    }
+
+    /// A plain connection to one node (for per-node commands: CLUSTER, SCRIPT, INFO).
+    pub async fn node_conn(&self, port: u16) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to cluster node")
+    }
+
+    /// The port of the primary serving `key`'s slot.
+    pub async fn node_of(&self, key: &str) -> u16 {
+        let mut c = self.node_conn(self.ports[0]).await;
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut c).await.expect("keyslot");
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut c).await.expect("slots");
+        for r in ranges {
+            let redis::Value::Array(items) = r else { continue };
+            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(primary))) =
+                (items.first(), items.get(1), items.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&slot)
+                && let Some(redis::Value::Int(port)) = primary.get(1)
+            {
+                return u16::try_from(*port).expect("port");
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_for_ping(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pong = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
+        if pong.is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "redis-server did not answer PING at {url}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Settings for tests on the cluster: those of [`test_settings`], in Redis Cluster mode.
+pub fn cluster_settings(cluster: &RedisCluster) -> Settings {
+    let mut s = test_settings(None);
+    s.store = StoreKind::Redis;
+    s.redis.url = "redis://127.0.0.1:1".into(); // never used in cluster mode
+    s.redis.cluster_nodes = Some(cluster.nodes());
+    s
+}
+
 /// Settings for tests: small ticks so pump behaviour shows within a second or two.
 pub fn test_settings(redis: Option<&RedisServer>) -> Settings {
     let mut s = Settings::load(None, &Overrides::default()).expect("default settings");
@@ -105,6 +239,14 @@ pub fn test_settings(redis: Option<&RedisServer>) -> Settings {
 
 pub fn open_store(settings: &Settings) -> AnyStore {
     match settings.store {
+        StoreKind::Redis if settings.redis_cluster_nodes().is_some() => AnyStore::Redis(
+            RedisStore::connect_cluster(
+                &settings.redis_cluster_nodes().expect("checked"),
+                settings.limits(),
+                Duration::from_millis(500),
+            )
+            .expect("cluster store"),
+        ),
         StoreKind::Redis => AnyStore::Redis(
             RedisStore::connect(&settings.redis.url, settings.limits(), Duration::from_millis(500)).expect("store"),
         ),
@@ -207,11 +349,17 @@ impl VqProcess {
     /// Starts `vq serve` on a free port with the test secret and the given env, and waits
     /// until /healthz answers.
     pub async fn serve(redis: &RedisServer, envs: &[(&str, String)]) -> Self {
+        let mut all = vec![("VQ_REDIS__URL", redis.url())];
+        all.extend(envs.iter().cloned());
+        Self::serve_env(&all).await
+    }
+
+    /// Like [`VqProcess::serve`], with the Redis settings in `envs` too (e.g. cluster mode).
+    pub async fn serve_env(envs: &[(&str, String)]) -> Self {
         let port = free_port();
         let mut cmd = Command::new(vq_bin());
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .env("VQ_TOKEN_SECRET", SECRET)
-            .env("VQ_REDIS__URL", redis.url())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null());

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Measures Redis memory per waiting user: a fresh redis-server, one vq serve (release, no
+# pump, so everyone stays waiting), wrk entering new users into one target until about
+# USERS are in, then INFO memory before/after. Everything on 127.0.0.1, stopped on exit.
+#
+#   scripts/measure-memory.sh [USERS]      default 100000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+users="${1:-100000}"
+vq="${VQ_BIN:-target/dist/vq}"
+[ -x "$vq" ] || scripts/build-release.sh >&2
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rport=$(free_port); vport=$(free_port); work=$(mktemp -d); pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" </dev/null >"$work/redis.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+used() { redis-cli -p "$rport" info memory | awk -F: '/^used_memory:/ {print $2+0}'; }
+VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" VQ_QUEUE__MAX_CAPACITY=$((users * 2)) \
+  VQ_TOKEN_SECRET="measure-secret-0123456789abcdef0123456789" RUST_LOG=warn \
+  "$vq" serve --no-pump --flag-on </dev/null >"$work/vq.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
+# One user first, so the per-target keys exist before the baseline.
+curl -sf -X POST -H 'X-User-Id: 999999999' "http://127.0.0.1:$vport/virtual-queues/limited-drop/1/entries" >/dev/null
+before=$(used)
+# wrk cannot stop after N requests: enter new users (ids 1, 2, …) for a while, then check.
+wrk -t1 -c32 -d"${ENTER_SECS:-15}s" -s scripts/wrk/enter.lua "http://127.0.0.1:$vport" -- 1 >/dev/null
+n=$(( $(redis-cli -p "$rport" zcard 'queue:{LIMITED_DROP:1}:waiting') - 1 ))
+[ "$n" -ge "$users" ] || { echo "only $n users entered in ${ENTER_SECS:-15}s: raise ENTER_SECS" >&2; exit 1; }
+after=$(used)
+echo "redis $(redis-server --version | awk '{print $3}'): $n waiting users in one target"
+echo "used_memory: before $before B, after $after B; $(( (after - before) / n )) B per waiting user;" \
+  "$(( (after - before) * 100000 / n / 1048576 )) MiB per 100k"
+redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:waiting' | sed 's/^/waiting ZSET bytes: /'
+redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:heartbeat' | sed 's/^/heartbeat ZSET bytes: /'
+redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:entered_at' | sed 's/^/entered_at HASH bytes: /'

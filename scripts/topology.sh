@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The deploy/compose.yml topology from local processes on loopback, for machines without a
+# container engine: redis-server (maxmemory 512mb, noeviction, AOF on), three `vq serve` on
+# their own ports, a stub purchase backend, and a real nginx (Debian package) load-balancing
+# to them with deploy/nginx/vq.conf, plus deploy/nginx/auth-request.conf on a second port.
+#
+#   scripts/topology.sh up      start everything, print VQ_URL=… lines, return once all answer
+#   scripts/topology.sh status  what runs (from the PID files)
+#   scripts/topology.sh down    stop exactly what `up` started (PID files in the state dir)
+#
+# Environment: TOPOLOGY_DIR (state dir, default target/topology), VQ_BIN (default: the
+# release build, built with scripts/build-release.sh when missing), VQ_TOKEN_SECRET (else a
+# random one is written to the state dir, mode 600), PURCHASE_BACKEND (an http:// URL; else
+# the stub backend), and any VQ_* setting for the three replicas (e.g. VQ_QUEUE__TICK_MS).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+state="${TOPOLOGY_DIR:-$repo/target/topology}"
+say() { printf '==> %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_for() { # what command...
+  local what=$1; shift
+  for _ in $(seq 100); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  die "$what does not answer (logs in $state)"
+}
+
+install_missing() {
+  local pkgs=()
+  command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || pkgs+=(nginx)
+  command -v curl >/dev/null 2>&1 || pkgs+=(curl)
+  command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    say "installing: ${pkgs[*]}"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    # policy-rc.d keeps the package from starting a system-wide nginx on port 80.
+    DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $sudo apt-get install -y -qq "${pkgs[@]}" >/dev/null
+  fi
+}
+
+# Starts "$@" in the background, detached from this shell's output, and records its PID.
+start() { # name command...
+  local name=$1; shift
+  "$@" </dev/null >"$state/$name.log" 2>&1 &
+  echo $! >"$state/$name.pid"
+}
+
+up() {
+  for f in "$state"/*.pid; do
+    [ -e "$f" ] || continue
+    alive "$f" && die "already up ($f is running): scripts/topology.sh down first"
+  done
+  install_missing
+  local nginx_bin; nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+  rm -rf "$state"; mkdir -p "$state/redis" "$state/nginx/logs" "$state/nginx/tmp"
+
+  local vq="${VQ_BIN:-}"
+  if [ -z "$vq" ]; then
+    vq="$repo/target/dist/vq"
+    [ -x "$vq" ] || scripts/build-release.sh >&2
+  fi
+  [ -x "$vq" ] || die "no vq binary at $vq"
+
+  if [ -z "${VQ_TOKEN_SECRET:-}" ] && [ -z "${VQ_TOKEN_SECRET_FILE:-}" ]; then
+    (umask 077; head -c 32 /dev/urandom | base64 >"$state/secret")
+    export VQ_TOKEN_SECRET_FILE="$state/secret"
+    say "generated a token secret in $state/secret"
+  fi
+
+  local rport nport aport bport
+  rport=$(free_port); nport=$(free_port); aport=$(free_port); bport=$(free_port)
+  local vports=("$(free_port)" "$(free_port)" "$(free_port)")
+
+  start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$state/redis" \
+    --maxmemory 512mb --maxmemory-policy noeviction --appendonly yes --appendfsync everysec --save ""
+  wait_for "redis-server" redis-cli -p "$rport" ping
+
+  # A stand-in for the purchase API: answers 200 with what it got.
+  cat >"$state/backend.py" <<'EOF'
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def handle_one(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.dumps({"backend": "stub", "method": self.command, "path": self.path,
+                           "body": self.rfile.read(n).decode(errors="replace")}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    do_GET = do_POST = do_PUT = do_DELETE = handle_one
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+EOF
+  start backend python3 "$state/backend.py" "$bport"
+  local backend="${PURCHASE_BACKEND:-http://127.0.0.1:$bport}"
+
+  local i
+  for i in 0 1 2; do
+    start "vq$((i + 1))" env VQ_LISTEN="127.0.0.1:${vports[$i]}" VQ_INSTANCE_ID="vq$((i + 1))" \
+      VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_GATE__UPSTREAM="$backend" RUST_LOG="${RUST_LOG:-info}" \
+      "$vq" serve
+  done
+
+  # deploy/nginx/vq.conf as compose runs it, with the replicas' loopback ports.
+  sed -e "s/vq1:8080/127.0.0.1:${vports[0]}/; s/vq2:8080/127.0.0.1:${vports[1]}/; s/vq3:8080/127.0.0.1:${vports[2]}/" \
+      -e "s/listen 80;/listen 127.0.0.1:$nport;/" deploy/nginx/vq.conf >"$state/nginx/vq.conf"
+  local servers=""
+  for i in 0 1 2; do servers+="server 127.0.0.1:${vports[$i]}; "; done
+  sed -e "s/@LISTEN@/$aport/; s/@VQ@/$servers/; s#@BACKEND@#${backend#http://}#g" \
+      deploy/nginx/auth-request.conf >"$state/nginx/auth-request.conf"
+  cat >"$state/nginx/nginx.conf" <<EOF
+daemon off;
+worker_processes 2;
+pid $state/nginx/nginx.pid;
+error_log $state/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $state/nginx/tmp/body;
+    proxy_temp_path $state/nginx/tmp/proxy;
+    fastcgi_temp_path $state/nginx/tmp/fastcgi;
+    uwsgi_temp_path $state/nginx/tmp/uwsgi;
+    scgi_temp_path $state/nginx/tmp/scgi;
+    include $state/nginx/vq.conf;
+    include $state/nginx/auth-request.conf;
+}
+EOF
+  "$nginx_bin" -t -p "$state/nginx" -c "$state/nginx/nginx.conf" >"$state/nginx-test.log" 2>&1 \
+    || die "nginx refuses the config: $(cat "$state/nginx-test.log")"
+  start nginx "$nginx_bin" -p "$state/nginx" -c "$state/nginx/nginx.conf"
+
+  for i in 0 1 2; do wait_for "vq$((i + 1))" curl -sf "http://127.0.0.1:${vports[$i]}/healthz"; done
+  wait_for "the stub backend" curl -sf "http://127.0.0.1:$bport/"
+  wait_for "nginx" curl -sf "http://127.0.0.1:$nport/healthz"
+  wait_for "nginx auth_request" curl -sf "http://127.0.0.1:$aport/"
+
+  {
+    echo "VQ_URL=http://127.0.0.1:$nport"
+    echo "VQ_REDIS__URL=redis://127.0.0.1:$rport"
+    echo "TOPOLOGY_REPLICAS=http://127.0.0.1:${vports[0]},http://127.0.0.1:${vports[1]},http://127.0.0.1:${vports[2]}"
+    echo "TOPOLOGY_AUTH_REQUEST_URL=http://127.0.0.1:$aport"
+    echo "TOPOLOGY_BACKEND_URL=$backend"
+    echo "TOPOLOGY_DIR=$state"
+  } | tee "$state/env"
+}
+
+status() {
+  local f any=0
+  for f in "$state"/*.pid; do
+    [ -e "$f" ] || continue
+    any=1
+    if alive "$f"; then echo "$(basename "$f" .pid) running (pid $(cat "$f"))"; else echo "$(basename "$f" .pid) stopped"; fi
+  done
+  [ "$any" = 1 ] || echo "nothing started from $state"
+}
+
+down() {
+  local f pids=() pid
+  # nginx first (no new requests), then the replicas, the backend, Redis last.
+  for name in nginx vq1 vq2 vq3 backend redis; do
+    f="$state/$name.pid"
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      # nginx's workers are its children: remember them to check that they are gone too.
+      for c in $(pgrep -P "$pid" 2>/dev/null || true); do pids+=("$c"); done
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+    rm -f "$f"
+  done
+  for _ in $(seq 100); do
+    local left=()
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+    [ ${#left[@]} -eq 0 ] && { say "stopped ${#pids[@]} processes"; return 0; }
+    sleep 0.1
+  done
+  say "still running after 10 s, killing: ${left[*]}"
+  kill -KILL "${left[@]}" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: scripts/topology.sh up|status|down" >&2; exit 2 ;;
+esac

@@ -1,0 +1,205 @@
+//! Redis Cluster mode against a real 3-primary cluster on loopback: targets whose slots live
+//! on different nodes are entered, admitted one batch per tick, polled and gated; scripts are
+//! reloaded on whichever node lost them; `vq flag off` is confirmed through the cluster.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::Value;
+use vq::domain::{QueueTarget, UserId};
+use vq::store::{EnterOutcome, QueueStore, StatusOutcome};
+
+use crate::support::{RedisCluster, VqProcess, cluster_settings, open_store, spawn_app, vq_bin};
+
+/// Turns the queue on for everyone through the cluster, as `vq flag on` does.
+async fn cluster_flag_on(cluster: &RedisCluster) {
+    let mut c = cluster.conn().await;
+    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.unwrap();
+    let _: i64 = c.hincr("virtual-queue:flag", "version", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+}
+
+/// Targets whose keys live on every one of the three primaries, two per node.
+async fn targets_on_every_node(cluster: &RedisCluster) -> Vec<(QueueTarget, u16)> {
+    let mut per_node: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut picked = Vec::new();
+    for id in 1..=200u64 {
+        let kind = if id % 2 == 0 { "LIMITED_DROP" } else { "TICKETING_EVENT" };
+        let target: QueueTarget = format!("{kind}:{id}").parse().unwrap();
+        let node = cluster.node_of(&format!("queue:{{{target}}}:seq")).await;
+        let n = per_node.entry(node).or_default();
+        if *n < 2 {
+            *n += 1;
+            picked.push((target, node));
+        }
+        if picked.len() == 6 {
+            break;
+        }
+    }
+    let nodes: HashSet<u16> = picked.iter().map(|(_, n)| *n).collect();
+    assert_eq!(nodes.len(), 3, "targets spread over the three primaries: {picked:?}");
+    picked
+}
+
+fn api_path(target: QueueTarget) -> String {
+    let s = target.to_string();
+    let (kind, id) = s.split_once(':').unwrap();
+    let slug = if kind == "LIMITED_DROP" { "limited-drop" } else { "ticketing-event" };
+    format!("{slug}/{id}")
+}
+
+fn purchase_path(target: QueueTarget) -> String {
+    let s = target.to_string();
+    let (kind, id) = s.split_once(':').unwrap();
+    if kind == "LIMITED_DROP" { format!("/limited-drops/{id}/orders") } else { format!("/events/{id}/seats/select") }
+}
+
+#[tokio::test]
+async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_gated() {
+    let cluster = RedisCluster::spawn();
+    let targets = targets_on_every_node(&cluster).await;
+    let mut s = cluster_settings(&cluster);
+    s.gate.upstream = Some(crate::gate::spawn_echo().await);
+    let (batch, users) = (10u64, 25u64);
+    let app = spawn_app(s, true).await;
+    cluster_flag_on(&cluster).await;
+
+    for (t, _) in &targets {
+        for u in 1..=users {
+            let v = app.json(app.enter(&api_path(*t), u).await).await;
+            assert_eq!(v["status"], "WAITING", "{t} user {u}: {v}");
+            assert_eq!(v["position"], u, "{t}: positions in order");
+        }
+    }
+
+    // Poll everyone (heartbeats) until every user of every target holds a token.
+    let mut tokens: BTreeMap<(String, u64), String> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while tokens.len() < targets.len() * users as usize {
+        assert!(Instant::now() < deadline, "only {} admitted", tokens.len());
+        for (t, _) in &targets {
+            for u in 1..=users {
+                if tokens.contains_key(&(t.to_string(), u)) {
+                    continue;
+                }
+                let v = app.json(app.poll(&api_path(*t), u).await).await;
+                if v["status"] == "ADMITTED" {
+                    tokens.insert((t.to_string(), u), v["entryToken"].as_str().unwrap().to_owned());
+                } else {
+                    assert_eq!(v["status"], "WAITING", "{t} user {u}: {v}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // admit.lua's log of each target (on that target's node): one batch at most per tick.
+    let mut c = cluster.conn().await;
+    for (t, node) in &targets {
+        let log: Vec<String> = c.lrange(format!("queue:{{{t}}}:admissions"), 0, -1).await.unwrap();
+        let mut ticks = HashSet::new();
+        let mut total = 0;
+        for entry in &log {
+            let (tick, n) = entry.split_once(':').unwrap();
+            assert!(ticks.insert(tick.to_owned()), "{t}: tick {tick} advanced twice");
+            let n: u64 = n.parse().unwrap();
+            assert!(n <= batch, "{t}: {n} admitted in one tick");
+            total += n;
+        }
+        assert_eq!(total, users, "{t} (node {node}): {log:?}");
+        assert!(log.iter().filter(|e| !e.ends_with(":0")).count() >= 3, "{t}: 25 users need 3 ticks of 10: {log:?}");
+    }
+
+    // The gate, per target: the user's own token passes once; no token, another target's
+    // token, or a used token is refused.
+    for (i, (t, _)) in targets.iter().enumerate() {
+        let (other, _) = targets[(i + 1) % targets.len()];
+        let path = app.url(&purchase_path(*t));
+        let own = &tokens[&(t.to_string(), 1)];
+        let foreign = &tokens[&(other.to_string(), 1)];
+        let post = |token: Option<&str>| {
+            let mut r = app.client.post(&path).header("X-User-Id", "1");
+            if let Some(tok) = token {
+                r = r.header("X-Entry-Token", tok);
+            }
+            r.send()
+        };
+        assert_eq!(post(None).await.unwrap().status(), 403, "{t}: no token");
+        assert_eq!(post(Some(foreign)).await.unwrap().status(), 403, "{t}: token of {other}");
+        let ok = post(Some(own)).await.unwrap();
+        assert_eq!(ok.status(), 200, "{t}: own token");
+        let echoed: Value = ok.json().await.unwrap();
+        assert_eq!(echoed["path"], purchase_path(*t));
+        assert_eq!(post(Some(own)).await.unwrap().status(), 403, "{t}: used token");
+    }
+    app.stop().await;
+}
+
+/// A fresh cluster has no script; after `SCRIPT FLUSH` on every node the store loads them
+/// again on whichever node the next call lands on.
+#[tokio::test]
+async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
+    let cluster = RedisCluster::spawn();
+    let targets = targets_on_every_node(&cluster).await;
+    let store = open_store(&cluster_settings(&cluster));
+    for (t, _) in &targets {
+        assert!(matches!(store.enter(*t, UserId(1), "tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 1));
+    }
+    for port in &cluster.ports {
+        let mut c = cluster.node_conn(*port).await;
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.unwrap();
+    }
+    for (t, _) in &targets {
+        assert!(matches!(store.enter(*t, UserId(2), "tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2));
+        assert!(matches!(store.status(*t, UserId(1), "tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1));
+    }
+    // Each node now holds the scripts of the targets it serves.
+    for (_, node) in &targets {
+        let mut c = cluster.node_conn(*node).await;
+        let sha = redis::Script::new(include_str!("../../lua/enter.lua")).get_hash().to_owned();
+        let exists: Vec<u8> = redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).query_async(&mut c).await.unwrap();
+        assert_eq!(exists, vec![1], "enter.lua on node {node}");
+    }
+    let active = store.active_targets().await.unwrap();
+    assert!(active.is_empty() || active.len() <= targets.len());
+}
+
+/// Two `vq serve` processes in cluster mode acknowledge flag changes; `vq flag on` and
+/// `vq flag off` (also in cluster mode) name both as having applied them.
+#[tokio::test]
+async fn flag_off_is_confirmed_by_every_instance_on_the_cluster() {
+    let cluster = RedisCluster::spawn();
+    let mut procs = Vec::new();
+    for name in ["vq-c1", "vq-c2"] {
+        let envs = [
+            ("VQ_REDIS__CLUSTER_NODES", cluster.nodes()),
+            ("VQ_INSTANCE_ID", name.to_owned()),
+            ("VQ_FLAG__REFRESH_MS", "200".to_owned()),
+        ];
+        procs.push(VqProcess::serve_env(&envs).await);
+    }
+    let vq = |args: &[&str]| {
+        std::process::Command::new(vq_bin())
+            .args(args)
+            .env("VQ_REDIS__CLUSTER_NODES", cluster.nodes())
+            .output()
+            .expect("run vq")
+    };
+    let on = vq(&["flag", "on"]);
+    assert!(on.status.success(), "{}", String::from_utf8_lossy(&on.stderr));
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}/virtual-queues/limited-drop/5/entries", procs[1].addr))
+        .header("X-User-Id", "4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "WAITING");
+    let off = vq(&["flag", "off"]);
+    let out = String::from_utf8_lossy(&off.stdout);
+    assert!(off.status.success(), "{out}\n{}", String::from_utf8_lossy(&off.stderr));
+    for name in ["vq-c1", "vq-c2"] {
+        assert!(out.lines().any(|l| l.contains(name) && l.contains("applied")), "{name} missing in:\n{out}");
+    }
+}
