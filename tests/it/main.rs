@@ -8,6 +8,7 @@ pub mod gate;
 mod processes;
 mod pump;
 mod queue_api;
+mod readme;
 mod stats;
 mod support;
 mod token_format;
