@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod loadgen;
 pub mod pump;
 pub mod service;
 pub mod store;
