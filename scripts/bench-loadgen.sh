@@ -7,7 +7,7 @@
 # Starts everything itself, stops exactly what it started (by PID), and is bounded in time.
 # Environment knobs (defaults = the standard scenario):
 #   BENCH_VQ  vq binary (not VQ_…: that prefix is vq configuration) (default: target/release/vq, built if missing)
-#   USERS=100000 RATE=20000 DURATION=10 ARRIVAL=constant CONCURRENCY=1024
+#   USERS=100000 RATE=20000 DURATION=10 ARRIVAL=constant CONCURRENCY=256
 #   OUT       JSON report path (default: a file in the temp dir, printed at the end)
 #   EXTRA     more loadgen flags, e.g. EXTRA="--assert-poll-p95-ms 300"
 # Until the purchase gate is merged into vq serve, purchases get 404 here (no gated route).
@@ -18,7 +18,7 @@ USERS="${USERS:-100000}"
 RATE="${RATE:-20000}"
 DURATION="${DURATION:-10}"
 ARRIVAL="${ARRIVAL:-constant}"
-CONCURRENCY="${CONCURRENCY:-1024}"
+CONCURRENCY="${CONCURRENCY:-256}"
 EXTRA="${EXTRA:-}"
 
 if [[ -z "${BENCH_VQ:-}" ]]; then

@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Requests in flight at most
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 256)]
     concurrency: usize,
     /// First user id (users are FIRST .. FIRST+users)
     #[arg(long, default_value_t = 1)]
@@ -299,6 +299,7 @@ fn print_report(r: &Report, with_sink: bool) {
     };
     row("target", format!("{} at {}", r.target, r.url));
     row("arrival", format!("{} up to {:.0} enters/s, {:.0} s run", r.arrival, r.requested_enter_rate, r.duration_secs));
+    row("elapsed s (start to last answer)", format!("{:.1}", r.elapsed_secs));
     row("users scheduled / asked", format!("{} / {}", r.users_scheduled, r.users));
     row("enters/s scheduled", format!("{:.0}", r.scheduled_enter_rate));
     row("enters/s offered (sent)", format!("{:.0}", r.offered_enter_rate));

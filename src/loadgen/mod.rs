@@ -546,7 +546,9 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
         Some(h) => h.await.ok().flatten(),
         None => None,
     };
-    build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink.map(|s| s.figures(wall_start, wall_end)))
+    let elapsed = Instant::now().saturating_duration_since(start);
+    let sink = sink.map(|s| s.figures(wall_start, wall_end));
+    build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink, elapsed)
 }
 
 fn build_report(
@@ -555,6 +557,7 @@ fn build_report(
     batch_size: u64,
     redis_bytes: Option<f64>,
     sink: Option<SinkFigures>,
+    elapsed: Duration,
 ) -> Report {
     let o = &ctx.opts;
     let r = &ctx.rec;
@@ -590,6 +593,8 @@ fn build_report(
     });
     let admitted = ctx.live.admitted.load(Ordering::Relaxed);
     let secs = o.duration.as_secs_f64();
+    // Requests in flight at the deadline finish after it: rates use the real length.
+    let elapsed_secs = elapsed.as_secs_f64().max(secs);
     let eta = r.eta_errors_ms.lock().map(|e| EtaError::from_errors_ms(&e)).unwrap_or_default();
     Report {
         url: o.url.clone(),
@@ -621,7 +626,8 @@ fn build_report(
         downstream_max_per_tick: sink.map(|s| s.max_per_tick),
         downstream_total: sink.map(|s| s.total),
         downstream_rate_per_sec: sink.map(|s| s.rate_per_sec),
-        admitted_rate_per_sec: if secs > 0.0 { admitted as f64 / secs } else { 0.0 },
+        admitted_rate_per_sec: if elapsed_secs > 0.0 { admitted as f64 / elapsed_secs } else { 0.0 },
+        elapsed_secs,
         batch_size,
         tick_ms: o.tick_ms,
         wait_seconds: r.waits_ms.lock().map(|h| WaitSummary::from_millis(&h)).unwrap_or_default(),

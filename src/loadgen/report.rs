@@ -98,6 +98,8 @@ pub struct Report {
     pub users: u64,
     pub users_scheduled: u64,
     pub duration_secs: f64,
+    /// From the start to the last answer: longer than the duration when requests queued.
+    pub elapsed_secs: f64,
     /// `--rate`: the peak the curve was asked to reach.
     pub requested_enter_rate: f64,
     /// Average rate of the schedule (equal to the requested rate for a constant curve).
