@@ -74,14 +74,19 @@ curl -fs "http://127.0.0.1:$VQ_PORT/healthz" >/dev/null || { echo "vq serve did 
 sleep 1.2 # flag.refresh_ms: every instance sees the flag
 
 echo "redis :$REDIS_PORT  vq serve :$VQ_PORT  sink :$SINK_PORT  ($(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
+cpu_s() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.1f", ($14 + $15) / t }' "/proc/$1/stat"; }
+REDIS_CPU0="$(cpu_s "${PIDS[0]}")"
+SERVE_CPU0="$(cpu_s "${PIDS[1]}")"
 set +e
+TIMEFORMAT='cpu seconds: loadgen %U user + %S sys'
 # shellcheck disable=SC2086
-timeout --signal=INT --kill-after=10 "$((DURATION + 60))" "$BENCH_VQ" loadgen \
+time timeout --signal=INT --kill-after=10 "$((DURATION + 60))" "$BENCH_VQ" loadgen \
     --url "http://127.0.0.1:$VQ_PORT" --target limited-drop:1 \
     --users "$USERS" --rate "$RATE" --duration "$DURATION" --arrival "$ARRIVAL" \
     --concurrency "$CONCURRENCY" --abandon 0.05 --purchase --sink "127.0.0.1:$SINK_PORT" \
     --assert-no-5xx --json "$OUT" $EXTRA
 code=$?
 set -e
+echo "cpu seconds: redis-server $(awk -v a="$(cpu_s "${PIDS[0]}")" -v b="$REDIS_CPU0" 'BEGIN{printf "%.1f", a-b}'), vq serve $(awk -v a="$(cpu_s "${PIDS[1]}")" -v b="$SERVE_CPU0" 'BEGIN{printf "%.1f", a-b}') (the machine has $(nproc) cores; other work on it is not counted)"
 echo "json report: $OUT (loadgen exit $code)"
 exit "$code"

@@ -66,7 +66,8 @@ pub struct Options {
     pub purchase: bool,
     /// Requests in flight at most (the connection pool grows to this).
     pub concurrency: usize,
-    /// Users still waiting at the end leave the queue (DELETE), so the next round starts empty.
+    /// Users still in the queue at the end (waiting or abandoned) leave it (DELETE), so the
+    /// next round starts empty.
     pub leave_at_end: bool,
     /// The batch size and tick of the cluster (config), reported and used for ETA checks.
     pub batch_size: u64,
@@ -362,6 +363,14 @@ impl Ctx {
         }
     }
 
+    /// With `leave_at_end`, the user leaves the queue (DELETE) once the run is over.
+    async fn leave_at_deadline(&self, user: u64) {
+        if self.opts.leave_at_end {
+            tokio::time::sleep_until(self.deadline).await;
+            self.send(Kind::Leave, Method::DELETE, &self.me_uri, user, None, Instant::now()).await;
+        }
+    }
+
     fn record_admitted(&self, entered_at: Instant, eta_ms: Option<u64>) {
         self.live.admitted.fetch_add(1, Ordering::Relaxed);
         let wait_ms = Instant::now().saturating_duration_since(entered_at).as_millis() as u64;
@@ -415,16 +424,15 @@ async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
         if abandon_after.is_some_and(|n| polls >= n) {
             ctx.rec.abandoned.fetch_add(1, Ordering::Relaxed);
             stop_waiting();
+            // Still in the queue until evicted: a sweep's next round must not inherit them.
+            ctx.leave_at_deadline(user).await;
             return;
         }
         let next = last + rng.between(ctx.opts.poll_min, ctx.opts.poll_max);
         if next >= ctx.deadline {
             ctx.rec.still_waiting.fetch_add(1, Ordering::Relaxed);
             stop_waiting();
-            if ctx.opts.leave_at_end {
-                tokio::time::sleep_until(ctx.deadline).await;
-                ctx.send(Kind::Leave, Method::DELETE, &ctx.me_uri, user, None, Instant::now()).await;
-            }
+            ctx.leave_at_deadline(user).await;
             return;
         }
         tokio::time::sleep_until(next).await;
@@ -638,7 +646,8 @@ fn build_report(
 
 /// Runs one short round per batch size on the same target, setting the target's runtime
 /// batch size through the store before each; restores the previous value afterwards. Users
-/// still waiting at the end of a round leave, so each round starts with an empty queue.
+/// still in the queue at the end of a round (waiting or abandoned) leave it, so each round
+/// starts with an empty queue.
 pub async fn sweep(
     opts: Options,
     sizes: &[u64],
