@@ -349,6 +349,9 @@ fn print_report(r: &Report, with_sink: bool) {
     if let Some(msg) = &r.rate_shortfall {
         println!("WARNING: {msg}");
     }
+    if let Some(n) = r.status_counts.get("transportError") {
+        println!("WARNING: {n} requests got no HTTP answer (connection refused, reset or timed out after 10 s)");
+    }
     if r.users_scheduled < r.users {
         println!(
             "note: only {} of {} users arrive within {:.0} s at this curve; raise --duration or --rate",
