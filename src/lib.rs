@@ -11,6 +11,7 @@ pub mod config;
 pub mod domain;
 pub mod gate;
 pub mod http;
+pub mod loadgen;
 pub mod metrics;
 pub mod pump;
 pub mod service;

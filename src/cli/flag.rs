@@ -110,7 +110,7 @@ fn print_acks(acks: &[FlagAck], written_at: Option<u64>, version: u64) {
         return;
     }
     let mut table = Table::new();
-    table.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY);
+    table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
     table.set_header(vec!["instance", "applied version", "delay", "state"]);
     for a in acks {
         let delay = match written_at {

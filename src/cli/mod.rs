@@ -1,7 +1,9 @@
 //! Command line: one file per subcommand, each an `Args` struct and a `run`. The only
 //! place in vq that prints.
 
+mod batch;
 mod flag;
+mod loadgen;
 mod pump;
 mod serve;
 mod stats;
@@ -35,6 +37,10 @@ enum Command {
     Mint(token::MintArgs),
     /// Decode and check an entry token, saying why it fails
     Verify(token::VerifyArgs),
+    /// Show or set the batch size at runtime, globally or per target
+    Batch(batch::Args),
+    /// Simulate a flash sale against a running vq serve and report
+    Loadgen(loadgen::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -76,6 +82,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Flag(a) => flag::run(a),
         Command::Mint(a) => token::mint(a),
         Command::Verify(a) => token::verify(a),
+        Command::Batch(a) => batch::run(a),
+        Command::Loadgen(a) => loadgen::run(a),
     };
     match result {
         Ok(code) => code,

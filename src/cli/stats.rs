@@ -133,7 +133,7 @@ fn secs(s: f64) -> String {
 /// The dashboard as text; `colour` on a terminal.
 pub fn render(report: &Report, colour: bool) -> String {
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic);
+    table.load_style(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic);
     if !colour {
         table.force_no_tty();
     }

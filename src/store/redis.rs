@@ -96,6 +96,15 @@ impl RedisStore {
     fn conn(&self) -> Conn {
         self.conn.clone()
     }
+
+    /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
+    pub async fn used_memory_bytes(&self) -> Result<u64, StoreError> {
+        let info: String = redis::cmd("INFO").arg("memory").query_async(&mut self.conn()).await?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| StoreError::Reply { what: "INFO memory", detail: "no used_memory line".into() })
+    }
 }
 
 /// After a failed attempt to reach the cluster, commands fail at once for this long.

@@ -5,6 +5,7 @@ mod cluster;
 mod conformance;
 mod failover;
 pub mod gate;
+mod loadgen;
 mod processes;
 mod pump;
 mod queue_api;

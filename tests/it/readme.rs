@@ -44,7 +44,11 @@ async fn dev_script_serves_with_the_queue_on_and_stops_cleanly() {
     let _ = Command::new("bash").args(["-c", &format!("kill -TERM -- -{pgid}")]).status();
     let stop = Instant::now() + Duration::from_secs(10);
     while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < stop, "dev.sh did not stop on SIGTERM: {}", std::fs::read_to_string(log.path()).unwrap());
+        assert!(
+            Instant::now() < stop,
+            "dev.sh did not stop on SIGTERM: {}",
+            std::fs::read_to_string(log.path()).unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(client.post(&url).header("X-User-Id", "1").send().await.is_err(), "vq serve stopped too");

@@ -1,0 +1,103 @@
+//! `vq batch set N [--target T] | clear [--target T] | show [--target T]`: the runtime batch
+//! size (SPEC §7), tuned without a redeploy. The pump reads it every tick.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::{ConfigArg, runtime};
+use crate::app::open_store;
+use crate::config::{Overrides, StoreKind};
+use crate::domain::QueueTarget;
+use crate::store::QueueStore;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  vq batch show\n  vq batch set 150                       # every target, from the next tick\n  vq batch set 50 --target limited-drop:42\n  vq batch clear --target limited-drop:42  # back to the global value\n  vq batch clear                         # back to queue.batch_size"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Show the batch size in force (config default, global and per-target runtime values)
+    Show {
+        #[arg(long, value_name = "T")]
+        target: Option<QueueTarget>,
+    },
+    /// Set the runtime batch size, for every target or one
+    Set {
+        /// Users admitted per tick
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        size: u64,
+        /// Only this target, e.g. limited-drop:42
+        #[arg(long, value_name = "T")]
+        target: Option<QueueTarget>,
+    },
+    /// Remove the runtime batch size, for every target or one
+    Clear {
+        #[arg(long, value_name = "T")]
+        target: Option<QueueTarget>,
+    },
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = args.config.load(&Overrides::default())?;
+    if settings.store == StoreKind::Memory {
+        anyhow::bail!("vq batch needs store = redis: the embedded store lives inside one vq serve");
+    }
+    let url = settings.redis.url.clone();
+    runtime()?.block_on(async move {
+        let store = open_store(&settings)?;
+        let shown = match args.action {
+            Action::Show { target } => target,
+            Action::Set { size, target } => {
+                store
+                    .set_batch_size(target, Some(size))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot set the batch size in {url}: {e}"))?;
+                println!("batch size {size} set for {}", scope(target));
+                target
+            }
+            Action::Clear { target } => {
+                store
+                    .set_batch_size(target, None)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot clear the batch size in {url}: {e}"))?;
+                println!("runtime batch size cleared for {}", scope(target));
+                target
+            }
+        };
+        let global = store
+            .global_batch_size()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read the batch size from {url}: {e}"))?;
+        let configured = settings.queue.batch_size;
+        println!("queue.batch_size (config default): {configured}");
+        println!("global runtime batch size: {}", global.map_or_else(|| "not set".to_owned(), |b| b.to_string()));
+        let mut in_force = global.unwrap_or(configured);
+        if let Some(t) = shown {
+            let snap = store.snapshot(t).await.map_err(|e| anyhow::anyhow!("cannot read {t} from {url}: {e}"))?;
+            println!(
+                "{t} runtime batch size: {}",
+                snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
+            );
+            in_force = snap.batch_override.unwrap_or(in_force);
+        }
+        println!(
+            "in force{}: {in_force} per {} ms tick",
+            shown.map(|t| format!(" for {t}")).unwrap_or_default(),
+            settings.queue.tick_ms
+        );
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn scope(target: Option<QueueTarget>) -> String {
+    target.map_or_else(|| "every target".to_owned(), |t| t.to_string())
+}

@@ -1,0 +1,247 @@
+//! What a load run measured, in the shape scripts read (`--json`, camelCase field names are
+//! a contract), and the checks behind the `--assert-…` flags. Pure: no IO, no printing.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Latency of one kind of request, measured from its scheduled send time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl LatencySummary {
+    /// From a histogram of microseconds.
+    pub fn from_micros(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Self {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p95_ms: ms(h.value_at_quantile(0.95)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// Seconds from entry to the poll that saw the user admitted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitSummary {
+    pub count: u64,
+    pub p50: f64,
+    pub p95: f64,
+    pub max: f64,
+}
+
+impl WaitSummary {
+    /// From a histogram of milliseconds.
+    pub fn from_millis(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let s = |ms: u64| ms as f64 / 1000.0;
+        Self { count: h.len(), p50: s(h.value_at_quantile(0.5)), p95: s(h.value_at_quantile(0.95)), max: s(h.max()) }
+    }
+}
+
+/// The etaSeconds a user was shown at entry against the wait it really had.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtaError {
+    pub count: u64,
+    /// Mean of (shown − real): positive means the ETA was pessimistic.
+    pub mean: f64,
+    /// Mean of |shown − real|.
+    pub mean_abs: f64,
+    /// 95th percentile of |shown − real|.
+    pub p95: f64,
+}
+
+impl EtaError {
+    /// `errors_ms` holds (shown − real) in milliseconds, signed.
+    pub fn from_errors_ms(errors_ms: &[i64]) -> Self {
+        if errors_ms.is_empty() {
+            return Self::default();
+        }
+        let n = errors_ms.len() as f64;
+        let mut abs: Vec<u64> = errors_ms.iter().map(|e| e.unsigned_abs()).collect();
+        abs.sort_unstable();
+        let idx = ((abs.len() as f64 * 0.95).ceil() as usize).clamp(1, abs.len()) - 1;
+        Self {
+            count: errors_ms.len() as u64,
+            mean: errors_ms.iter().sum::<i64>() as f64 / n / 1000.0,
+            mean_abs: abs.iter().sum::<u64>() as f64 / n / 1000.0,
+            p95: abs[idx] as f64 / 1000.0,
+        }
+    }
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub url: String,
+    pub target: String,
+    pub arrival: String,
+    /// Users the run was asked to simulate, and those whose arrival fell within the run.
+    pub users: u64,
+    pub users_scheduled: u64,
+    pub duration_secs: f64,
+    /// From the start to the last answer: longer than the duration when requests queued.
+    pub elapsed_secs: f64,
+    /// `--rate`: the peak the curve was asked to reach.
+    pub requested_enter_rate: f64,
+    /// Average rate of the schedule (equal to the requested rate for a constant curve).
+    pub scheduled_enter_rate: f64,
+    /// Enters actually put on the wire per second (first to last send).
+    pub offered_enter_rate: f64,
+    /// Enters answered (any HTTP status) per second (first send to last answer).
+    pub achieved_enter_rate: f64,
+    /// How late enters left against their schedule; large values mean the generator could
+    /// not keep up (the latencies still count from the schedule).
+    pub enter_send_lag_p99_ms: f64,
+    /// Set, in plain words, when the requested rate could not be offered.
+    pub rate_shortfall: Option<String>,
+    pub enter: LatencySummary,
+    pub poll: LatencySummary,
+    pub purchase: LatencySummary,
+    /// Every request by HTTP status, plus `transportError`.
+    pub status_counts: BTreeMap<String, u64>,
+    /// The same by kind: `enter`, `poll`, `purchase`, `leave`.
+    pub status_counts_by_kind: BTreeMap<String, BTreeMap<String, u64>>,
+    pub entered: u64,
+    pub queue_full: u64,
+    pub direct_admitted: u64,
+    /// Users who learnt they were admitted through the queue (not DIRECT_ADMITTED).
+    pub admitted: u64,
+    pub abandoned: u64,
+    pub evicted_seen: u64,
+    pub still_waiting: u64,
+    pub purchase_attempts: u64,
+    /// Purchase requests answered 2xx.
+    pub purchases: u64,
+    /// Max arrivals at the sink within one tick window (None without `--sink`).
+    pub downstream_max_per_tick: Option<u64>,
+    pub downstream_total: Option<u64>,
+    pub downstream_rate_per_sec: Option<f64>,
+    pub admitted_rate_per_sec: f64,
+    pub batch_size: u64,
+    pub tick_ms: u64,
+    pub wait_seconds: WaitSummary,
+    pub eta_error_seconds: EtaError,
+    /// Growth of Redis `used_memory` per waiting user, at the sample with most users waiting.
+    pub redis_bytes_per_waiting_user: Option<f64>,
+}
+
+impl Report {
+    pub fn count_5xx(&self) -> u64 {
+        self.status_counts.iter().filter(|(k, _)| k.starts_with('5') && k.len() == 3).map(|(_, v)| v).sum()
+    }
+}
+
+/// The `--assert-…` bounds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub poll_p95_ms: Option<u64>,
+    pub downstream_max_per_tick: Option<u64>,
+    pub no_5xx: bool,
+}
+
+/// A bound the run broke: the flag that set it and what was measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedBound {
+    pub flag: &'static str,
+    pub detail: String,
+}
+
+/// Every bound `report` breaks, in flag order.
+pub fn check_bounds(report: &Report, bounds: &Bounds) -> Vec<FailedBound> {
+    let mut failed = Vec::new();
+    if let Some(max) = bounds.poll_p95_ms
+        && report.poll.p95_ms > max as f64
+    {
+        failed.push(FailedBound {
+            flag: "--assert-poll-p95-ms",
+            detail: format!("poll p95 {:.1} ms > {max} ms", report.poll.p95_ms),
+        });
+    }
+    if let Some(max) = bounds.downstream_max_per_tick {
+        match report.downstream_max_per_tick {
+            Some(seen) if seen > max => failed.push(FailedBound {
+                flag: "--assert-downstream-max-per-tick",
+                detail: format!("downstream max {seen} per tick > {max}"),
+            }),
+            Some(_) => {}
+            None => failed.push(FailedBound {
+                flag: "--assert-downstream-max-per-tick",
+                detail: "downstream not measured (needs --sink)".into(),
+            }),
+        }
+    }
+    if bounds.no_5xx {
+        let n = report.count_5xx();
+        if n > 0 {
+            failed.push(FailedBound { flag: "--assert-no-5xx", detail: format!("{n} responses were 5xx") });
+        }
+    }
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_summary_reads_microseconds_as_milliseconds() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        for us in 1..=1000u64 {
+            h.record(us * 1000).unwrap();
+        }
+        let s = LatencySummary::from_micros(&h);
+        assert_eq!(s.count, 1000);
+        assert!((s.p50_ms - 500.0).abs() < 1.0, "{s:?}");
+        assert!((s.p95_ms - 950.0).abs() < 1.0, "{s:?}");
+        assert!((s.max_ms - 1000.0).abs() < 1.0, "{s:?}");
+    }
+
+    #[test]
+    fn eta_error_keeps_the_sign_in_the_mean_and_not_in_the_p95() {
+        let e = EtaError::from_errors_ms(&[2000, -2000, 4000, -4000]);
+        assert_eq!(e.mean, 0.0);
+        assert_eq!(e.mean_abs, 3.0);
+        assert_eq!(e.p95, 4.0);
+        assert_eq!(EtaError::from_errors_ms(&[]), EtaError::default());
+    }
+
+    #[test]
+    fn each_broken_bound_is_named_by_its_flag() {
+        let mut r = Report::default();
+        r.poll.p95_ms = 420.0;
+        r.downstream_max_per_tick = Some(120);
+        r.status_counts.insert("200".into(), 10);
+        r.status_counts.insert("503".into(), 2);
+        r.status_counts.insert("transportError".into(), 1);
+        let all = Bounds { poll_p95_ms: Some(300), downstream_max_per_tick: Some(100), no_5xx: true };
+        let flags: Vec<_> = check_bounds(&r, &all).iter().map(|f| f.flag).collect();
+        assert_eq!(flags, ["--assert-poll-p95-ms", "--assert-downstream-max-per-tick", "--assert-no-5xx"]);
+        let loose = Bounds { poll_p95_ms: Some(500), downstream_max_per_tick: Some(120), no_5xx: false };
+        assert!(check_bounds(&r, &loose).is_empty());
+    }
+
+    #[test]
+    fn a_downstream_bound_without_a_sink_fails_rather_than_passes() {
+        let b = Bounds { downstream_max_per_tick: Some(100), ..Bounds::default() };
+        assert_eq!(check_bounds(&Report::default(), &b).len(), 1);
+    }
+}

@@ -1,0 +1,350 @@
+//! `vq loadgen` and `vq batch`, run as real processes against `vq serve` on a real Redis,
+//! plus the purchase contract against a stand-in server (the gate is not on this branch).
+//! These tests assert behaviour and report shape, never speed.
+
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, Uri};
+use redis::AsyncCommands;
+use vq::domain::QueueTarget;
+use vq::loadgen::{ArrivalCurve, Arrivals, Live, Options, Sink};
+
+use crate::support::{RedisServer, VqProcess, flag_on, free_port, vq_bin};
+
+fn serve_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("VQ_QUEUE__TICK_MS", "500".to_owned()),
+        ("VQ_QUEUE__BATCH_SIZE", "10".to_owned()),
+        ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
+    ]
+}
+
+/// Runs `vq <args>` with the test Redis and the same queue settings as the server.
+fn vq(redis: &RedisServer, args: &[&str]) -> Output {
+    let mut cmd = Command::new(vq_bin());
+    cmd.args(args).env("VQ_REDIS__URL", redis.url()).env("RUST_LOG", "warn");
+    for (k, v) in serve_env() {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run vq")
+}
+
+fn loadgen_args<'a>(addr: &'a str, json: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "loadgen",
+        "--url",
+        addr,
+        "--target",
+        "limited-drop:7",
+        "--users",
+        "400",
+        "--rate",
+        "400",
+        "--arrival",
+        "constant",
+        "--duration",
+        "3",
+        "--poll-min-ms",
+        "200",
+        "--poll-max-ms",
+        "300",
+        "--abandon",
+        "0.1",
+        "--concurrency",
+        "64",
+        "--json",
+        json,
+        "--quiet",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("json report written")).expect("valid json")
+}
+
+#[tokio::test]
+async fn loadgen_writes_a_sane_json_report_with_every_contract_field() {
+    let redis = RedisServer::spawn();
+    // The gate in vq serve forwards purchases to the loadgen's counting sink.
+    let sink = format!("127.0.0.1:{}", free_port());
+    let mut env = serve_env();
+    env.push(("VQ_GATE__UPSTREAM", format!("http://{sink}")));
+    let server = VqProcess::serve(&redis, &env).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = vq(
+        &redis,
+        &loadgen_args(&server.addr, json.to_str().unwrap(), &["--purchase", "--sink", &sink, "--assert-no-5xx"]),
+    );
+    assert!(out.status.success(), "loadgen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("poll") && stdout.contains("enters/s offered"), "{stdout}");
+
+    let r = read_json(&json);
+    for field in [
+        "offeredEnterRate",
+        "achievedEnterRate",
+        "enter",
+        "poll",
+        "statusCounts",
+        "admitted",
+        "purchases",
+        "downstreamMaxPerTick",
+        "batchSize",
+        "tickMs",
+        "waitSeconds",
+        "etaErrorSeconds",
+        "redisBytesPerWaitingUser",
+    ] {
+        assert!(r.get(field).is_some(), "missing {field} in {r:#}");
+    }
+    for kind in ["enter", "poll"] {
+        for f in ["count", "p50Ms", "p95Ms", "p99Ms", "maxMs"] {
+            assert!(r[kind][f].is_number(), "{kind}.{f} in {r:#}");
+        }
+    }
+    for f in ["p50", "p95", "max"] {
+        assert!(r["waitSeconds"][f].is_number(), "waitSeconds.{f}");
+    }
+    for f in ["mean", "p95"] {
+        assert!(r["etaErrorSeconds"][f].is_number(), "etaErrorSeconds.{f}");
+    }
+    assert_eq!(r["enter"]["count"], 400);
+    assert!(r["poll"]["count"].as_u64().unwrap() > 0);
+    assert!(r["offeredEnterRate"].as_f64().unwrap() > 0.0);
+    assert!(r["achievedEnterRate"].as_f64().unwrap() > 0.0);
+    assert!(r["admitted"].as_u64().unwrap() > 0, "{r:#}");
+    assert_eq!(r["batchSize"], 10);
+    assert_eq!(r["tickMs"], 500);
+    assert!(r["abandoned"].as_u64().unwrap() > 0);
+    let statuses = r["statusCounts"].as_object().unwrap();
+    assert!(statuses.keys().all(|k| !k.starts_with('5')), "{statuses:?}");
+    assert!(statuses["200"].as_u64().unwrap() > 400);
+    // Every admitted user tried to purchase (DIRECT_ADMITTED ones too: a loaded debug
+    // vq serve fails open when Redis answers late), through the gate to the sink.
+    let admitted_all = r["admitted"].as_u64().unwrap() + r["directAdmitted"].as_u64().unwrap();
+    assert_eq!(r["purchaseAttempts"].as_u64().unwrap(), admitted_all, "{r:#}");
+    assert_eq!(r["purchases"], r["purchaseAttempts"], "every purchase passed the gate: {r:#}");
+    let max_per_tick = r["downstreamMaxPerTick"].as_u64().unwrap();
+    assert!(max_per_tick >= 1, "the sink counted the purchases: {r:#}");
+    if r["directAdmitted"] == 0 {
+        // Admitted users learn it at their next poll (200–300 ms here), so a batch reaches the
+        // sink inside its own tick window.
+        assert!(max_per_tick <= 10, "at most one batch per tick downstream: {r:#}");
+    }
+    assert!(r["redisBytesPerWaitingUser"].as_f64().unwrap() > 0.0, "{r:#}");
+}
+
+#[tokio::test]
+async fn a_broken_bound_makes_loadgen_exit_non_zero_naming_it() {
+    let redis = RedisServer::spawn();
+    let server = VqProcess::serve(&redis, &serve_env()).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = vq(&redis, &loadgen_args(&server.addr, json.to_str().unwrap(), &["--assert-poll-p95-ms", "0"]));
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--assert-poll-p95-ms"), "{stderr}");
+    // The report is still written, for the script that asserted.
+    assert!(read_json(&json)["poll"]["count"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn a_downstream_bound_without_a_sink_is_a_usage_error() {
+    let redis = RedisServer::spawn();
+    let out = vq(
+        &redis,
+        &[
+            "loadgen",
+            "--url",
+            "http://127.0.0.1:1",
+            "--target",
+            "limited-drop:1",
+            "--assert-downstream-max-per-tick",
+            "100",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--sink") && stderr.lines().count() == 1, "{stderr}");
+}
+
+#[tokio::test]
+async fn sweep_sets_each_batch_size_on_the_target_and_restores_it() {
+    let redis = RedisServer::spawn();
+    let server = VqProcess::serve(&redis, &serve_env()).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sweep.json");
+    let out = vq(
+        &redis,
+        &[
+            "loadgen",
+            "--url",
+            &server.addr,
+            "--target",
+            "limited-drop:8",
+            "--users",
+            "200",
+            "--rate",
+            "200",
+            "--arrival",
+            "constant",
+            "--duration",
+            "2",
+            "--poll-min-ms",
+            "200",
+            "--poll-max-ms",
+            "300",
+            "--sweep-batch",
+            "2,40",
+            "--json",
+            json.to_str().unwrap(),
+            "--quiet",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rounds = read_json(&json)["rounds"].as_array().unwrap().clone();
+    assert_eq!(rounds.len(), 2);
+    assert_eq!(rounds[0]["batchSize"], 2);
+    assert_eq!(rounds[1]["batchSize"], 40);
+    assert!(
+        rounds[1]["admitted"].as_u64().unwrap() > rounds[0]["admitted"].as_u64().unwrap(),
+        "a bigger batch admits more: {rounds:#?}"
+    );
+    let mut c = redis.conn().await;
+    let left: Option<u64> = c.get("queue:{LIMITED_DROP:8}:batch_size").await.unwrap();
+    assert_eq!(left, None, "the per-target batch size is restored after the sweep");
+}
+
+#[tokio::test]
+async fn batch_command_sets_shows_and_clears_the_runtime_batch_size() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    assert!(vq(&redis, &["batch", "set", "50", "--target", "limited-drop:3"]).status.success());
+    let per_target: Option<u64> = c.get("queue:{LIMITED_DROP:3}:batch_size").await.unwrap();
+    assert_eq!(per_target, Some(50));
+    assert!(vq(&redis, &["batch", "set", "70"]).status.success());
+    let global: Option<u64> = c.get("queue:config:batch_size").await.unwrap();
+    assert_eq!(global, Some(70));
+
+    let show = vq(&redis, &["batch", "show", "--target", "limited-drop:3"]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("in force for LIMITED_DROP:3: 50"), "{text}");
+    let show = vq(&redis, &["batch", "show"]);
+    assert!(String::from_utf8_lossy(&show.stdout).contains("in force: 70"));
+
+    assert!(vq(&redis, &["batch", "clear", "--target", "limited-drop:3"]).status.success());
+    assert!(vq(&redis, &["batch", "clear"]).status.success());
+    let per_target: Option<u64> = c.get("queue:{LIMITED_DROP:3}:batch_size").await.unwrap();
+    let global: Option<u64> = c.get("queue:config:batch_size").await.unwrap();
+    assert_eq!((per_target, global), (None, None));
+    let bad = vq(&redis, &["batch", "set", "0"]);
+    assert!(!bad.status.success());
+}
+
+#[tokio::test]
+async fn sink_counts_every_arrival_in_its_tick_window() {
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000).await.unwrap();
+    let from = sink.now_ms();
+    let client = reqwest::Client::new();
+    for path in ["/limited-drops/1/orders", "/events/2/seats/select", "/anything"] {
+        let r = client.post(format!("http://{}{path}", sink.addr)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let f = sink.figures(from, sink.now_ms());
+    assert_eq!(f.total, 3);
+    // 60 s windows: the three requests fall in one window, or two if a boundary passed.
+    assert!(f.max_per_tick >= 2, "{f:?}");
+}
+
+/// What the stand-in server saw of purchase requests: (path, X-User-Id, X-Entry-Token).
+type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+/// A stand-in for vq serve + gate: every enter is admitted at once with a per-user token,
+/// purchase routes record their headers and answer 200 (after forwarding to `upstream`, as
+/// the gate does, when one is given).
+async fn stand_in(upstream: Option<String>) -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let client = reqwest::Client::new();
+    let app = Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+        let (s, client, upstream) = (s.clone(), client.clone(), upstream.clone());
+        async move {
+            let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            if uri.path().starts_with("/virtual-queues/") {
+                let user = h("x-user-id");
+                return format!(
+                    "{{\"status\":\"ADMITTED\",\"position\":null,\"aheadCount\":0,\"etaSeconds\":0,\
+                     \"entryToken\":\"tok-{user}\",\"tokenExpiresAt\":\"2030-01-01T00:00:00Z\"}}"
+                );
+            }
+            s.lock().unwrap().push((uri.path().to_owned(), h("x-user-id"), h("x-entry-token")));
+            if let Some(up) = upstream {
+                client.post(format!("{up}{}", uri.path())).send().await.unwrap();
+            }
+            "{}".to_owned()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+fn options(url: String, target: &str) -> Options {
+    Options {
+        url,
+        target: target.parse::<QueueTarget>().unwrap(),
+        users: 20,
+        first_user: 100,
+        arrivals: Arrivals { curve: ArrivalCurve::Constant, rate: 200.0, warmup: Duration::ZERO },
+        duration: Duration::from_secs(1),
+        poll_min: Duration::from_millis(100),
+        poll_max: Duration::from_millis(150),
+        abandon: 0.0,
+        purchase: true,
+        concurrency: 8,
+        leave_at_end: false,
+        batch_size: 100,
+        tick_ms: 2000,
+        seed: 1,
+    }
+}
+
+#[tokio::test]
+async fn admitted_users_purchase_on_the_gated_route_with_their_own_token() {
+    for (target, path) in
+        [("limited-drop:9", "/limited-drops/9/orders"), ("ticketing-event:9", "/events/9/seats/select")]
+    {
+        let (url, seen) = stand_in(None).await;
+        let report = vq::loadgen::run(options(url, target), Arc::new(Live::default()), None, None).await;
+        assert_eq!(report.admitted, 20);
+        assert_eq!((report.purchase_attempts, report.purchases), (20, 20));
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 20);
+        for (p, user, token) in seen {
+            assert_eq!(p, path);
+            assert_eq!(token, format!("tok-{user}"), "each user sends the token it was given");
+        }
+    }
+}
+
+#[tokio::test]
+async fn purchases_that_reach_the_sink_are_counted_as_downstream_arrivals() {
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000).await.unwrap();
+    let (url, _) = stand_in(Some(format!("http://{}", sink.addr))).await;
+    let report = vq::loadgen::run(options(url, "limited-drop:9"), Arc::new(Live::default()), None, Some(&sink)).await;
+    assert_eq!(report.purchases, 20);
+    assert_eq!(report.downstream_total, Some(20));
+    // 60 s windows: all 20 in one window, or split in two if a boundary passed.
+    assert!(report.downstream_max_per_tick.unwrap() >= 10, "{report:?}");
+    assert!(report.downstream_rate_per_sec.unwrap() > 0.0);
+}
