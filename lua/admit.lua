@@ -13,6 +13,9 @@
 -- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms
 -- KEYS[7] queue:{T}:waits            HASH wait histogram: b:<lower bound s> -> users,
 --                                    count, sum_ms, admitted (users admitted in all)
+-- KEYS[8] queue:{T}:heartbeat        ZSET last poll ms -> user   (ttl refresh only)
+-- KEYS[9] queue:{T}:seq              STRING counter              (ttl refresh only)
+-- KEYS[10] queue:{T}:evicted         STRING evictions            (ttl refresh only)
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
@@ -63,5 +66,13 @@ if admitted > 0 then
 end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
 redis.call('LTRIM', KEYS[5], 0, 59)
-redis.call('EXPIRE', KEYS[5], ttl)
+-- The sliding TTL: while anyone waits, every tick keeps all of the target's keys alive
+-- (enter and poll do not refresh them); 30 min after the queue empties they expire.
+if admitted > 0 or redis.call('ZCARD', KEYS[1]) > 0 then
+  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}) do
+    redis.call('EXPIRE', k, ttl)
+  end
+else
+  redis.call('EXPIRE', KEYS[5], ttl)
+end
 return {1, mark, tick, admitted, batch, table.concat(waits, ',')}

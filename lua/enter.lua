@@ -13,33 +13,43 @@
 -- ARGV[3] key ttl seconds (sliding)
 -- ARGV[4] candidate token, stored only if the user is admitted now
 -- ARGV[5] token ttl seconds
+-- ARGV[6] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
+--         admission tick uses Redis' own TIME in admit.lua)
 -- returns {'ADMITTED', token}
 --       | {'WAITING', seq, mark, ahead, batch_override_or_0}
 --       | {'FULL'}
+--
+-- This runs for every entry at sale start, so it makes as few calls as it can: a user
+-- already waiting costs 5 calls, a new one 10. Key TTLs are refreshed by admit.lua every tick while anyone
+-- waits, and here by the first and every 64th new entrant (so keys written before any pump
+-- runs still expire).
 local user = ARGV[1]
-local ttl = tonumber(ARGV[3])
-local tok = redis.call('GET', KEYS[5])
-if tok then
-  -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-  if string.sub(tok, 1, 5) == 'used:' then
-    tok = string.sub(tok, 6)
-  end
-  return {'ADMITTED', tok}
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
 local seq = redis.call('ZSCORE', KEYS[1], user)
+local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
 if seq then
   seq = tonumber(seq)
 else
-  local waiting = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf')
-  if waiting >= tonumber(ARGV[2]) then
+  -- Not waiting: admitted before (token), or new.
+  local tok = redis.call('GET', KEYS[5])
+  if tok then
+    -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+    if string.sub(tok, 1, 5) == 'used:' then
+      tok = string.sub(tok, 6)
+    end
+    return {'ADMITTED', tok}
+  end
+  if redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf') >= tonumber(ARGV[2]) then
     return {'FULL'}
   end
   seq = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], seq, user)
-  redis.call('HSET', KEYS[7], user, now)
+  redis.call('HSET', KEYS[7], user, ARGV[6])
+  if seq % 64 == 1 then
+    local ttl = tonumber(ARGV[3])
+    for _, k in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]}) do
+      redis.call('EXPIRE', k, ttl)
+    end
+  end
 end
 if seq <= mark then
   redis.call('SET', KEYS[5], ARGV[4], 'EX', tonumber(ARGV[5]))
@@ -49,10 +59,6 @@ if seq <= mark then
   redis.call('HINCRBY', KEYS[8], 'tokens_issued', 1)
   return {'ADMITTED', ARGV[4]}
 end
-redis.call('ZADD', KEYS[2], now, user)
-for i = 1, 4 do
-  redis.call('EXPIRE', KEYS[i], ttl)
-end
-redis.call('EXPIRE', KEYS[7], ttl)
+redis.call('ZADD', KEYS[2], ARGV[6], user)
 local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
 return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[6]) or '0')}

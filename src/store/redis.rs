@@ -242,6 +242,7 @@ impl QueueStore for RedisStore {
             .arg(self.limits.key_ttl_s)
             .arg(candidate)
             .arg(self.limits.token_ttl_s)
+            .arg(crate::service::now_epoch_ms())
             .invoke_async(&mut self.conn())
             .await?;
         match parse_position("enter.lua", &reply)? {
@@ -256,16 +257,15 @@ impl QueueStore for RedisStore {
         let reply: Vec<String> = STATUS
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "seq"))
             .key(keys::of(target, "admitted_count"))
             .key(keys::token(target, user))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "waits"))
             .arg(user.0)
-            .arg(self.limits.key_ttl_s)
             .arg(candidate)
             .arg(self.limits.token_ttl_s)
+            .arg(crate::service::now_epoch_ms())
             .invoke_async(&mut self.conn())
             .await?;
         match parse_position("status.lua", &reply)? {
@@ -309,6 +309,9 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "admissions"))
             .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "waits"))
+            .key(keys::of(target, "heartbeat"))
+            .key(keys::of(target, "seq"))
+            .key(keys::of(target, "evicted"))
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
