@@ -10,7 +10,6 @@
 #   USERS=100000 RATE=20000 DURATION=10 ARRIVAL=constant CONCURRENCY=256
 #   OUT       JSON report path (default: a file in the temp dir, printed at the end)
 #   EXTRA     more loadgen flags, e.g. EXTRA="--assert-poll-p95-ms 300"
-# Until the purchase gate is merged into vq serve, purchases get 404 here (no gated route).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1:
-#   wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each.
-# Usage: scripts/bench.sh [seconds] [connections]
+# Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1.
+#
+#   scripts/bench.sh [wrk] [seconds] [connections]
+#       wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each, next to the
+#       calibration: a bare axum handler doing one EVALSHA ("return 1") per request
+#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here.
+#   scripts/bench.sh sale
+#       the standard flash-sale scenario with vq loadgen (scripts/bench-loadgen.sh: 100k
+#       users at 20k enters/s, polls every 2-3 s, purchases through the gate to a sink).
+#
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-wrk}" in
+  sale) shift; exec scripts/bench-loadgen.sh "$@" ;;
+  wrk) [ $# -gt 0 ] && shift ;;
+esac
 secs="${1:-10}"; conns="${2:-64}"
 
 pkgs=()
@@ -14,7 +25,7 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${pkgs[@]}" >/dev/null
 fi
-cargo build --release --quiet
+cargo build --release --quiet --bins --example bare_evalsha
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rport=$(free_port); vport=$(free_port)
@@ -42,7 +53,14 @@ run() { # name script arg
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
   printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %s\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
 }
+bport=$(free_port)
+target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
 echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
+base=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$bport/")
+printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling)\n' base \
+  "$(awk '/Requests\/sec/ {print $2}' <<<"$base")" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")"
 run enter enter.lua 2
 entered=$(redis-cli -p "$rport" get 'queue:{LIMITED_DROP:1}:seq')
 redis-cli -p "$rport" --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$work/users.txt"
