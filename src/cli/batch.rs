@@ -7,7 +7,6 @@ use clap::Subcommand;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
-use crate::config::{Overrides, StoreKind};
 use crate::domain::QueueTarget;
 use crate::store::QueueStore;
 
@@ -46,10 +45,7 @@ enum Action {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let settings = args.config.load(&Overrides::default())?;
-    if settings.store == StoreKind::Memory {
-        anyhow::bail!("vq batch needs store = redis: the embedded store lives inside one vq serve");
-    }
+    let settings = args.config.load_shared("batch")?;
     let url = settings.redis.url.clone();
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;

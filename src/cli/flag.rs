@@ -9,7 +9,6 @@ use comfy_table::Table;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
-use crate::config::{Overrides, StoreKind};
 use crate::domain::{FlagState, QueueTarget, TargetOverride};
 use crate::service::now_epoch_ms;
 use crate::store::{AnyStore, FlagAck, QueueStore};
@@ -47,10 +46,7 @@ enum Action {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Exit 0: applied by every live instance; 1: some did not within 3 s, or an error.
-    let settings = args.config.load(&Overrides::default())?;
-    if settings.store == StoreKind::Memory {
-        anyhow::bail!("vq flag needs store = redis: the embedded store lives inside one vq serve");
-    }
+    let settings = args.config.load_shared("flag")?;
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
         let flag = store

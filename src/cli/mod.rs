@@ -55,6 +55,16 @@ impl ConfigArg {
     pub fn load(&self, overrides: &Overrides) -> anyhow::Result<Settings> {
         Settings::load(self.config.as_deref(), overrides).map_err(|e| anyhow::anyhow!("configuration: {e}"))
     }
+
+    /// Settings for an operator command that works on the shared Redis (`vq flag`, `pump`,
+    /// `stats`, `batch`): the embedded store lives inside one `vq serve`, out of its reach.
+    pub fn load_shared(&self, command: &str) -> anyhow::Result<Settings> {
+        let settings = self.load(&Overrides::default())?;
+        if settings.store == crate::config::StoreKind::Memory {
+            anyhow::bail!("vq {command} needs store = redis: the embedded store lives inside one vq serve");
+        }
+        Ok(settings)
+    }
 }
 
 fn init_tracing(format: &LogFormat) {

@@ -7,7 +7,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ConfigArg, init_tracing, runtime};
 use crate::app::{cancel_on_signal, open_store};
-use crate::config::{Overrides, StoreKind};
 use crate::pump::Pump;
 
 #[derive(clap::Args)]
@@ -18,10 +17,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let settings = args.config.load(&Overrides::default())?;
-    if settings.store == StoreKind::Memory {
-        anyhow::bail!("vq pump needs store = redis: the embedded store lives inside one vq serve");
-    }
+    let settings = args.config.load_shared("pump")?;
     init_tracing(&settings.log.format);
     let settings = Arc::new(settings);
     runtime()?.block_on(async move {

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
-use crate::config::{Overrides, Settings, StoreKind};
+use crate::config::Settings;
 use crate::domain::QueueTarget;
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::{AnyStore, QueueStore};
@@ -190,10 +190,7 @@ pub fn render(report: &Report, colour: bool) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let settings = args.config.load(&Overrides::default())?;
-    if settings.store == StoreKind::Memory {
-        anyhow::bail!("vq stats needs store = redis: the embedded store lives inside one vq serve");
-    }
+    let settings = args.config.load_shared("stats")?;
     let colour = std::io::stdout().is_terminal() && !args.json;
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
