@@ -86,6 +86,11 @@ pub struct GateSettings {
     pub timeout_ms: u64,
     /// Routes whose requests need a valid entry token (when the flag applies).
     pub routes: Vec<GateRoute>,
+    /// Forward at most one batch of purchases per target per tick: purchases over the budget
+    /// wait for a later tick instead of reaching the purchase API in a burst.
+    pub pace: bool,
+    /// How many ticks a purchase may wait for room; past that it gets 429 DOWNSTREAM_BUSY.
+    pub pace_max_ticks: u64,
 }
 
 /// One gated route: `POST /limited-drops/{id}/orders` → target `LIMITED_DROP:{id}`.
@@ -162,6 +167,8 @@ impl Default for GateSettings {
         Self {
             upstream: None,
             timeout_ms: 10_000,
+            pace: true,
+            pace_max_ticks: 2,
             routes: vec![
                 route("POST", "/limited-drops/{dropId}/orders", "LIMITED_DROP"),
                 route("POST", "/events/{id}/seats/select", "TICKETING_EVENT"),

@@ -121,6 +121,16 @@ pub struct PendingClaim {
     previous: Option<String>,
 }
 
+/// When a verified purchase may go to the purchase API (see `gate.pace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    Now,
+    /// A place is reserved in a later tick: wait this long first.
+    After(Duration),
+    /// Every tick the gate may wait for is full.
+    Full,
+}
+
 /// Whether a gate check marks the token used (a purchase) or only reads (nginx auth_request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimMode {
@@ -416,6 +426,25 @@ impl QueueService {
             },
         };
         Ok(outcome)
+    }
+
+    /// Keeps verified purchases within one batch per tick per target (`gate.pace`). Without
+    /// Redis the purchase goes at once (fail-open; the downstream database is the last line).
+    pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
+        let gate = &self.settings.gate;
+        if !gate.pace || self.degraded.skipping() {
+            return Pace::Now;
+        }
+        let tick_ms = self.settings.queue.tick_ms;
+        match self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks).await {
+            Ok(Some(0)) => Pace::Now,
+            Ok(Some(ms)) => Pace::After(Duration::from_millis(ms)),
+            Ok(None) => Pace::Full,
+            Err(e) => {
+                self.degraded.record("gate pace", &e);
+                Pace::Now
+            }
+        }
     }
 
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.

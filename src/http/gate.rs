@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use super::{ApiError, SharedState};
 use crate::config::GateSettings;
 use crate::gate::GateRoutes;
-use crate::service::{ClaimMode, GatePass};
+use crate::service::{ClaimMode, GatePass, Pace};
 use crate::token::TokenError;
 
 /// The gate's routes, upstream and pooled HTTP client.
@@ -108,6 +108,16 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// 429 when the purchase API's budget is taken for every tick the gate may wait for; the token
+/// stays usable.
+fn busy(tick_ms: u64) -> Response {
+    let retry_s = tick_ms.div_ceil(1000).max(1);
+    let detail = "the purchase API takes one batch per tick and the next ticks are full: retry shortly (your entry token is still valid)";
+    let mut resp = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "DOWNSTREAM_BUSY", detail).into_response();
+    resp.headers_mut().insert(header::RETRY_AFTER, retry_s.into());
+    resp
+}
+
 fn denied(e: &TokenError) -> ApiError {
     ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", e.to_string())
 }
@@ -116,6 +126,7 @@ fn denied(e: &TokenError) -> ApiError {
 pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
+    let mut paced_target = None;
     let claim = match st.gate.routes.match_request(parts.method.as_str(), path) {
         None if path.starts_with("/virtual-queues/") || st.gate.upstream.is_none() => {
             return ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route").into_response();
@@ -127,11 +138,26 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
             let token = header_str(&parts.headers, "x-entry-token");
             match st.service.gate_check(target, user, token, ClaimMode::Claim).await {
                 Ok(GatePass::FlagOff) => None,
-                Ok(GatePass::Verified { claim }) => claim,
+                Ok(GatePass::Verified { claim }) => {
+                    paced_target = Some(target);
+                    claim
+                }
                 Err(e) => return denied(&e).into_response(),
             }
         }
     };
+    if let Some(target) = paced_target {
+        match st.service.pace_purchase(target).await {
+            Pace::Now => {}
+            Pace::After(wait) => tokio::time::sleep(wait).await,
+            Pace::Full => {
+                if let Some(claim) = claim {
+                    st.service.settle_claim(claim, false).await;
+                }
+                return busy(st.service.settings().queue.tick_ms);
+            }
+        }
+    }
     let result = st.gate.forward(parts, body).await;
     if let Some(claim) = claim {
         let succeeded = result.as_ref().is_ok_and(|r| r.status().is_success());

@@ -100,6 +100,8 @@ struct Inner {
     flag: HashMap<String, String>,
     global_batch: Option<u64>,
     acks: HashMap<String, (FlagAck, u64)>,
+    /// (target, tick) -> purchases forwarded by the gate
+    forwarded: HashMap<(QueueTarget, u64), u64>,
 }
 
 /// In-process store with the semantics of [`super::RedisStore`].
@@ -354,6 +356,29 @@ impl QueueStore for MemoryStore {
             .get(&target)
             .and_then(|t| t.tokens.get(&user))
             .is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let now = now_ms();
+        let tick_ms = tick_ms.max(1);
+        let first = (now + super::redis::PACE_GUARD_MS) / tick_ms;
+        let mut inner = self.lock();
+        let budget = inner.targets.get(&target).and_then(|t| t.batch_override).unwrap_or(default_budget);
+        inner.forwarded.retain(|(_, tick), _| *tick + 3 > first);
+        for tick in first..=first + ahead {
+            let n = inner.forwarded.entry((target, tick)).or_default();
+            if *n < budget {
+                *n += 1;
+                return Ok(Some((tick * tick_ms).saturating_sub(now)));
+            }
+        }
+        Ok(None)
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {

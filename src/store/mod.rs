@@ -216,6 +216,17 @@ pub trait QueueStore: Send + Sync + 'static {
         token: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Reserves a place for one purchase in the earliest tick (at most `ahead` ticks later)
+    /// whose forwarded purchases are still under the batch size; `None` when all are full.
+    /// Returns how long to wait (ms) until the reserved tick starts.
+    fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
     /// Records that `instance` applied flag `version`; the record lives `ttl_ms`.
     fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -301,6 +312,15 @@ impl QueueStore for AnyStore {
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))
+    }
+    async fn pace_purchase(
+        &self,
+        t: QueueTarget,
+        budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        delegate!(self, s => s.pace_purchase(t, budget, tick_ms, ahead))
     }
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
         delegate!(self, s => s.ack_flag(ack, ttl_ms))

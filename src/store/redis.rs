@@ -31,6 +31,7 @@ static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../.
 static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/evict.lua")));
 static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_claim.lua")));
 static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_release.lua")));
+static GATE_PACE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/gate_pace.lua")));
 static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_set.lua")));
 static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_ack.lua")));
 static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_acks.lua")));
@@ -119,6 +120,10 @@ impl RedisStore {
             .ok_or_else(|| StoreError::Reply { what: "INFO memory", detail: "no used_memory line".into() })
     }
 }
+
+/// A purchase this close to the end of a tick is counted in (and waits for) the next one, so
+/// it reaches the purchase API inside the tick it was counted in.
+pub const PACE_GUARD_MS: u64 = 50;
 
 /// After a failed attempt to reach the cluster, commands fail at once for this long.
 pub const CLUSTER_RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -511,6 +516,29 @@ impl QueueStore for RedisStore {
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let v: Option<String> = self.conn().get(keys::token(target, user)).await?;
         Ok(v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let r: Vec<u64> = GATE_PACE
+            .key(keys::of(target, "forwarded"))
+            .key(keys::of(target, "batch_size"))
+            .arg(tick_ms)
+            .arg(default_budget)
+            .arg(PACE_GUARD_MS)
+            .arg(ahead)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.as_slice() {
+            [1, wait] => Ok(Some(*wait)),
+            [0, _] => Ok(None),
+            _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
+        }
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {

@@ -29,6 +29,7 @@ pub async fn spawn_echo() -> String {
         let body = json!({
             "method": method.as_str(), "path": uri.path(), "query": uri.query(),
             "headers": hdrs, "body": String::from_utf8_lossy(&body),
+            "receivedAtMs": vq::service::now_epoch_ms(),
         });
         (status, axum::Json(body))
     }
@@ -279,4 +280,52 @@ async fn redis_down_keeps_the_gate_shut_for_tokenless_requests_and_open_for_fail
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(resumed, "queue back without restarting vq");
+}
+
+/// A burst of purchases (admitted users learning it at once) reaches the purchase API at most
+/// one batch per tick; past the ticks the gate may wait for, it answers 429 and the token
+/// stays usable.
+#[tokio::test]
+async fn gate_paces_purchases_to_one_batch_per_tick() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.batch_size = 3;
+    s.queue.tick_ms = 500;
+    s.gate.pace_max_ticks = 2;
+    s.gate.upstream = Some(spawn_echo().await);
+    let app = std::sync::Arc::new(spawn_app(s, false).await);
+    flag_on(&redis).await;
+    let mut tasks = Vec::new();
+    for u in 1..=12u64 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let token = token_for(target(), u);
+            let r = purchase(&app, Some(u), Some(&token)).await;
+            let status = r.status().as_u16();
+            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            let v: Value = r.json().await.unwrap();
+            (u, token, status, retry, v)
+        }));
+    }
+    let mut windows = std::collections::BTreeMap::<u64, u64>::new();
+    let mut busy = Vec::new();
+    for t in tasks {
+        let (u, token, status, retry, v) = t.await.unwrap();
+        match status {
+            200 => *windows.entry(v["receivedAtMs"].as_u64().unwrap() / 500).or_default() += 1,
+            429 => {
+                assert_eq!(v["code"], "DOWNSTREAM_BUSY");
+                assert_eq!(retry.as_deref(), Some("1"));
+                busy.push((u, token));
+            }
+            other => panic!("user {u}: {other} {v}"),
+        }
+    }
+    assert!(windows.values().all(|n| *n <= 3), "at most one batch per tick upstream: {windows:?}");
+    assert_eq!(windows.values().sum::<u64>(), 9, "three ticks of three: {windows:?}");
+    assert_eq!(busy.len(), 3);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    for (u, token) in busy {
+        assert_eq!(purchase(&app, Some(u), Some(&token)).await.status(), 200, "token of user {u} still usable");
+    }
 }

@@ -134,8 +134,7 @@ async fn loadgen_writes_a_sane_json_report_with_every_contract_field() {
     let max_per_tick = r["downstreamMaxPerTick"].as_u64().unwrap();
     assert!(max_per_tick >= 1, "the sink counted the purchases: {r:#}");
     if r["directAdmitted"] == 0 {
-        // Admitted users learn it at their next poll (200–300 ms here), so a batch reaches the
-        // sink inside its own tick window.
+        // The gate paces purchases into the downstream's budget: one batch per tick window.
         assert!(max_per_tick <= 10, "at most one batch per tick downstream: {r:#}");
     }
     assert!(r["redisBytesPerWaitingUser"].as_f64().unwrap() > 0.0, "{r:#}");
