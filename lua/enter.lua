@@ -13,9 +13,8 @@
 -- ARGV[3] key ttl seconds (sliding)
 -- ARGV[4] candidate token, stored only if the user is admitted now
 -- ARGV[5] token ttl seconds
--- ARGV[6] now, epoch ms, from the calling instance's clock (entry time; the admission tick
---         uses Redis' own TIME in admit.lua)
--- ARGV[7] the heartbeat: now rounded up to the heartbeat step (see status.lua)
+-- ARGV[6] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
+--         admission tick uses Redis' own TIME in admit.lua)
 -- returns {'ADMITTED', token}
 --       | {'WAITING', seq, mark, ahead, batch_override_or_0}
 --       | {'FULL'}
@@ -60,6 +59,6 @@ if seq <= mark then
   redis.call('HINCRBY', KEYS[8], 'tokens_issued', 1)
   return {'ADMITTED', ARGV[4]}
 end
-redis.call('ZADD', KEYS[2], ARGV[7], user)
+redis.call('ZADD', KEYS[2], ARGV[6], user)
 local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
 return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[6]) or '0')}

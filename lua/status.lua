@@ -11,9 +11,7 @@
 -- ARGV[1] user id
 -- ARGV[2] candidate token, stored only if the user is admitted now
 -- ARGV[3] token ttl seconds
--- ARGV[4] the heartbeat: now, epoch ms, from the calling instance's clock, rounded up to
---         the heartbeat step (so most polls write the score the user already has, which
---         Redis does without touching the sorted set's order)
+-- ARGV[4] now, epoch ms, from the calling instance's clock (the heartbeat)
 -- returns {'ADMITTED', token}
 --       | {'WAITING', seq, mark, ahead, batch_override_or_0}
 --       | {'NOT_IN_QUEUE'}

@@ -246,7 +246,6 @@ impl Settings {
 
     pub fn limits(&self) -> StoreLimits {
         StoreLimits {
-            heartbeat_step_ms: (self.queue.heartbeat_timeout_s * 1000 / 12).clamp(1, 5000),
             max_capacity: self.queue.max_capacity,
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,

@@ -24,11 +24,6 @@ pub struct StoreLimits {
     pub key_ttl_s: u64,
     /// Lifetime of the stored token key (= the token's own lifetime).
     pub token_ttl_s: u64,
-    /// Heartbeats are recorded rounded up to this step, so most polls write the score a user
-    /// already has (a hash lookup) instead of moving them in the sorted set. A user is then
-    /// evicted between `heartbeat_timeout` and `heartbeat_timeout + step` after their last
-    /// poll: never early.
-    pub heartbeat_step_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -98,13 +98,6 @@ impl RedisStore {
         self.conn.clone()
     }
 
-    /// The heartbeat recorded for a poll at `now_ms`: rounded up to the heartbeat step (see
-    /// [`StoreLimits::heartbeat_step_ms`]), so it is never earlier than the poll.
-    fn heartbeat(&self, now_ms: u64) -> u64 {
-        let step = self.limits.heartbeat_step_ms.max(1);
-        now_ms.div_ceil(step) * step
-    }
-
     /// Runs an EVALSHA built by [`evalsha`]; on NOSCRIPT (Redis restarted, failover, a new
     /// cluster node) loads the script and runs it again.
     async fn eval_hot<T: redis::FromRedisValue>(&self, script: &Script, cmd: &redis::Cmd) -> Result<T, StoreError> {
@@ -278,7 +271,6 @@ fn parse_position(what: &'static str, reply: &[String]) -> Result<Option<Result<
 
 impl QueueStore for RedisStore {
     async fn enter(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<EnterOutcome, StoreError> {
-        let now = crate::service::now_epoch_ms();
         let before = ["waiting", "heartbeat", "seq", "admitted_count"];
         let mut cmd = evalsha(&ENTER, target, &before, user, &["batch_size", "entered_at", "waits"]);
         cmd.arg(user.0)
@@ -286,8 +278,7 @@ impl QueueStore for RedisStore {
             .arg(self.limits.key_ttl_s)
             .arg(candidate)
             .arg(self.limits.token_ttl_s)
-            .arg(now)
-            .arg(self.heartbeat(now));
+            .arg(crate::service::now_epoch_ms());
         let reply: Vec<String> = self.eval_hot(&ENTER, &cmd).await?;
         match parse_position("enter.lua", &reply)? {
             Some(Ok(w)) => Ok(EnterOutcome::Waiting(w)),
@@ -300,8 +291,7 @@ impl QueueStore for RedisStore {
     async fn status(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<StatusOutcome, StoreError> {
         let before = ["waiting", "heartbeat", "admitted_count"];
         let mut cmd = evalsha(&STATUS, target, &before, user, &["batch_size", "entered_at", "waits"]);
-        let heartbeat = self.heartbeat(crate::service::now_epoch_ms());
-        cmd.arg(user.0).arg(candidate).arg(self.limits.token_ttl_s).arg(heartbeat);
+        cmd.arg(user.0).arg(candidate).arg(self.limits.token_ttl_s).arg(crate::service::now_epoch_ms());
         let reply: Vec<String> = self.eval_hot(&STATUS, &cmd).await?;
         match parse_position("status.lua", &reply)? {
             Some(Ok(w)) => Ok(StatusOutcome::Waiting(w)),

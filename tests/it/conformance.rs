@@ -15,13 +15,9 @@ async fn with_both(check: impl AsyncFn(AnyStore, u64)) {
     let redis = RedisServer::spawn();
     let mut s = test_settings(Some(&redis));
     s.queue.max_capacity = 5;
-    // Heartbeats are recorded in steps of timeout/12: ~83 ms here, fine enough for the
-    // eviction checks below (which evict after 200 ms).
-    s.queue.heartbeat_timeout_s = 1;
     check(open_store(&s), 500).await;
     let mut m = test_settings(None);
     m.queue.max_capacity = 5;
-    m.queue.heartbeat_timeout_s = 1;
     check(open_store(&m), 500).await;
 }
 
