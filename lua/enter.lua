@@ -20,12 +20,14 @@
 --       | {'FULL'}
 --
 -- This runs for every entry at sale start, so it makes as few calls as it can: a user
--- already waiting costs 5 calls, a new one 10. Key TTLs are refreshed by admit.lua every tick while anyone
+-- already waiting costs 5 calls, a new one 9. Key TTLs are refreshed by admit.lua every tick while anyone
 -- waits, and here by the first and every 64th new entrant (so keys written before any pump
 -- runs still expire).
 local user = ARGV[1]
 local seq = redis.call('ZSCORE', KEYS[1], user)
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
+-- For a new user, everyone waiting above the mark is ahead: the capacity count is the answer.
+local ahead
 if seq then
   seq = tonumber(seq)
 else
@@ -38,7 +40,8 @@ else
     end
     return {'ADMITTED', tok}
   end
-  if redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf') >= tonumber(ARGV[2]) then
+  ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf')
+  if ahead >= tonumber(ARGV[2]) then
     return {'FULL'}
   end
   seq = redis.call('INCR', KEYS[3])
@@ -60,5 +63,7 @@ if seq <= mark then
   return {'ADMITTED', ARGV[4]}
 end
 redis.call('ZADD', KEYS[2], ARGV[6], user)
-local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
+if not ahead then
+  ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
+end
 return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[6]) or '0')}
