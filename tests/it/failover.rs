@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use crate::support::{RedisServer, VqProcess, flag_on};
+use crate::support::{RedisServer, VqProcess, enter_round_robin, flag_on, three_instances};
 
 const TICK_MS: u64 = 300;
 const BATCH: u64 = 5;
@@ -38,23 +38,10 @@ async fn killing_one_of_three_instances_keeps_serving_and_one_batch_per_tick() {
         ("VQ_QUEUE__BATCH_SIZE", BATCH.to_string()),
         ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
     ];
-    let mut procs = vec![
-        VqProcess::serve(&redis, &envs).await,
-        VqProcess::serve(&redis, &envs).await,
-        VqProcess::serve(&redis, &envs).await,
-    ];
+    let mut procs = three_instances(&redis, &envs).await;
     flag_on(&redis).await;
+    enter_round_robin(&procs, "limited-drop/77", 600).await;
     let client = reqwest::Client::new();
-    for u in 1..=600u64 {
-        let p = &procs[(u % 3) as usize];
-        let r = client
-            .post(format!("{}/virtual-queues/limited-drop/77/entries", p.addr))
-            .header("X-User-Id", u.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // Kill the instance holding the admission lock right now, if one does (the worst case:

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::support::{RedisServer, VqProcess, flag_on};
+use crate::support::{RedisServer, VqProcess, enter_round_robin, flag_on, three_instances};
 
 /// Three `vq serve` processes, each with its pump, while a saboteur deletes the admission
 /// lock every few milliseconds: the cluster still admits at most one batch per tick.
@@ -17,23 +17,9 @@ async fn three_instances_admit_one_batch_per_tick_even_when_the_lock_vanishes() 
         ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
         ("VQ_QUEUE__MAX_CAPACITY", "100000".to_owned()),
     ];
-    let procs = vec![
-        VqProcess::serve(&redis, &envs).await,
-        VqProcess::serve(&redis, &envs).await,
-        VqProcess::serve(&redis, &envs).await,
-    ];
+    let procs = three_instances(&redis, &envs).await;
     flag_on(&redis).await;
-    let client = reqwest::Client::new();
-    for u in 1..=1000u64 {
-        let p = &procs[(u % 3) as usize];
-        let r = client
-            .post(format!("{}/virtual-queues/limited-drop/42/entries", p.addr))
-            .header("X-User-Id", u.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
+    enter_round_robin(&procs, "limited-drop/42", 1000).await;
     let mut c = redis.conn().await;
     let time = |t: (String, String)| t.0.parse::<u64>().unwrap() * 1000 + t.1.parse::<u64>().unwrap() / 1000;
     let start: (String, String) = redis::cmd("TIME").query_async(&mut c).await.unwrap();

@@ -384,3 +384,24 @@ impl Drop for VqProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Three `vq serve` processes on one Redis, with the same settings.
+pub async fn three_instances(redis: &RedisServer, envs: &[(&str, String)]) -> Vec<VqProcess> {
+    vec![VqProcess::serve(redis, envs).await, VqProcess::serve(redis, envs).await, VqProcess::serve(redis, envs).await]
+}
+
+/// Enters users `1..=users` into `target` (`limited-drop/42`), spread over the instances in
+/// turn; every enter must answer 200.
+pub async fn enter_round_robin(procs: &[VqProcess], target: &str, users: u64) {
+    let client = reqwest::Client::new();
+    for u in 1..=users {
+        let p = &procs[(u % procs.len() as u64) as usize];
+        let r = client
+            .post(format!("{}/virtual-queues/{target}/entries", p.addr))
+            .header("X-User-Id", u.to_string())
+            .send()
+            .await
+            .expect("enter request");
+        assert_eq!(r.status(), 200);
+    }
+}
