@@ -146,7 +146,6 @@ const SKIP_STORE_AFTER_FAILURE_MS: u64 = 1000;
 /// Counts Redis failures, logs them at most once per interval, and remembers until when the
 /// request path should not try Redis.
 struct Degraded {
-    total: AtomicU64,
     last_log: Mutex<Option<Instant>>,
     since_log: AtomicU64,
     /// Epoch ms before which enter/poll/gate do not call the store (0 = call it).
@@ -161,13 +160,11 @@ impl Degraded {
 
     /// A request that failed open without calling the store.
     fn record_skipped(&self) {
-        self.total.fetch_add(1, Ordering::Relaxed);
         crate::metrics::redis_degraded();
     }
 
     fn record(&self, what: &str, err: &StoreError) {
         self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
-        self.total.fetch_add(1, Ordering::Relaxed);
         crate::metrics::redis_degraded();
         let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,7 +196,6 @@ impl QueueService {
             flag: RwLock::new(Arc::new(FlagState::default())),
             global_batch: AtomicU64::new(0),
             degraded: Degraded {
-                total: AtomicU64::new(0),
                 last_log: Mutex::new(None),
                 since_log: AtomicU64::new(0),
                 skip_until_ms: AtomicU64::new(0),
@@ -210,15 +206,6 @@ impl QueueService {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
-    }
-
-    pub fn secret(&self) -> &Secret {
-        &self.secret
-    }
-
-    /// Redis failures counted on the request path since start.
-    pub fn redis_degraded_total(&self) -> u64 {
-        self.degraded.total.load(Ordering::Relaxed)
     }
 
     pub fn flag(&self) -> Arc<FlagState> {
