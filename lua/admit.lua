@@ -16,6 +16,8 @@
 -- KEYS[8] queue:{T}:heartbeat        ZSET last poll ms -> user   (ttl refresh only)
 -- KEYS[9] queue:{T}:seq              STRING counter              (ttl refresh only)
 -- KEYS[10] queue:{T}:evicted         STRING evictions            (ttl refresh only)
+-- KEYS[11] queue:{T}:departed        ZSET seqs of users who left or were evicted: those at
+--                                    or below the new mark no longer matter and are dropped
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
@@ -38,6 +40,7 @@ local waits = {}
 if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
+  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', mark)
   -- Wait statistics: entry -> admission, bucketed like domain::wait_bucket.
   local users = {}
   for i = 1, #front, 2 do
@@ -69,7 +72,7 @@ redis.call('LTRIM', KEYS[5], 0, 59)
 -- The sliding TTL: while anyone waits, every tick keeps all of the target's keys alive
 -- (enter and poll do not refresh them); 30 min after the queue empties they expire.
 if admitted > 0 or redis.call('ZCARD', KEYS[1]) > 0 then
-  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]}) do
+  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]}) do
     redis.call('EXPIRE', k, ttl)
   end
 else

@@ -1,69 +1,135 @@
--- enter.lua: put a user in a target's queue, or tell where they already are.
+-- enter.lua: put users in a target's queue, or tell them where they already are.
+--
+-- One call carries every entry for this target that reached an instance while its previous
+-- call was in flight (1..n users). Users are handled one after the other, each exactly as if
+-- alone; only the reads every user needs (mark, batch size, counts) are made once.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:seq              STRING counter
 -- KEYS[4] queue:{T}:admitted_count   STRING admission mark
--- KEYS[5] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
--- KEYS[6] queue:{T}:batch_size       STRING runtime batch size (optional)
--- KEYS[7] queue:{T}:entered_at       HASH user -> entry ms (wait statistics)
--- KEYS[8] queue:{T}:waits            HASH target counters (tokens_issued)
--- ARGV[1] user id
--- ARGV[2] max capacity (users waiting and not yet admitted)
--- ARGV[3] key ttl seconds (sliding)
--- ARGV[4] candidate token, stored only if the user is admitted now
--- ARGV[5] token ttl seconds
--- ARGV[6] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
+-- KEYS[5] queue:{T}:batch_size       STRING runtime batch size (optional)
+-- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms (wait statistics)
+-- KEYS[7] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
+-- KEYS[7+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- ARGV[1] max capacity (users waiting and not yet admitted)
+-- ARGV[2] key ttl seconds (sliding)
+-- ARGV[3] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
 --         admission tick uses Redis' own TIME in admit.lua)
--- returns {'ADMITTED', token}
---       | {'WAITING', seq, mark, ahead, batch_override_or_0}
---       | {'FULL'}
+-- ARGV[3+i] user i
+-- returns {mark, batch_override_or_0, then per user i: code, a, b}
+--   code 1 WAITING   a = seq, b = users ahead still waiting
+--   code 2 ADMITTED  a = token (issued before)
+--   code 3 FULL
+--   code 5 ISSUE     admitted and still waiting: the caller signs a token and calls issue.lua
 --
--- This runs for every entry at sale start, so it makes as few calls as it can: a user
--- already waiting costs 5 calls, a new one 9. Key TTLs are refreshed by admit.lua every tick while anyone
--- waits, and here by the first and every 64th new entrant (so keys written before any pump
--- runs still expire).
-local user = ARGV[1]
-local seq = redis.call('ZSCORE', KEYS[1], user)
+-- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
+-- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
+-- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
 local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
--- For a new user, everyone waiting above the mark is ahead: the capacity count is the answer.
-local ahead
-if seq then
-  seq = tonumber(seq)
-else
-  -- Not waiting: admitted before (token), or new.
-  local tok = redis.call('GET', KEYS[5])
-  if tok then
+local batch = tonumber(redis.call('GET', KEYS[5]) or '0')
+local max = tonumber(ARGV[1])
+local now = ARGV[3]
+local n = #ARGV - 3
+local users = {}
+for i = 1, n do
+  users[i] = ARGV[3 + i]
+end
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(users))
+-- Token keys of the users not waiting: admitted before, or new.
+local tokkeys, tokof = {}, {}
+for i = 1, n do
+  if not seqs[i] and not tokof[users[i]] then
+    tokkeys[#tokkeys + 1] = KEYS[7 + i]
+    tokof[users[i]] = #tokkeys
+  end
+end
+local toks = {}
+if #tokkeys > 0 then
+  toks = redis.call('MGET', unpack(tokkeys))
+end
+-- Users ahead of a waiting user: every seq between the mark and theirs was given to a user
+-- who is still waiting or departed (left, evicted); admission only takes seqs at or below the
+-- mark. So the count is arithmetic plus the departed in between, without a rank.
+local departed = redis.call('ZCARD', KEYS[7])
+local function ahead(seq)
+  local gone = 0
+  if departed > 0 then
+    gone = redis.call('ZCOUNT', KEYS[7], '(' .. mark, '(' .. seq)
+  end
+  return math.max(0, seq - mark - 1 - gone)
+end
+-- Users waiting above the mark (all of them are ahead of a new user), read when needed.
+local above
+-- Per user: code, a, b (see above); a user twice in one call gets the first answer twice.
+local code, va, vb, first = {}, {}, {}, {}
+local beats, fresh = {}, {}
+for i = 1, n do
+  local user = users[i]
+  local seq = seqs[i] and tonumber(seqs[i])
+  if first[user] then
+    local j = first[user]
+    code[i], va[i], vb[i] = code[j], va[j], vb[j]
+  elseif seq and seq <= mark then
+    code[i], va[i], vb[i] = 5, seq, 0
+  elseif seq then
+    beats[#beats + 1], beats[#beats + 2] = now, user
+    code[i], va[i], vb[i] = 1, seq, ahead(seq)
+  elseif toks[tokof[user]] then
     -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+    local tok = toks[tokof[user]]
     if string.sub(tok, 1, 5) == 'used:' then
       tok = string.sub(tok, 6)
     end
-    return {'ADMITTED', tok}
+    code[i], va[i], vb[i] = 2, tok, 0
+  else
+    -- Everyone waiting above the mark is ahead of a new user.
+    if not above then
+      above = ahead(tonumber(redis.call('GET', KEYS[3]) or '0') + 1)
+    end
+    if above >= max then
+      code[i], va[i], vb[i] = 3, 0, 0
+    else
+      fresh[#fresh + 1] = i
+      code[i], va[i], vb[i] = 1, 0, above
+      above = above + 1
+    end
   end
-  ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '+inf')
-  if ahead >= tonumber(ARGV[2]) then
-    return {'FULL'}
+  first[user] = first[user] or i
+end
+-- New users take the next seqs in arrival order.
+if #fresh > 0 then
+  local last = redis.call('INCRBY', KEYS[3], #fresh)
+  local adds, entered, refresh = {}, {}, false
+  for j, i in ipairs(fresh) do
+    local seq = last - #fresh + j
+    va[i] = seq
+    adds[2 * j - 1], adds[2 * j] = seq, users[i]
+    entered[2 * j - 1], entered[2 * j] = users[i], now
+    beats[#beats + 1], beats[#beats + 2] = now, users[i]
+    refresh = refresh or seq % 64 == 1
   end
-  seq = redis.call('INCR', KEYS[3])
-  redis.call('ZADD', KEYS[1], seq, user)
-  redis.call('HSET', KEYS[7], user, ARGV[6])
-  if seq % 64 == 1 then
-    local ttl = tonumber(ARGV[3])
-    for _, k in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]}) do
+  redis.call('ZADD', KEYS[1], unpack(adds))
+  redis.call('HSET', KEYS[6], unpack(entered))
+  if refresh then
+    local ttl = tonumber(ARGV[2])
+    for _, k in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]}) do
       redis.call('EXPIRE', k, ttl)
     end
   end
 end
-if seq <= mark then
-  redis.call('SET', KEYS[5], ARGV[4], 'EX', tonumber(ARGV[5]))
-  redis.call('ZREM', KEYS[1], user)
-  redis.call('ZREM', KEYS[2], user)
-  redis.call('HDEL', KEYS[7], user)
-  redis.call('HINCRBY', KEYS[8], 'tokens_issued', 1)
-  return {'ADMITTED', ARGV[4]}
+-- Duplicates of a new user were copied before their seq was known.
+for i = 1, n do
+  local j = first[users[i]]
+  if j ~= i then
+    va[i] = va[j]
+  end
 end
-redis.call('ZADD', KEYS[2], ARGV[6], user)
-if not ahead then
-  ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
+if #beats > 0 then
+  redis.call('ZADD', KEYS[2], unpack(beats))
 end
-return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[6]) or '0')}
+local out = {mark, batch}
+for i = 1, n do
+  out[3 * i], out[3 * i + 1], out[3 * i + 2] = code[i], va[i], vb[i]
+end
+return out

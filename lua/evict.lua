@@ -5,6 +5,7 @@
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:entered_at  HASH user -> entry ms
 -- KEYS[4] queue:{T}:evicted     STRING count of evictions (churn)
+-- KEYS[5] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted (leave.lua)
 -- ARGV[1] heartbeat timeout ms
 -- ARGV[2] max users to evict in this call
 -- ARGV[3] key ttl seconds
@@ -15,6 +16,17 @@ local cutoff = now - tonumber(ARGV[1])
 local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', 0, tonumber(ARGV[2]))
 if #stale == 0 then
   return 0
+end
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(stale))
+local gone = {}
+for i = 1, #stale do
+  if seqs[i] then
+    gone[#gone + 1], gone[#gone + 2] = seqs[i], seqs[i]
+  end
+end
+if #gone > 0 then
+  redis.call('ZADD', KEYS[5], unpack(gone))
+  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
 end
 redis.call('ZREM', KEYS[1], unpack(stale))
 redis.call('ZREM', KEYS[2], unpack(stale))

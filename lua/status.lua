@@ -1,47 +1,87 @@
--- status.lua: one poll in one round trip. Refreshes the heartbeat; issues the token
--- (idempotently) and takes the user out of the queue once the mark has reached their seq.
+-- status.lua: polls in one round trip. Refreshes each waiting user's heartbeat and tells
+-- where they are; once the mark has reached a user's seq, the caller signs a token and
+-- issue.lua stores it (once) and takes the user out of the queue.
+--
+-- One call carries every poll for this target that reached an instance while its previous
+-- call was in flight (1..n users), handled one after the other, each exactly as if alone.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
--- KEYS[4] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
--- KEYS[5] queue:{T}:batch_size       STRING runtime batch size (optional)
--- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms
--- KEYS[7] queue:{T}:waits            HASH target counters (tokens_issued)
--- ARGV[1] user id
--- ARGV[2] candidate token, stored only if the user is admitted now
--- ARGV[3] token ttl seconds
--- ARGV[4] now, epoch ms, from the calling instance's clock (the heartbeat)
--- returns {'ADMITTED', token}
---       | {'WAITING', seq, mark, ahead, batch_override_or_0}
---       | {'NOT_IN_QUEUE'}
+-- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
+-- KEYS[5] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
+-- KEYS[5+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat)
+-- ARGV[1+i] user i
+-- returns {mark, batch_override_or_0, then per user i: code, a, b}
+--   code 1 WAITING       a = seq, b = users ahead still waiting
+--   code 2 ADMITTED      a = token (issued before)
+--   code 4 NOT_IN_QUEUE
+--   code 5 ISSUE         admitted and still waiting: the caller signs a token, calls issue.lua
 --
--- Polls are most of the traffic (every waiting user, every 2-3 s): a waiting user costs 5
--- calls and no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
+-- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
+-- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
 -- waits).
-local user = ARGV[1]
-local seq = redis.call('ZSCORE', KEYS[1], user)
-if not seq then
-  local tok = redis.call('GET', KEYS[4])
-  if not tok then
-    return {'NOT_IN_QUEUE'}
-  end
-  -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-  if string.sub(tok, 1, 5) == 'used:' then
-    tok = string.sub(tok, 6)
-  end
-  return {'ADMITTED', tok}
-end
-seq = tonumber(seq)
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
-if seq <= mark then
-  redis.call('SET', KEYS[4], ARGV[2], 'EX', tonumber(ARGV[3]))
-  redis.call('ZREM', KEYS[1], user)
-  redis.call('ZREM', KEYS[2], user)
-  redis.call('HDEL', KEYS[6], user)
-  redis.call('HINCRBY', KEYS[7], 'tokens_issued', 1)
-  return {'ADMITTED', ARGV[2]}
+local batch = tonumber(redis.call('GET', KEYS[4]) or '0')
+local now = ARGV[1]
+local n = #ARGV - 1
+local users = {}
+for i = 1, n do
+  users[i] = ARGV[1 + i]
 end
-redis.call('ZADD', KEYS[2], ARGV[4], user)
-local ahead = redis.call('ZCOUNT', KEYS[1], '(' .. mark, '(' .. seq)
-return {'WAITING', seq, mark, ahead, tonumber(redis.call('GET', KEYS[5]) or '0')}
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(users))
+-- Token keys of the users not waiting: admitted before, or unknown.
+local tokkeys, tokof = {}, {}
+for i = 1, n do
+  if not seqs[i] and not tokof[users[i]] then
+    tokkeys[#tokkeys + 1] = KEYS[5 + i]
+    tokof[users[i]] = #tokkeys
+  end
+end
+local toks = {}
+if #tokkeys > 0 then
+  toks = redis.call('MGET', unpack(tokkeys))
+end
+-- Users ahead: every seq between the mark and the user's was given to a user who is still
+-- waiting or departed (left, evicted); admission only takes seqs at or below the mark. So
+-- the count is arithmetic plus the departed in between, without ranking the user in the queue.
+local departed = redis.call('ZCARD', KEYS[5])
+local function ahead(seq)
+  local gone = 0
+  if departed > 0 then
+    gone = redis.call('ZCOUNT', KEYS[5], '(' .. mark, '(' .. seq)
+  end
+  return math.max(0, seq - mark - 1 - gone)
+end
+-- A user twice in one call gets the first answer twice.
+local out, first, beats = {mark, batch}, {}, {}
+for i = 1, n do
+  local user = users[i]
+  local seq = seqs[i] and tonumber(seqs[i])
+  local c, a, b
+  if first[user] then
+    local j = first[user]
+    c, a, b = out[3 * j], out[3 * j + 1], out[3 * j + 2]
+  elseif seq and seq <= mark then
+    c, a, b = 5, seq, 0
+  elseif seq then
+    beats[#beats + 1], beats[#beats + 2] = now, user
+    c, a, b = 1, seq, ahead(seq)
+  elseif toks[tokof[user]] then
+    -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+    local tok = toks[tokof[user]]
+    if string.sub(tok, 1, 5) == 'used:' then
+      tok = string.sub(tok, 6)
+    end
+    c, a, b = 2, tok, 0
+  else
+    c, a, b = 4, 0, 0
+  end
+  out[3 * i], out[3 * i + 1], out[3 * i + 2] = c, a, b
+  first[user] = first[user] or i
+end
+if #beats > 0 then
+  redis.call('ZADD', KEYS[2], unpack(beats))
+end
+return out

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{QueueSettings, Settings};
@@ -262,10 +262,11 @@ impl QueueService {
         QueueStatus::Admitted(EntryToken { raw, expires_at })
     }
 
-    /// The store keeps our candidate only when it issues the token in this call. (Two calls
-    /// in the same second mint equal candidates, so a re-read can rarely count twice.)
-    fn count_issue(raw: String, candidate: &EntryToken) -> String {
-        if raw == candidate.raw {
+    /// The store asks for a candidate only when it issues the token in this call, and keeps
+    /// it unless another call issued one first. (Two calls in the same second mint equal
+    /// candidates, so a race can rarely count twice.)
+    fn count_issue(raw: String, minted: &OnceLock<EntryToken>) -> String {
+        if minted.get().is_some_and(|c| c.raw == raw) {
             crate::metrics::token_issued();
         }
         raw
@@ -284,21 +285,22 @@ impl QueueService {
         if !self.queue_applies(target, user) {
             return Ok(self.direct(target, user));
         }
-        let candidate = self.candidate(target, user);
         if self.degraded.skipping() {
             self.degraded.record_skipped();
-            return Ok(QueueStatus::DirectAdmitted(candidate));
+            return Ok(self.direct(target, user));
         }
-        match self.store.enter(target, user, &candidate.raw).await {
+        let minted = OnceLock::new();
+        let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
+        match self.store.enter(target, user, &candidate).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.register_active(target).await;
                 Ok(self.waiting(w))
             }
-            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &candidate))),
+            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Err(e) => {
                 self.degraded.record("enter", &e);
-                Ok(QueueStatus::DirectAdmitted(candidate))
+                Ok(self.direct(target, user))
             }
         }
     }
@@ -307,18 +309,19 @@ impl QueueService {
         if !self.queue_applies(target, user) {
             return Ok(self.direct(target, user));
         }
-        let candidate = self.candidate(target, user);
         if self.degraded.skipping() {
             self.degraded.record_skipped();
-            return Ok(QueueStatus::DirectAdmitted(candidate));
+            return Ok(self.direct(target, user));
         }
-        match self.store.status(target, user, &candidate.raw).await {
+        let minted = OnceLock::new();
+        let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
+        match self.store.status(target, user, &candidate).await {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
-            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &candidate))),
+            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
             Err(e) => {
                 self.degraded.record("poll", &e);
-                Ok(QueueStatus::DirectAdmitted(candidate))
+                Ok(self.direct(target, user))
             }
         }
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    AdmitOutcome, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
     TokenClaim, Waiting,
 };
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
@@ -77,15 +77,16 @@ impl TargetState {
         &mut self,
         user: UserId,
         seq: u64,
-        candidate: &str,
+        candidate: &dyn Candidate,
         token_ttl_s: u64,
         now: u64,
     ) -> Result<Waiting, String> {
         if seq <= self.mark {
-            self.tokens.insert(user, (candidate.to_owned(), now + token_ttl_s * 1000));
+            let token = candidate.token();
+            self.tokens.insert(user, (token.clone(), now + token_ttl_s * 1000));
             self.tokens_issued += 1;
             self.remove(user);
-            return Err(candidate.to_owned());
+            return Err(token);
         }
         self.heartbeat.insert(user, now);
         self.touched = now;
@@ -123,7 +124,12 @@ impl MemoryStore {
 }
 
 impl QueueStore for MemoryStore {
-    async fn enter(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<EnterOutcome, StoreError> {
+    async fn enter(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<EnterOutcome, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
         let t = inner.targets.entry(target).or_default();
@@ -149,7 +155,12 @@ impl QueueStore for MemoryStore {
         })
     }
 
-    async fn status(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<StatusOutcome, StoreError> {
+    async fn status(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<StatusOutcome, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
         let Some(t) = inner.targets.get_mut(&target) else {

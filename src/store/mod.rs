@@ -5,6 +5,7 @@
 //! process, for trial runs of a single instance. Both pass the conformance suite in
 //! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`.
 
+mod coalesce;
 mod memory;
 mod redis;
 
@@ -26,7 +27,7 @@ pub struct StoreLimits {
     pub token_ttl_s: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
@@ -114,6 +115,24 @@ pub struct TargetSnapshot {
     pub waits: WaitHistogram,
 }
 
+/// The token to store if a call admits the user now. Made only then: signing costs an HMAC,
+/// and nearly every enter and poll finds the user waiting.
+pub trait Candidate: Sync {
+    fn token(&self) -> String;
+}
+
+impl Candidate for &str {
+    fn token(&self) -> String {
+        (*self).to_owned()
+    }
+}
+
+impl<F: Fn() -> String + Sync> Candidate for F {
+    fn token(&self) -> String {
+        self()
+    }
+}
+
 /// Queue state, in domain words. Every method is one atomic step.
 pub trait QueueStore: Send + Sync + 'static {
     /// Idempotent: a user already waiting keeps their seq; an admitted user gets their token.
@@ -121,7 +140,7 @@ pub trait QueueStore: Send + Sync + 'static {
         &self,
         target: QueueTarget,
         user: UserId,
-        candidate_token: &str,
+        candidate: &dyn Candidate,
     ) -> impl Future<Output = Result<EnterOutcome, StoreError>> + Send;
 
     /// The poll: refreshes the heartbeat, issues the token once the mark reaches the seq.
@@ -129,7 +148,7 @@ pub trait QueueStore: Send + Sync + 'static {
         &self,
         target: QueueTarget,
         user: UserId,
-        candidate_token: &str,
+        candidate: &dyn Candidate,
     ) -> impl Future<Output = Result<StatusOutcome, StoreError>> + Send;
 
     /// Returns whether the user was waiting.
@@ -253,10 +272,10 @@ macro_rules! delegate {
 }
 
 impl QueueStore for AnyStore {
-    async fn enter(&self, t: QueueTarget, u: UserId, c: &str) -> Result<EnterOutcome, StoreError> {
+    async fn enter(&self, t: QueueTarget, u: UserId, c: &dyn Candidate) -> Result<EnterOutcome, StoreError> {
         delegate!(self, s => s.enter(t, u, c))
     }
-    async fn status(&self, t: QueueTarget, u: UserId, c: &str) -> Result<StatusOutcome, StoreError> {
+    async fn status(&self, t: QueueTarget, u: UserId, c: &dyn Candidate) -> Result<StatusOutcome, StoreError> {
         delegate!(self, s => s.status(t, u, c))
     }
     async fn leave(&self, t: QueueTarget, u: UserId) -> Result<bool, StoreError> {

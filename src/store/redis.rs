@@ -10,22 +10,26 @@
 //! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::fmt::Write as _;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use tokio::sync::oneshot;
 
+use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
     TokenClaim, Waiting,
 };
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
 static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
+static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/issue.lua")));
 static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/leave.lua")));
 static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/admit.lua")));
 static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/evict.lua")));
@@ -63,6 +67,10 @@ pub mod keys {
 pub struct RedisStore {
     conn: Conn,
     limits: StoreLimits,
+    timeout: Duration,
+    /// Enters and polls go out coalesced per target (see [`Coalescer`]); started at first use,
+    /// on the runtime of the caller.
+    lanes: Arc<OnceLock<Coalescer<(Op, QueueTarget), Job>>>,
 }
 
 impl RedisStore {
@@ -76,7 +84,7 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self { conn: Conn::Single(conn), limits })
+        Ok(Self { conn: Conn::Single(conn), limits, timeout, lanes: Arc::default() })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -91,24 +99,48 @@ impl RedisStore {
             .retries(2)
             .build()?;
         let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
-        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits })
+        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, timeout, lanes: Arc::default() })
     }
 
     fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
-    /// Runs an EVALSHA built by [`evalsha`]; on NOSCRIPT (Redis restarted, failover, a new
-    /// cluster node) loads the script and runs it again.
-    async fn eval_hot<T: redis::FromRedisValue>(&self, script: &Script, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.conn();
-        match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                Ok(cmd.query_async(&mut conn).await?)
-            }
-            other => Ok(other?),
+    /// One user's enter or poll, sent with whatever else is queued for the same target.
+    async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
+        let lanes = self.lanes.get_or_init(|| {
+            let (conn, limits, timeout) = (self.conn.clone(), self.limits, self.timeout);
+            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, timeout, op, target, jobs))
+        });
+        let (reply, answer) = oneshot::channel();
+        let job = Job { user, queued: Instant::now(), reply };
+        if lanes.submit((op, target), job).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
         }
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+    }
+
+    /// Stores the token of a user found admitted (`issue.lua`); the candidate is signed only now.
+    async fn issue(&self, target: QueueTarget, user: UserId, candidate: &dyn Candidate) -> Result<Answer, StoreError> {
+        let reply: Value = ISSUE
+            .key(keys::of(target, "waiting"))
+            .key(keys::of(target, "heartbeat"))
+            .key(keys::of(target, "admitted_count"))
+            .key(keys::of(target, "entered_at"))
+            .key(keys::of(target, "waits"))
+            .key(keys::token(target, user))
+            .arg(user.0)
+            .arg(candidate.token())
+            .arg(self.limits.token_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        // Shaped like one user's part of a coalesced reply, behind a mark and batch of 0.
+        let Value::Array(mut items) = reply else {
+            return Err(StoreError::Reply { what: "issue.lua", detail: format!("{reply:?}") });
+        };
+        items.splice(0..0, [Value::Int(0), Value::Int(0)]);
+        items.push(Value::Int(0));
+        parse_answers("issue.lua", Value::Array(items), 1)?.pop().ok_or(StoreError::Timeout)
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
@@ -215,29 +247,139 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// The EVALSHA of a hot-path script (enter, poll) written straight into one command buffer:
-/// `redis::Script`'s invocation copies every key and argument twice more, and allocation was
-/// a visible share of `vq serve`'s CPU under load. The keys are the target's `before`, the
-/// user's token key, then the target's `after`; the caller appends the arguments.
-fn evalsha(script: &Script, target: QueueTarget, before: &[&str], user: UserId, after: &[&str]) -> redis::Cmd {
+/// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
+/// script and runs it again.
+async fn eval_hot<T: redis::FromRedisValue>(
+    mut conn: Conn,
+    script: &Script,
+    cmd: &redis::Cmd,
+) -> Result<T, StoreError> {
+    match cmd.query_async(&mut conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(&mut conn).await?;
+            Ok(cmd.query_async(&mut conn).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Which coalesced script a job is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Enter,
+    Status,
+}
+
+/// One user's enter or poll, waiting for its answer.
+struct Job {
+    user: UserId,
+    queued: Instant,
+    reply: oneshot::Sender<Result<Answer, StoreError>>,
+}
+
+/// One user's part of a coalesced reply.
+enum Answer {
+    Waiting(Waiting),
+    Admitted(String),
+    Full,
+    NotInQueue,
+    /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
+    Issue,
+}
+
+/// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
+/// answers each job. A job that already waited longer than a command may take is answered
+/// with a timeout instead (its caller fails open), so a stalled Redis cannot pile them up.
+async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
+    let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.queued.elapsed() > timeout);
+    for job in stale {
+        let _ = job.reply.send(Err(StoreError::Timeout));
+    }
+    if jobs.is_empty() {
+        return;
+    }
+    let now = crate::service::now_epoch_ms();
+    let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
+        Op::Enter => (
+            &ENTER,
+            "enter.lua",
+            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entered_at", "departed"],
+            vec![limits.max_capacity, limits.key_ttl_s, now],
+        ),
+        Op::Status => {
+            (&STATUS, "status.lua", &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"], vec![now])
+        }
+    };
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(before.len() + 1 + after.len());
+    cmd.arg(script.get_hash()).arg(names.len() + jobs.len());
     let prefix = keys::of(target, "");
-    let mut key = String::with_capacity(prefix.len() + 16);
-    let mut push = |cmd: &mut redis::Cmd, name: &str| {
+    let mut key = String::with_capacity(prefix.len() + 24);
+    for name in names {
         key.clear();
         key.push_str(&prefix);
         key.push_str(name);
         cmd.arg(key.as_str());
+    }
+    for job in &jobs {
+        key.clear();
+        let _ = write!(key, "{prefix}token:{}", job.user);
+        cmd.arg(key.as_str());
+    }
+    for v in head {
+        cmd.arg(v);
+    }
+    for job in &jobs {
+        cmd.arg(job.user.0);
+    }
+    let answers = eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    match answers {
+        Ok(answers) => {
+            for (job, answer) in jobs.into_iter().zip(answers) {
+                let _ = job.reply.send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` (see `lua/enter.lua`).
+fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<Answer>, StoreError> {
+    let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
+    let Value::Array(items) = reply else {
+        return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
     };
-    for name in before {
-        push(&mut cmd, name);
+    let int = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
+        return Err(bad(&items));
+    };
+    if items.len() != 2 + 3 * users {
+        return Err(bad(&items));
     }
-    cmd.arg(keys::token(target, user));
-    for name in after {
-        push(&mut cmd, name);
-    }
-    cmd
+    items[2..]
+        .chunks_exact(3)
+        .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
+            (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
+                seq: int(v).ok_or_else(|| bad(&items))?,
+                mark,
+                ahead,
+                batch_override: (batch > 0).then_some(batch),
+            })),
+            (Some(2), Value::BulkString(token), _) => {
+                Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
+            }
+            (Some(3), _, _) => Ok(Answer::Full),
+            (Some(4), _, _) => Ok(Answer::NotInQueue),
+            (Some(5), _, _) => Ok(Answer::Issue),
+            _ => Err(bad(&items)),
+        })
+        .collect()
 }
 
 fn reply_err(what: &'static str, reply: &[String]) -> StoreError {
@@ -248,56 +390,44 @@ fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64, StoreError
     reply.get(i).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| reply_err(what, reply))
 }
 
-/// Reads `{'WAITING', seq, mark, ahead, batch}` or `{'ADMITTED', token}`; `None` for any
-/// other first word, which the caller handles.
-fn parse_position(what: &'static str, reply: &[String]) -> Result<Option<Result<Waiting, String>>, StoreError> {
-    match reply.first().map(String::as_str) {
-        Some("WAITING") => {
-            let batch = num(what, reply, 4)?;
-            Ok(Some(Ok(Waiting {
-                seq: num(what, reply, 1)?,
-                mark: num(what, reply, 2)?,
-                ahead: num(what, reply, 3)?,
-                batch_override: (batch > 0).then_some(batch),
-            })))
-        }
-        Some("ADMITTED") => {
-            let token = reply.get(1).ok_or_else(|| reply_err(what, reply))?;
-            Ok(Some(Err(token.clone())))
-        }
-        _ => Ok(None),
-    }
-}
-
 impl QueueStore for RedisStore {
-    async fn enter(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<EnterOutcome, StoreError> {
-        let before = ["waiting", "heartbeat", "seq", "admitted_count"];
-        let mut cmd = evalsha(&ENTER, target, &before, user, &["batch_size", "entered_at", "waits"]);
-        cmd.arg(user.0)
-            .arg(self.limits.max_capacity)
-            .arg(self.limits.key_ttl_s)
-            .arg(candidate)
-            .arg(self.limits.token_ttl_s)
-            .arg(crate::service::now_epoch_ms());
-        let reply: Vec<String> = self.eval_hot(&ENTER, &cmd).await?;
-        match parse_position("enter.lua", &reply)? {
-            Some(Ok(w)) => Ok(EnterOutcome::Waiting(w)),
-            Some(Err(token)) => Ok(EnterOutcome::Admitted(token)),
-            None if reply.first().map(String::as_str) == Some("FULL") => Ok(EnterOutcome::Full),
-            None => Err(reply_err("enter.lua", &reply)),
+    async fn enter(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<EnterOutcome, StoreError> {
+        // A user admitted, then evicted or gone before the token was stored enters again.
+        for _ in 0..2 {
+            let mut answer = self.coalesced(Op::Enter, target, user).await?;
+            if let Answer::Issue = answer {
+                answer = self.issue(target, user, candidate).await?;
+            }
+            match answer {
+                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
+                Answer::Admitted(token) => return Ok(EnterOutcome::Admitted(token)),
+                Answer::Full => return Ok(EnterOutcome::Full),
+                Answer::NotInQueue | Answer::Issue => {}
+            }
         }
+        Err(StoreError::Reply { what: "enter.lua", detail: "user left the queue while being admitted".into() })
     }
 
-    async fn status(&self, target: QueueTarget, user: UserId, candidate: &str) -> Result<StatusOutcome, StoreError> {
-        let before = ["waiting", "heartbeat", "admitted_count"];
-        let mut cmd = evalsha(&STATUS, target, &before, user, &["batch_size", "entered_at", "waits"]);
-        cmd.arg(user.0).arg(candidate).arg(self.limits.token_ttl_s).arg(crate::service::now_epoch_ms());
-        let reply: Vec<String> = self.eval_hot(&STATUS, &cmd).await?;
-        match parse_position("status.lua", &reply)? {
-            Some(Ok(w)) => Ok(StatusOutcome::Waiting(w)),
-            Some(Err(token)) => Ok(StatusOutcome::Admitted(token)),
-            None if reply.first().map(String::as_str) == Some("NOT_IN_QUEUE") => Ok(StatusOutcome::NotInQueue),
-            None => Err(reply_err("status.lua", &reply)),
+    async fn status(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<StatusOutcome, StoreError> {
+        let mut answer = self.coalesced(Op::Status, target, user).await?;
+        if let Answer::Issue = answer {
+            answer = self.issue(target, user, candidate).await?;
+        }
+        match answer {
+            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
+            Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
+            Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
+            Answer::Full | Answer::Issue => Err(StoreError::Reply { what: "status.lua", detail: "FULL".into() }),
         }
     }
 
@@ -306,8 +436,9 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "entered_at"))
-            .key(keys::of(target, "waits"))
+            .key(keys::of(target, "departed"))
             .arg(user.0)
+            .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
@@ -337,6 +468,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "seq"))
             .key(keys::of(target, "evicted"))
+            .key(keys::of(target, "departed"))
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
@@ -361,6 +493,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "evicted"))
+            .key(keys::of(target, "departed"))
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)

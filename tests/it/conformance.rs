@@ -37,10 +37,10 @@ async fn next_tick(tick_ms: u64) {
 #[tokio::test]
 async fn enter_is_idempotent_and_numbers_in_order() {
     with_both(async |s, _| {
-        assert_eq!(seq(s.enter(t(), UserId(7), "tok").await.unwrap()), 1);
-        assert_eq!(seq(s.enter(t(), UserId(8), "tok").await.unwrap()), 2);
-        assert_eq!(seq(s.enter(t(), UserId(7), "tok").await.unwrap()), 1, "same user keeps the seq");
-        match s.enter(t(), UserId(9), "tok").await.unwrap() {
+        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 1);
+        assert_eq!(seq(s.enter(t(), UserId(8), &"tok").await.unwrap()), 2);
+        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 1, "same user keeps the seq");
+        match s.enter(t(), UserId(9), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.ahead, w.mark), (2, 0)),
             o => panic!("{o:?}"),
         }
@@ -52,12 +52,12 @@ async fn enter_is_idempotent_and_numbers_in_order() {
 async fn full_queue_refuses_new_users_but_not_waiting_ones() {
     with_both(async |s, _| {
         for u in 1..=5 {
-            seq(s.enter(t(), UserId(u), "tok").await.unwrap());
+            seq(s.enter(t(), UserId(u), &"tok").await.unwrap());
         }
-        assert_eq!(s.enter(t(), UserId(6), "tok").await.unwrap(), EnterOutcome::Full);
-        assert_eq!(seq(s.enter(t(), UserId(3), "tok").await.unwrap()), 3);
+        assert_eq!(s.enter(t(), UserId(6), &"tok").await.unwrap(), EnterOutcome::Full);
+        assert_eq!(seq(s.enter(t(), UserId(3), &"tok").await.unwrap()), 3);
         assert!(s.leave(t(), UserId(1)).await.unwrap());
-        assert_eq!(seq(s.enter(t(), UserId(6), "tok").await.unwrap()), 6, "a leaver frees a place");
+        assert_eq!(seq(s.enter(t(), UserId(6), &"tok").await.unwrap()), 6, "a leaver frees a place");
     })
     .await;
 }
@@ -66,7 +66,7 @@ async fn full_queue_refuses_new_users_but_not_waiting_ones() {
 async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
     with_both(async |s, tick_ms| {
         for u in 1..=5 {
-            s.enter(t(), UserId(u), "tok").await.unwrap();
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
         }
         assert!(s.leave(t(), UserId(2)).await.unwrap());
         next_tick(tick_ms).await;
@@ -77,7 +77,7 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
         assert!(!again.advanced, "a second call in the same tick admits nobody");
         assert_eq!(again.mark, 3);
         // User 4 has nobody waiting ahead now, but is not admitted before the next tick.
-        match s.status(t(), UserId(4), "tok4").await.unwrap() {
+        match s.status(t(), UserId(4), &"tok4").await.unwrap() {
             StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead, w.mark), (4, 0, 3)),
             o => panic!("{o:?}"),
         }
@@ -97,17 +97,17 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
 #[tokio::test]
 async fn admitted_user_gets_one_token_and_leaves_the_queue() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), "first").await.unwrap();
-        s.enter(t(), UserId(2), "first").await.unwrap();
+        s.enter(t(), UserId(1), &"first").await.unwrap();
+        s.enter(t(), UserId(2), &"first").await.unwrap();
         next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
-        assert_eq!(s.status(t(), UserId(1), "issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
-        assert_eq!(s.status(t(), UserId(1), "other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
-        assert_eq!(s.enter(t(), UserId(1), "other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
+        assert_eq!(s.status(t(), UserId(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.status(t(), UserId(1), &"other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.enter(t(), UserId(1), &"other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.waiting, 1, "user 2 still waits; user 1 left the queue");
         assert_eq!(snap.tokens_issued, 1, "one token, however often it is read");
-        assert_eq!(s.status(t(), UserId(3), "x").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.status(t(), UserId(3), &"x").await.unwrap(), StatusOutcome::NotInQueue);
     })
     .await;
 }
@@ -116,16 +116,16 @@ async fn admitted_user_gets_one_token_and_leaves_the_queue() {
 async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
     with_both(async |s, tick_ms| {
         for u in 1..=4 {
-            s.enter(t(), UserId(u), "tok").await.unwrap();
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.status(t(), UserId(4), "tok").await.unwrap();
+        s.status(t(), UserId(4), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 2).await.unwrap(), 2, "bounded per call");
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 0, "user 4 polled recently");
-        assert_eq!(s.status(t(), UserId(1), "tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         // An evicted user re-enters at the back with a new seq (FR-8).
-        assert_eq!(seq(s.enter(t(), UserId(1), "tok").await.unwrap()), 5);
+        assert_eq!(seq(s.enter(t(), UserId(1), &"tok").await.unwrap()), 5);
         next_tick(tick_ms).await;
         let a = s.admit(t(), 10, tick_ms).await.unwrap();
         assert_eq!(a.admitted, 2, "evicted users use no admission slot");
@@ -164,7 +164,7 @@ async fn flag_and_batch_size_round_trip() {
         assert_eq!(s.global_batch_size().await.unwrap(), Some(7));
         s.set_batch_size(Some(t()), Some(1)).await.unwrap();
         for u in 1..=3 {
-            s.enter(t(), UserId(u), "tok").await.unwrap();
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
         }
         next_tick(tick_ms).await;
         let a = s.admit(t(), 100, tick_ms).await.unwrap();
@@ -183,10 +183,111 @@ async fn active_targets_are_registered_and_listed() {
         let mut active = s.active_targets().await.unwrap();
         active.sort();
         assert_eq!(active, vec![t(), other]);
-        s.enter(t(), UserId(1), "tok").await.unwrap();
+        s.enter(t(), UserId(1), &"tok").await.unwrap();
         assert!(!s.forget_if_expired(t()).await.unwrap(), "live target stays");
         assert!(s.forget_if_expired(other).await.unwrap(), "target without keys goes");
         assert_eq!(s.active_targets().await.unwrap(), vec![t()]);
     })
     .await;
+}
+
+#[tokio::test]
+async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
+    with_both(async |s, tick_ms| {
+        let ahead = async |u: u64| match s.status(t(), UserId(u), &"tok").await.unwrap() {
+            StatusOutcome::Waiting(w) => w.ahead,
+            o => panic!("user {u}: {o:?}"),
+        };
+        for u in 1..=5 {
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
+        }
+        assert!(s.leave(t(), UserId(2)).await.unwrap());
+        assert_eq!(ahead(5).await, 3, "1, 3 and 4: the leaver is not ahead");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for u in [1, 4, 5] {
+            s.status(t(), UserId(u), &"tok").await.unwrap();
+        }
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1, "user 3 stopped polling");
+        assert_eq!(ahead(5).await, 2, "1 and 4");
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
+        assert_eq!(ahead(5).await, 1, "only 4: 1 is admitted");
+        match s.enter(t(), UserId(6), &"tok").await.unwrap() {
+            EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (6, 2), "4 and 5 wait before a newcomer"),
+            o => panic!("{o:?}"),
+        }
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 4, "the next live user, past the departed");
+        assert_eq!(ahead(5).await, 0);
+        assert_eq!(ahead(6).await, 1);
+        match s.enter(t(), UserId(7), &"tok").await.unwrap() {
+            EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (7, 2), "5 and 6"),
+            o => panic!("{o:?}"),
+        }
+    })
+    .await;
+}
+
+/// Calls made at once reach Redis coalesced into shared script calls (a user may even be in
+/// one call twice): every answer must still be the one the user would get alone.
+#[tokio::test]
+async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
+    let redis = RedisServer::spawn();
+    let s = open_store(&test_settings(Some(&redis)));
+    let users = 1..=200u64;
+    let mut tasks = Vec::new();
+    // Each user's two calls are made one after the other, so they often share a script call.
+    for u in users.clone() {
+        for round in 0..2 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                match s.enter(t(), UserId(u), &format!("e{u}-{round}").as_str()).await.unwrap() {
+                    EnterOutcome::Waiting(w) => (u, w.seq, w.ahead),
+                    o => panic!("user {u}: {o:?}"),
+                }
+            }));
+        }
+    }
+    let mut seq_of = std::collections::HashMap::new();
+    for task in tasks {
+        let (u, seq, ahead) = task.await.unwrap();
+        assert_eq!(ahead, seq - 1, "user {u}: nobody left, nobody admitted");
+        assert_eq!(*seq_of.entry(u).or_insert(seq), seq, "user {u} keeps one seq");
+    }
+    let mut seqs: Vec<u64> = seq_of.values().copied().collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, users.clone().collect::<Vec<_>>(), "no gap, no duplicate");
+
+    let tick_ms = 500;
+    next_tick(tick_ms).await;
+    assert_eq!(s.admit(t(), 50, tick_ms).await.unwrap().mark, 50);
+    let mut tasks = Vec::new();
+    for u in users.clone() {
+        for round in 0..2 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                (u, s.status(t(), UserId(u), &format!("p{u}-{round}").as_str()).await.unwrap())
+            }));
+        }
+    }
+    let mut token_of = std::collections::HashMap::new();
+    for task in tasks {
+        let (u, outcome) = task.await.unwrap();
+        let seq = seq_of[&u];
+        match outcome {
+            StatusOutcome::Admitted(token) if seq <= 50 => {
+                assert!(token.starts_with(&format!("p{u}-")), "user {u}: {token}");
+                assert_eq!(*token_of.entry(u).or_insert(token.clone()), token, "user {u}: one token");
+            }
+            StatusOutcome::Waiting(w) if seq > 50 => assert_eq!((w.seq, w.ahead), (seq, seq - 51), "user {u}"),
+            o => panic!("user {u} (seq {seq}): {o:?}"),
+        }
+    }
+    let snap = s.snapshot(t()).await.unwrap();
+    assert_eq!((snap.tokens_issued, snap.waiting), (50, 150));
+    let mut c = redis.conn().await;
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let calls: u64 =
+        stats.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:calls=")?.split(',').next()?.parse().ok()).unwrap();
+    assert!(calls < 400, "800 enters and polls went out in {calls} script calls: they were not coalesced");
 }

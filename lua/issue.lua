@@ -1,0 +1,34 @@
+-- issue.lua: store the token of a user enter.lua or status.lua found admitted (seq at or below
+-- the mark) and take them out of the queue; idempotent: a user whose token is already stored
+-- gets that one back (two polls of one user racing, on one instance or two).
+--
+-- KEYS[1] queue:{T}:waiting          ZSET seq -> user
+-- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[3] queue:{T}:admitted_count   STRING admission mark
+-- KEYS[4] queue:{T}:entered_at       HASH user -> entry ms
+-- KEYS[5] queue:{T}:waits            HASH target counters (tokens_issued)
+-- KEYS[6] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
+-- ARGV[1] user id
+-- ARGV[2] the token signed by the caller
+-- ARGV[3] token ttl seconds
+-- returns {2, token} (ADMITTED: the caller's token if stored now, else the stored one)
+--       | {4, 0}     (NOT_IN_QUEUE: neither waiting nor holding a token)
+local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
+if seq and tonumber(seq) <= mark then
+  redis.call('SET', KEYS[6], ARGV[2], 'EX', tonumber(ARGV[3]))
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('HINCRBY', KEYS[5], 'tokens_issued', 1)
+  return {2, ARGV[2]}
+end
+local tok = redis.call('GET', KEYS[6])
+if not tok then
+  return {4, 0}
+end
+-- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+if string.sub(tok, 1, 5) == 'used:' then
+  tok = string.sub(tok, 6)
+end
+return {2, tok}
