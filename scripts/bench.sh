@@ -45,13 +45,19 @@ pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
 
 run() { # name script arg
+  redis-cli -p "$rport" config resetstat >/dev/null
   local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3")
-  local rps p50 p99 non2xx
+  local rps p50 p99 non2xx n calls
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %s\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  # Script calls in Redis (enters and polls go out coalesced per target; see src/store/coalesce.rs).
+  calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3.0f %% of base, %.1f users per script call\n' \
+    "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print 100*a/b}')" \
+    "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')"
 }
 bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
@@ -59,6 +65,7 @@ pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
 echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
 base=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$bport/")
+base_rps=$(awk '/Requests\/sec/ {print $2}' <<<"$base")
 printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling)\n' base \
   "$(awk '/Requests\/sec/ {print $2}' <<<"$base")" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")"
 run enter enter.lua 2
