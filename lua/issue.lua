@@ -11,8 +11,9 @@
 -- ARGV[1] user id
 -- ARGV[2] the token signed by the caller
 -- ARGV[3] token ttl seconds
--- returns {2, token} (ADMITTED: the caller's token if stored now, else the stored one)
---       | {4, 0}     (NOT_IN_QUEUE: neither waiting nor holding a token)
+-- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0} with
+--   code 2 ADMITTED      a = the caller's token if stored now, else the stored one
+--   code 4 NOT_IN_QUEUE  neither waiting nor holding a token
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq and tonumber(seq) <= mark then
@@ -21,14 +22,14 @@ if seq and tonumber(seq) <= mark then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
   redis.call('HINCRBY', KEYS[5], 'tokens_issued', 1)
-  return {2, ARGV[2]}
+  return {mark, 0, 2, ARGV[2], 0}
 end
 local tok = redis.call('GET', KEYS[6])
 if not tok then
-  return {4, 0}
+  return {mark, 0, 4, 0, 0}
 end
 -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
 if string.sub(tok, 1, 5) == 'used:' then
   tok = string.sub(tok, 6)
 end
-return {2, tok}
+return {mark, 0, 2, tok, 0}

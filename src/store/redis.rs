@@ -134,13 +134,9 @@ impl RedisStore {
             .arg(self.limits.token_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
-        // Shaped like one user's part of a coalesced reply, behind a mark and batch of 0.
-        let Value::Array(mut items) = reply else {
-            return Err(StoreError::Reply { what: "issue.lua", detail: format!("{reply:?}") });
-        };
-        items.splice(0..0, [Value::Int(0), Value::Int(0)]);
-        items.push(Value::Int(0));
-        parse_answers("issue.lua", Value::Array(items), 1)?.pop().ok_or(StoreError::Timeout)
+        // Shaped like a one-user status.lua reply.
+        let mut answers = parse_answers("issue.lua", reply, 1)?;
+        answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
