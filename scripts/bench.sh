@@ -44,9 +44,14 @@ target/release/vq serve --flag-on >"$work/vq.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
 
+# CPU time the hypervisor gave to others while we ran (the "steal" column of /proc/stat, in
+# 1/100 s): on this machine runs with much of it are slower by a third; say so next to them.
+steal() { awk '/^cpu / {print $9}' /proc/stat; }
 run() { # name script arg
   redis-cli -p "$rport" config resetstat >/dev/null
+  local s0; s0=$(steal)
   local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3")
+  local stolen=$(( ($(steal) - s0) * 10 ))
   local rps p50 p99 non2xx n calls
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
@@ -55,19 +60,21 @@ run() { # name script arg
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   # Script calls in Redis (enters and polls go out coalesced per target; see src/store/coalesce.rs).
   calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3.0f %% of base, %.1f users per script call\n' \
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3.0f %% of base, %.1f users per script call, %s ms stolen\n' \
     "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print 100*a/b}')" \
-    "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')"
+    "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
 }
 bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
 echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
+s0=$(steal)
 base=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$bport/")
 base_rps=$(awk '/Requests\/sec/ {print $2}' <<<"$base")
-printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling)\n' base \
-  "$(awk '/Requests\/sec/ {print $2}' <<<"$base")" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")"
+printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling), %s ms stolen\n' base \
+  "$base_rps" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")" \
+  "$(( ($(steal) - s0) * 10 ))"
 run enter enter.lua 2
 entered=$(redis-cli -p "$rport" get 'queue:{LIMITED_DROP:1}:seq')
 redis-cli -p "$rport" --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$work/users.txt"
