@@ -46,22 +46,29 @@ if admitted > 0 then
   for i = 1, #front, 2 do
     users[#users + 1] = front[i]
   end
-  local entered = redis.call('HMGET', KEYS[6], unpack(users))
+  -- In parts, so no unpack passes Lua's limit on values (about 8000) whatever the batch is.
   local sum, counted = 0, 0
-  for i = 1, #entered do
-    if entered[i] then
-      local w = math.max(0, now - tonumber(entered[i]))
-      local s = math.floor(w / 1000)
-      local b
-      if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
-      elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
-      redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
-      sum = sum + w
-      counted = counted + 1
-      waits[counted] = w
+  for from = 1, #users, 1000 do
+    local part = {}
+    for i = from, math.min(from + 999, #users) do
+      part[#part + 1] = users[i]
     end
+    local entered = redis.call('HMGET', KEYS[6], unpack(part))
+    for i = 1, #entered do
+      if entered[i] then
+        local w = math.max(0, now - tonumber(entered[i]))
+        local s = math.floor(w / 1000)
+        local b
+        if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
+        elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
+        redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
+        sum = sum + w
+        counted = counted + 1
+        waits[counted] = w
+      end
+    end
+    redis.call('HDEL', KEYS[6], unpack(part))
   end
-  redis.call('HDEL', KEYS[6], unpack(users))
   redis.call('HINCRBY', KEYS[7], 'count', counted)
   redis.call('HINCRBY', KEYS[7], 'sum_ms', sum)
   redis.call('HINCRBY', KEYS[7], 'admitted', admitted)

@@ -17,20 +17,27 @@ local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT
 if #stale == 0 then
   return 0
 end
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(stale))
-local gone = {}
-for i = 1, #stale do
-  if seqs[i] then
-    gone[#gone + 1], gone[#gone + 2] = seqs[i], seqs[i]
+-- In parts, so no unpack passes Lua's limit on values (about 8000) whatever the bound is.
+for from = 1, #stale, 1000 do
+  local part = {}
+  for i = from, math.min(from + 999, #stale) do
+    part[#part + 1] = stale[i]
   end
+  local seqs = redis.call('ZMSCORE', KEYS[1], unpack(part))
+  local gone = {}
+  for i = 1, #part do
+    if seqs[i] then
+      gone[#gone + 1], gone[#gone + 2] = seqs[i], seqs[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZADD', KEYS[5], unpack(gone))
+    redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
+  end
+  redis.call('ZREM', KEYS[1], unpack(part))
+  redis.call('ZREM', KEYS[2], unpack(part))
+  redis.call('HDEL', KEYS[3], unpack(part))
 end
-if #gone > 0 then
-  redis.call('ZADD', KEYS[5], unpack(gone))
-  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
-end
-redis.call('ZREM', KEYS[1], unpack(stale))
-redis.call('ZREM', KEYS[2], unpack(stale))
-redis.call('HDEL', KEYS[3], unpack(stale))
 redis.call('INCRBY', KEYS[4], #stale)
 redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
 return #stale

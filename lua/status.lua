@@ -3,7 +3,8 @@
 -- issue.lua stores it (once) and takes the user out of the queue.
 --
 -- One call carries every poll for this target that reached an instance while its previous
--- call was in flight (1..n users), handled one after the other, each exactly as if alone.
+-- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
+-- about 8000 unpacked values), handled one after the other, each exactly as if alone.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
