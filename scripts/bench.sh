@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1.
 #
-#   scripts/bench.sh [wrk] [seconds] [connections]
+#   [ROUNDS=n] scripts/bench.sh [wrk] [seconds] [connections]
 #       wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each, next to the
 #       calibration: a bare axum handler doing one EVALSHA ("return 1") per request
-#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here.
+#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here. With
+#       ROUNDS=n the three runs are repeated n times (each round on a target of its own, so
+#       the polled queue has the same size every round) and the medians of the shares of the
+#       calibration are printed last: this machine's runs differ by a third.
 #   scripts/bench.sh sale
 #       the standard flash-sale scenario with vq loadgen (scripts/bench-loadgen.sh: 100k
 #       users at 20k enters/s, polls every 2-3 s, purchases through the gate to a sink).
@@ -47,10 +50,10 @@ for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null &&
 # CPU time the hypervisor gave to others while we ran (the "steal" column of /proc/stat, in
 # 1/100 s): on this machine runs with much of it are slower by a third; say so next to them.
 steal() { awk '/^cpu / {print $9}' /proc/stat; }
-run() { # name script arg
+run() { # name script arg target-id
   redis-cli -p "$rport" config resetstat >/dev/null
   local s0; s0=$(steal)
-  local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3")
+  local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3" "$4")
   local stolen=$(( ($(steal) - s0) * 10 ))
   local rps p50 p99 non2xx n calls
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
@@ -60,23 +63,32 @@ run() { # name script arg
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   # Script calls in Redis (enters and polls go out coalesced per target; see src/store/coalesce.rs).
   calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3.0f %% of base, %.1f users per script call, %s ms stolen\n' \
-    "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print 100*a/b}')" \
-    "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
+  local share; share=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {printf "%.0f", 100*a/b}')
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3s %% of base, %.1f users per script call, %s ms stolen\n' \
+    "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
+  shares["$1"]+="$share "
 }
+declare -A shares
+median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
 echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
-s0=$(steal)
-base=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$bport/")
-base_rps=$(awk '/Requests\/sec/ {print $2}' <<<"$base")
-printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling), %s ms stolen\n' base \
-  "$base_rps" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")" \
-  "$(( ($(steal) - s0) * 10 ))"
-run enter enter.lua 2
-entered=$(redis-cli -p "$rport" get 'queue:{LIMITED_DROP:1}:seq')
-redis-cli -p "$rport" --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$work/users.txt"
-run poll poll.lua "$work/users.txt"
-echo "users entered: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
+for round in $(seq "${ROUNDS:-1}"); do
+  [ "${ROUNDS:-1}" -gt 1 ] && echo "round $round"
+  s0=$(steal)
+  base=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$bport/")
+  base_rps=$(awk '/Requests\/sec/ {print $2}' <<<"$base")
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling), %s ms stolen\n' base \
+    "$base_rps" "$(awk '$1=="50%" {print $2}' <<<"$base")" "$(awk '$1=="99%" {print $2}' <<<"$base")" \
+    "$(( ($(steal) - s0) * 10 ))"
+  run enter enter.lua 2 "$round"
+  entered=$(redis-cli -p "$rport" get "queue:{LIMITED_DROP:$round}:seq")
+  redis-cli -p "$rport" --raw zrange "queue:{LIMITED_DROP:$round}:waiting" 0 -1 >"$work/users.txt"
+  run poll poll.lua "$work/users.txt" "$round"
+done
+if [ "${ROUNDS:-1}" -gt 1 ]; then
+  echo "median share of the calibration over ${ROUNDS} rounds: enter $(median <<<"${shares[enter]}") %, poll $(median <<<"${shares[poll]}") %"
+fi
+echo "users entered in the last round: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"

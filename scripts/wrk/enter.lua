@@ -1,4 +1,5 @@
 -- wrk script: every request enters a new user (ids from 1, spread over wrk threads).
+-- Arguments: stride (the number of wrk threads), target id (default 1) of limited-drop.
 -- A request is one string concatenation (wrk.format per request costs the client more than
 -- vq's handler; the calibration run has no script at all).
 local threads = {}
@@ -8,7 +9,7 @@ function setup(thread)
 end
 function init(args)
   stride = tonumber(args[1] or "2")
-  head = "POST /virtual-queues/limited-drop/1/entries HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
+  head = "POST /virtual-queues/limited-drop/" .. (args[2] or "1") .. "/entries HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
     .. "\r\nContent-Length: 0\r\nX-User-Id: "
   counter = 0
 end
