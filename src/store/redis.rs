@@ -423,7 +423,10 @@ impl QueueStore for RedisStore {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
             Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
             Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
-            Answer::Full | Answer::Issue => Err(StoreError::Reply { what: "status.lua", detail: "FULL".into() }),
+            Answer::Full | Answer::Issue => Err(StoreError::Reply {
+                what: "status.lua",
+                detail: "an enter-only answer (full) or a second issue".into(),
+            }),
         }
     }
 

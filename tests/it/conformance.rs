@@ -292,10 +292,8 @@ async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
     assert!(calls < 400, "800 enters and polls went out in {calls} script calls: they were not coalesced");
 }
 
-/// The eviction bound is the operator's (`queue.max_evict_per_tick`): a large one must not hit
-/// Lua's limit on unpacked values (about 8000).
-#[tokio::test]
-async fn eviction_with_a_large_bound_removes_every_stale_user() {
+/// A Redis store with users 1..=9000 waiting, entered at once (more than Lua unpacks in one go).
+async fn redis_store_with_9000_waiting() -> (RedisServer, AnyStore) {
     let redis = RedisServer::spawn();
     let mut settings = test_settings(Some(&redis));
     settings.queue.max_capacity = 100_000;
@@ -308,6 +306,14 @@ async fn eviction_with_a_large_bound_removes_every_stale_user() {
     for task in tasks {
         task.await.unwrap();
     }
+    (redis, s)
+}
+
+/// The eviction bound is the operator's (`queue.max_evict_per_tick`): a large one must not hit
+/// Lua's limit on unpacked values (about 8000).
+#[tokio::test]
+async fn eviction_with_a_large_bound_removes_every_stale_user() {
+    let (_redis, s) = redis_store_with_9000_waiting().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(s.evict(t(), 200, 20_000).await.unwrap(), 9000);
     let snap = s.snapshot(t()).await.unwrap();
@@ -322,18 +328,7 @@ async fn eviction_with_a_large_bound_removes_every_stale_user() {
 /// Lua's limit on unpacked values either.
 #[tokio::test]
 async fn a_large_batch_is_admitted_in_one_tick() {
-    let redis = RedisServer::spawn();
-    let mut settings = test_settings(Some(&redis));
-    settings.queue.max_capacity = 100_000;
-    let s = open_store(&settings);
-    let mut tasks = Vec::new();
-    for u in 1..=9000u64 {
-        let s = s.clone();
-        tasks.push(tokio::spawn(async move { s.enter(t(), UserId(u), &"tok").await.unwrap() }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let (_redis, s) = redis_store_with_9000_waiting().await;
     next_tick(500).await;
     let a = s.admit(t(), 20_000, 500).await.unwrap();
     assert_eq!((a.admitted, a.mark), (9000, 9000));
