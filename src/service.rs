@@ -281,13 +281,22 @@ impl QueueService {
         }
     }
 
-    pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+    /// DIRECT_ADMITTED without asking the store: the queue is off for this user and target,
+    /// or Redis failed moments ago (fail-open, SPEC §9).
+    fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
         if !self.queue_applies(target, user) {
-            return Ok(self.direct(target, user));
+            return Some(self.direct(target, user));
         }
         if self.degraded.skipping() {
             self.degraded.record_skipped();
-            return Ok(self.direct(target, user));
+            return Some(self.direct(target, user));
+        }
+        None
+    }
+
+    pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        if let Some(direct) = self.bypass_store(target, user) {
+            return Ok(direct);
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
@@ -306,12 +315,8 @@ impl QueueService {
     }
 
     pub async fn status(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
-        if !self.queue_applies(target, user) {
-            return Ok(self.direct(target, user));
-        }
-        if self.degraded.skipping() {
-            self.degraded.record_skipped();
-            return Ok(self.direct(target, user));
+        if let Some(direct) = self.bypass_store(target, user) {
+            return Ok(direct);
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
