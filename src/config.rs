@@ -32,6 +32,10 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, default)]
 pub struct Settings {
     pub listen: SocketAddr,
+    /// Threads running `vq serve` / `vq pump`: 0 = one per core; 1 = everything on one thread
+    /// (no hand-offs between threads: where vq shares a small machine with Redis or the load
+    /// balancer, this serves more requests per CPU second; see docs/deploy.md).
+    pub threads: usize,
     /// Names this process in locks, acknowledgements and stats; hostname + pid when unset.
     pub instance_id: Option<String>,
     pub store: StoreKind,
@@ -114,6 +118,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            threads: 0,
             instance_id: None,
             store: StoreKind::Redis,
             redis: RedisSettings::default(),
@@ -227,6 +232,9 @@ impl Settings {
         if let Some(u) = self.gate.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
             return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
         }
+        if self.threads > 1024 {
+            return Err(format!("threads must be between 0 (one per core) and 1024, got {}", self.threads));
+        }
         if self.flag.refresh_ms == 0 || self.flag.refresh_ms > 1000 {
             return Err(
                 "flag.refresh_ms must be between 1 and 1000 (a change must reach every instance within 3 s)".into()
@@ -313,6 +321,7 @@ mod tests {
             assert_eq!(s.queue.max_capacity, 100_000);
             assert_eq!(s.token.ttl_s, 300);
             assert_eq!(s.lock_ttl_ms(), 1900);
+            assert_eq!(s.threads, 0, "one worker per core unless told otherwise");
             Ok(())
         });
     }
@@ -348,6 +357,20 @@ mod tests {
             );
             jail.set_env("VQ_REDIS__CLUSTER_NODES", " ");
             assert_eq!(Settings::load(None, &Overrides::default()).unwrap().redis_cluster_nodes(), None);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn threads_from_env_and_bounded() {
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_THREADS", "1");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().threads, 1);
+            jail.set_env("VQ_THREADS", "5000");
+            let err = Settings::load(None, &Overrides::default()).unwrap_err();
+            assert!(err.to_string().contains("threads must be between 0"), "{err}");
+            jail.set_env("VQ_THREADS", "two");
+            assert!(Settings::load(None, &Overrides::default()).is_err());
             Ok(())
         });
     }

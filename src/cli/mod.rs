@@ -82,6 +82,21 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
+/// The runtime of the long-running commands, sized by the `threads` setting: 0 = one worker
+/// per core, 1 = a single-threaded runtime, n = n workers.
+fn server_runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = match threads {
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    Ok(builder.enable_all().build()?)
+}
+
 /// Runs a command; errors are printed as one line on stderr with exit code 1 (commands that
 /// define their own codes, like verify, return them).
 pub fn main(cli: Cli) -> ExitCode {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigArg, init_tracing, runtime};
+use super::{ConfigArg, init_tracing, server_runtime};
 use crate::app::{cancel_on_signal, open_store};
 use crate::pump::Pump;
 
@@ -20,7 +20,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = args.config.load_shared("pump")?;
     init_tracing(&settings.log.format);
     let settings = Arc::new(settings);
-    runtime()?.block_on(async move {
+    server_runtime(settings.threads)?.block_on(async move {
         let store = open_store(&settings)?;
         let cancel = CancellationToken::new();
         cancel_on_signal(cancel.clone());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigArg, init_tracing, runtime};
+use super::{ConfigArg, init_tracing, server_runtime};
 use crate::app::{ServeOptions, cancel_on_signal, run as run_app};
 use crate::config::{Overrides, StoreKind, secret_from_env};
 
@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let settings = Arc::new(settings);
-    runtime()?.block_on(async move {
+    server_runtime(settings.threads)?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;

@@ -70,9 +70,11 @@ fn vq_cli(redis: &RedisServer, args: &[&str]) -> std::process::Output {
 async fn three_gated_instances(redis: &RedisServer) -> (Vec<VqProcess>, String) {
     let upstream = crate::gate::spawn_echo().await;
     let mut procs = Vec::new();
-    for name in ["vq-a", "vq-b", "vq-c"] {
+    // The three runtimes `threads` can pick: one worker per core, one thread, two workers.
+    for (name, threads) in [("vq-a", "0"), ("vq-b", "1"), ("vq-c", "2")] {
         let envs = [
             ("VQ_INSTANCE_ID", name.to_owned()),
+            ("VQ_THREADS", threads.to_owned()),
             ("VQ_GATE__UPSTREAM", upstream.clone()),
             ("VQ_FLAG__REFRESH_MS", "200".to_owned()),
         ];

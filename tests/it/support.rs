@@ -385,9 +385,16 @@ impl Drop for VqProcess {
     }
 }
 
-/// Three `vq serve` processes on one Redis, with the same settings.
+/// Three `vq serve` processes on one Redis, with the same settings but for the runtime: each
+/// runs another (`threads` 0, 1 and 2), so cluster behaviour is checked on all three.
 pub async fn three_instances(redis: &RedisServer, envs: &[(&str, String)]) -> Vec<VqProcess> {
-    vec![VqProcess::serve(redis, envs).await, VqProcess::serve(redis, envs).await, VqProcess::serve(redis, envs).await]
+    let mut procs = Vec::new();
+    for threads in ["0", "1", "2"] {
+        let mut envs = envs.to_vec();
+        envs.push(("VQ_THREADS", threads.to_owned()));
+        procs.push(VqProcess::serve(redis, &envs).await);
+    }
+    procs
 }
 
 /// Enters users `1..=users` into `target` (`limited-drop/42`), spread over the instances in
