@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1.
 #
-#   [ROUNDS=n] scripts/bench.sh [wrk] [seconds] [connections]
+#   [ROUNDS=n] [POLL_ORDER=cycle|random] [VQ_THREADS=n] scripts/bench.sh [wrk] [seconds] [connections]
 #       wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each, next to the
 #       calibration: a bare axum handler doing one EVALSHA ("return 1") per request
 #       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here. With
 #       ROUNDS=n the three runs are repeated n times (each round on a target of its own, so
 #       the polled queue has the same size every round) and the medians of the shares of the
 #       calibration are printed last: this machine's runs differ by a third.
+#       Polls go through the queue in entry order, each user once per round, as from users who
+#       all poll at the same interval; POLL_ORDER=random picks each polled user at random, the
+#       hardest order for Redis (see scripts/wrk/poll.lua). vq runs with `threads` = 1 (one
+#       thread: wrk, vq and Redis share the two cores here; docs/deploy.md), or VQ_THREADS.
 #   scripts/bench.sh sale
 #       the standard flash-sale scenario with vq loadgen (scripts/bench-loadgen.sh: 100k
 #       users at 20k enters/s, polls every 2-3 s, purchases through the gate to a sink).
@@ -20,6 +24,8 @@ case "${1:-wrk}" in
   wrk) [ $# -gt 0 ] && shift ;;
 esac
 secs="${1:-10}"; conns="${2:-64}"
+poll_order="${POLL_ORDER:-cycle}"
+case "$poll_order" in cycle|random) ;; *) echo "POLL_ORDER must be cycle or random, got '$poll_order'" >&2; exit 2 ;; esac
 
 pkgs=()
 command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
@@ -41,7 +47,7 @@ redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$
 pids+=($!)
 export VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdef0123456789"
-export VQ_QUEUE__MAX_CAPACITY=100000000
+export VQ_QUEUE__MAX_CAPACITY=100000000 VQ_THREADS="${VQ_THREADS:-1}"
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 target/release/vq serve --flag-on >"$work/vq.log" 2>&1 &
 pids+=($!)
@@ -50,10 +56,11 @@ for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null &&
 # CPU time the hypervisor gave to others while we ran (the "steal" column of /proc/stat, in
 # 1/100 s): on this machine runs with much of it are slower by a third; say so next to them.
 steal() { awk '/^cpu / {print $9}' /proc/stat; }
-run() { # name script arg target-id
+run() { # name script script-args...
+  local name=$1 script=$2; shift 2
   redis-cli -p "$rport" config resetstat >/dev/null
   local s0; s0=$(steal)
-  local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "$3" "$4")
+  local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$script" "http://127.0.0.1:$vport" -- "$@")
   local stolen=$(( ($(steal) - s0) * 10 ))
   local rps p50 p99 non2xx n calls
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
@@ -65,8 +72,8 @@ run() { # name script arg target-id
   calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
   local share; share=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {printf "%.0f", 100*a/b}')
   printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3s %% of base, %.1f users per script call, %s ms stolen\n' \
-    "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
-  shares["$1"]+="$share "
+    "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
+  shares["$name"]+="$share "
 }
 declare -A shares
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
@@ -74,7 +81,7 @@ bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
-echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq and redis"
+echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq (threads = $VQ_THREADS) and redis; polls in $poll_order order"
 for round in $(seq "${ROUNDS:-1}"); do
   [ "${ROUNDS:-1}" -gt 1 ] && echo "round $round"
   s0=$(steal)
@@ -86,7 +93,7 @@ for round in $(seq "${ROUNDS:-1}"); do
   run enter enter.lua 2 "$round"
   entered=$(redis-cli -p "$rport" get "queue:{LIMITED_DROP:$round}:seq")
   redis-cli -p "$rport" --raw zrange "queue:{LIMITED_DROP:$round}:waiting" 0 -1 >"$work/users.txt"
-  run poll poll.lua "$work/users.txt" "$round"
+  run poll poll.lua "$work/users.txt" "$round" 2 "$poll_order"
 done
 if [ "${ROUNDS:-1}" -gt 1 ]; then
   echo "median share of the calibration over ${ROUNDS} rounds: enter $(median <<<"${shares[enter]}") %, poll $(median <<<"${shares[poll]}") %"
