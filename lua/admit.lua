@@ -10,7 +10,8 @@
 -- KEYS[3] queue:{T}:last_tick        STRING last tick advanced
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size for this target (optional)
 -- KEYS[5] queue:{T}:admissions       LIST "tick:count", newest first, last 60 ticks
--- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms
+-- KEYS[6] queue:{T}:entry_times      ZSET entry times, one member per enter.lua call that gave new
+--                                    seqs: score = its first seq, member "<first>-<last>:<ms>"
 -- KEYS[7] queue:{T}:waits            HASH wait histogram: b:<lower bound s> -> users,
 --                                    count, sum_ms, admitted (users admitted in all)
 -- KEYS[8] queue:{T}:heartbeat        ZSET last poll ms -> user   (ttl refresh only)
@@ -41,33 +42,42 @@ if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
   redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', mark)
-  -- Wait statistics: entry -> admission, bucketed like domain::wait_bucket.
-  local users = {}
-  for i = 1, #front, 2 do
-    users[#users + 1] = front[i]
+  -- Wait statistics: entry -> admission, bucketed like domain::wait_bucket. A seq's entry time
+  -- is that of the enter.lua call that gave it: the member with the greatest first seq at or
+  -- below it, if its range holds the seq (seqs given by an older vq have no entry time).
+  local lowest = tonumber(front[2])
+  local recs = redis.call('ZREVRANGEBYSCORE', KEYS[6], lowest, '-inf', 'LIMIT', 0, 1)
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lowest, mark)) do
+    recs[#recs + 1] = r
   end
-  -- In parts, so no unpack passes Lua's limit on values (about 8000) whatever the batch is.
-  local sum, counted = 0, 0
-  for from = 1, #users, 1000 do
-    local part = {}
-    for i = from, math.min(from + 999, #users) do
-      part[#part + 1] = users[i]
+  local from, to, at = {}, {}, {}
+  for i, r in ipairs(recs) do
+    local a, b, ms = string.match(r, '^(%d+)-(%d+):(%d+)$')
+    from[i], to[i], at[i] = tonumber(a), tonumber(b), tonumber(ms)
+  end
+  local sum, counted, k = 0, 0, 0
+  for i = 2, #front, 2 do
+    local seq = tonumber(front[i])
+    while k < #from and from[k + 1] <= seq do
+      k = k + 1
     end
-    local entered = redis.call('HMGET', KEYS[6], unpack(part))
-    for i = 1, #entered do
-      if entered[i] then
-        local w = math.max(0, now - tonumber(entered[i]))
-        local s = math.floor(w / 1000)
-        local b
-        if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
-        elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
-        redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
-        sum = sum + w
-        counted = counted + 1
-        waits[counted] = w
-      end
+    if k > 0 and seq <= to[k] then
+      local w = math.max(0, now - at[k])
+      local s = math.floor(w / 1000)
+      local b
+      if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
+      elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
+      redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
+      sum = sum + w
+      counted = counted + 1
+      waits[counted] = w
     end
-    redis.call('HDEL', KEYS[6], unpack(part))
+  end
+  -- Entry times of seqs the mark passed are not needed again; the member whose range holds
+  -- the next seq stays.
+  local keep = redis.call('ZREVRANGEBYSCORE', KEYS[6], mark + 1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #keep > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. keep[2])
   end
   redis.call('HINCRBY', KEYS[7], 'count', counted)
   redis.call('HINCRBY', KEYS[7], 'sum_ms', sum)

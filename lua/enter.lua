@@ -10,7 +10,9 @@
 -- KEYS[3] queue:{T}:seq              STRING counter
 -- KEYS[4] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[5] queue:{T}:batch_size       STRING runtime batch size (optional)
--- KEYS[6] queue:{T}:entered_at       HASH user -> entry ms (wait statistics)
+-- KEYS[6] queue:{T}:entry_times      ZSET entry ms of each call's new users, for wait statistics:
+--                                    score = the first new seq, member "<first>-<last>:<ms>"
+--                                    (the users of one call share `now`; admit.lua reads it)
 -- KEYS[7] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
 -- KEYS[7+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
 -- ARGV[1] max capacity (users waiting and not yet admitted)
@@ -101,17 +103,18 @@ end
 -- New users take the next seqs in arrival order.
 if #fresh > 0 then
   local last = redis.call('INCRBY', KEYS[3], #fresh)
-  local adds, entered, refresh = {}, {}, false
+  local adds, refresh = {}, false
   for j, i in ipairs(fresh) do
     local seq = last - #fresh + j
     va[i] = seq
     adds[2 * j - 1], adds[2 * j] = seq, users[i]
-    entered[2 * j - 1], entered[2 * j] = users[i], now
     beats[#beats + 1], beats[#beats + 2] = now, users[i]
     refresh = refresh or seq % 64 == 1
   end
   redis.call('ZADD', KEYS[1], unpack(adds))
-  redis.call('HSET', KEYS[6], unpack(entered))
+  -- One entry time for all of them: seqs last - #fresh + 1 .. last entered at `now`.
+  local from = last - #fresh + 1
+  redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)
   if refresh then
     local ttl = tonumber(ARGV[2])
     for _, k in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]}) do

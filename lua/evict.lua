@@ -3,9 +3,8 @@
 --
 -- KEYS[1] queue:{T}:waiting     ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
--- KEYS[3] queue:{T}:entered_at  HASH user -> entry ms
--- KEYS[4] queue:{T}:evicted     STRING count of evictions (churn)
--- KEYS[5] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted (leave.lua)
+-- KEYS[3] queue:{T}:evicted     STRING count of evictions (churn)
+-- KEYS[4] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted (leave.lua)
 -- ARGV[1] heartbeat timeout ms
 -- ARGV[2] max users to evict in this call
 -- ARGV[3] key ttl seconds
@@ -31,13 +30,12 @@ for from = 1, #stale, 1000 do
     end
   end
   if #gone > 0 then
-    redis.call('ZADD', KEYS[5], unpack(gone))
-    redis.call('EXPIRE', KEYS[5], tonumber(ARGV[3]))
+    redis.call('ZADD', KEYS[4], unpack(gone))
+    redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
   end
   redis.call('ZREM', KEYS[1], unpack(part))
   redis.call('ZREM', KEYS[2], unpack(part))
-  redis.call('HDEL', KEYS[3], unpack(part))
 end
-redis.call('INCRBY', KEYS[4], #stale)
-redis.call('EXPIRE', KEYS[4], tonumber(ARGV[3]))
+redis.call('INCRBY', KEYS[3], #stale)
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 return #stale

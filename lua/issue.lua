@@ -5,9 +5,8 @@
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
--- KEYS[4] queue:{T}:entered_at       HASH user -> entry ms
--- KEYS[5] queue:{T}:waits            HASH target counters (tokens_issued)
--- KEYS[6] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
+-- KEYS[4] queue:{T}:waits            HASH target counters (tokens_issued)
+-- KEYS[5] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
 -- ARGV[1] user id
 -- ARGV[2] the token signed by the caller
 -- ARGV[3] token ttl seconds
@@ -17,14 +16,13 @@
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq and tonumber(seq) <= mark then
-  redis.call('SET', KEYS[6], ARGV[2], 'EX', tonumber(ARGV[3]))
+  redis.call('SET', KEYS[5], ARGV[2], 'EX', tonumber(ARGV[3]))
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[4], ARGV[1])
-  redis.call('HINCRBY', KEYS[5], 'tokens_issued', 1)
+  redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
   return {mark, 0, 2, ARGV[2], 0}
 end
-local tok = redis.call('GET', KEYS[6])
+local tok = redis.call('GET', KEYS[5])
 if not tok then
   return {mark, 0, 4, 0, 0}
 end

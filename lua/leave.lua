@@ -3,19 +3,17 @@
 --
 -- KEYS[1] queue:{T}:waiting     ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
--- KEYS[3] queue:{T}:entered_at  HASH user -> entry ms
--- KEYS[4] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted, above the
+-- KEYS[3] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted, above the
 --                               mark (so enter and status count users ahead without a rank)
 -- ARGV[1] user id
 -- ARGV[2] key ttl seconds
 -- returns 1 if the user was waiting, else 0
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
 if not seq then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[4], seq, seq)
-redis.call('EXPIRE', KEYS[4], tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[3], seq, seq)
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 return 1

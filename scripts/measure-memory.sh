@@ -3,11 +3,11 @@
 # pump, so everyone stays waiting), wrk entering new users into one target until about
 # USERS are in, then INFO memory before/after. Everything on 127.0.0.1, stopped on exit.
 #
-#   scripts/measure-memory.sh [USERS]      default 100000
+#   [BENCH_VQ=path] scripts/measure-memory.sh [USERS]      default 100000 users, target/dist/vq
 set -euo pipefail
 cd "$(dirname "$0")/.."
 users="${1:-100000}"
-vq="${VQ_BIN:-target/dist/vq}"
+vq="${BENCH_VQ:-target/dist/vq}"   # not VQ_…: vq reads those as settings
 [ -x "$vq" ] || scripts/build-release.sh >&2
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rport=$(free_port); vport=$(free_port); work=$(mktemp -d); pids=()
@@ -35,4 +35,4 @@ echo "used_memory: before $before B, after $after B; $(( (after - before) / n ))
   "$(( (after - before) * 100000 / n / 1048576 )) MiB per 100k"
 redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:waiting' | sed 's/^/waiting ZSET bytes: /'
 redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:heartbeat' | sed 's/^/heartbeat ZSET bytes: /'
-redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:entered_at' | sed 's/^/entered_at HASH bytes: /'
+redis-cli -p "$rport" --raw memory usage 'queue:{LIMITED_DROP:1}:entry_times' | sed 's/^/entry_times ZSET bytes (one member per enter call): /'

@@ -25,7 +25,7 @@ trap 'scripts/topology.sh down >/dev/null 2>&1 || true' EXIT
 
 env_lines=$(scripts/topology.sh up)
 eval "$(grep -E '^(VQ_URL|VQ_REDIS__URL|TOPOLOGY_[A-Z_]+)=' <<<"$env_lines" | sed 's/^/export /')"
-vq="${VQ_BIN:-target/dist/vq}"
+vq="${TOPOLOGY_VQ:-target/dist/vq}"
 rcli() { redis-cli -u "$VQ_REDIS__URL" "$@"; }
 # `vq mint` needs the replicas' secret: the one given, or the one `up` generated.
 [ -n "${VQ_TOKEN_SECRET:-}" ] || export VQ_TOKEN_SECRET_FILE="$TOPOLOGY_DIR/secret"

@@ -8,7 +8,7 @@
 #   scripts/topology.sh status  what runs (from the PID files)
 #   scripts/topology.sh down    stop exactly what `up` started (PID files in the state dir)
 #
-# Environment: TOPOLOGY_DIR (state dir, default target/topology), VQ_BIN (default: the
+# Environment: TOPOLOGY_DIR (state dir, default target/topology), TOPOLOGY_VQ (default: the
 # release build, built with scripts/build-release.sh when missing), VQ_TOKEN_SECRET (else a
 # random one is written to the state dir, mode 600), PURCHASE_BACKEND (an http:// URL; else
 # the stub backend), and any VQ_* setting for the three replicas (e.g. VQ_QUEUE__TICK_MS).
@@ -60,7 +60,7 @@ up() {
   local nginx_bin; nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
   rm -rf "$state"; mkdir -p "$state/redis" "$state/nginx/logs" "$state/nginx/tmp"
 
-  local vq="${VQ_BIN:-}"
+  local vq="${TOPOLOGY_VQ:-}"
   if [ -z "$vq" ]; then
     vq="$repo/target/dist/vq"
     [ -x "$vq" ] || scripts/build-release.sh >&2

@@ -126,7 +126,6 @@ impl RedisStore {
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "admitted_count"))
-            .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "waits"))
             .key(keys::token(target, user))
             .arg(user.0)
@@ -299,7 +298,7 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         Op::Enter => (
             &ENTER,
             "enter.lua",
-            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entered_at", "departed"],
+            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"],
             vec![limits.max_capacity, limits.key_ttl_s, now],
         ),
         Op::Status => {
@@ -434,7 +433,6 @@ impl QueueStore for RedisStore {
         let removed: u64 = LEAVE
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "departed"))
             .arg(user.0)
             .arg(self.limits.key_ttl_s)
@@ -462,7 +460,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "last_tick"))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, "admissions"))
-            .key(keys::of(target, "entered_at"))
+            .key(keys::of(target, "entry_times"))
             .key(keys::of(target, "waits"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "seq"))
@@ -490,7 +488,6 @@ impl QueueStore for RedisStore {
         Ok(EVICT
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "entered_at"))
             .key(keys::of(target, "evicted"))
             .key(keys::of(target, "departed"))
             .arg(timeout_ms)

@@ -335,3 +335,40 @@ async fn a_large_batch_is_admitted_in_one_tick() {
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!((snap.waiting, snap.waits.count), (0, 9000));
 }
+
+/// A wait is measured from the entry time of the enter.lua call that gave the seq; seqs
+/// without one (given by an older vq) are admitted but not counted, and the entry times of
+/// users the mark passed are dropped.
+#[tokio::test]
+async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() {
+    let redis = RedisServer::spawn();
+    let s = open_store(&test_settings(Some(&redis)));
+    for u in 1..=3 {
+        s.enter(t(), UserId(u), &"tok").await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for u in 4..=5 {
+        s.enter(t(), UserId(u), &"tok").await.unwrap();
+    }
+    // Seq 6 given the way a vq without entry times did.
+    let mut c = redis.conn().await;
+    let _: u64 = redis::cmd("INCR").arg("queue:{LIMITED_DROP:42}:seq").query_async(&mut c).await.unwrap();
+    let _: u64 =
+        redis::cmd("ZADD").arg("queue:{LIMITED_DROP:42}:waiting").arg(6).arg(66).query_async(&mut c).await.unwrap();
+    next_tick(500).await;
+    assert_eq!(s.admit(t(), 3, 500).await.unwrap().admitted, 3);
+    let snap = s.snapshot(t()).await.unwrap();
+    assert_eq!(snap.waits.count, 3);
+    assert!(snap.waits.sum_ms >= 3 * 700, "users 1-3 entered 700 ms before 4-5: {:?}", snap.waits);
+    let entry_times = async |c: &mut redis::aio::MultiplexedConnection| -> u64 {
+        redis::cmd("ZCARD").arg("queue:{LIMITED_DROP:42}:entry_times").query_async(c).await.unwrap()
+    };
+    assert_eq!(entry_times(&mut c).await, 2, "users 4 and 5 keep theirs");
+    next_tick(500).await;
+    let a = s.admit(t(), 10, 500).await.unwrap();
+    assert_eq!((a.admitted, a.mark), (3, 6));
+    let snap = s.snapshot(t()).await.unwrap();
+    assert_eq!(snap.waits.count, 5, "seq 6 has no entry time");
+    assert!(snap.waits.sum_ms < 5 * 3000, "each wait is under 3 s: {:?}", snap.waits);
+    assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
+}
