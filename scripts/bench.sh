@@ -10,8 +10,8 @@
 #       calibration are printed last: this machine's runs differ by a third.
 #       Polls go through the queue in entry order, each user once per round, as from users who
 #       all poll at the same interval; POLL_ORDER=random picks each polled user at random, the
-#       hardest order for Redis (see scripts/wrk/poll.lua). vq runs with `threads` = 1 (one
-#       thread: wrk, vq and Redis share the two cores here; docs/deploy.md), or VQ_THREADS.
+#       hardest order for Redis (see scripts/wrk/poll.lua). vq runs with its default `threads`
+#       (one worker per core) unless VQ_THREADS says otherwise (docs/deploy.md).
 #   scripts/bench.sh sale
 #       the standard flash-sale scenario with vq loadgen (scripts/bench-loadgen.sh: 100k
 #       users at 20k enters/s, polls every 2-3 s, purchases through the gate to a sink).
@@ -47,7 +47,7 @@ redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$
 pids+=($!)
 export VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn
 export VQ_TOKEN_SECRET="bench-secret-0123456789abcdef0123456789"
-export VQ_QUEUE__MAX_CAPACITY=100000000 VQ_THREADS="${VQ_THREADS:-1}"
+export VQ_QUEUE__MAX_CAPACITY=100000000
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 target/release/vq serve --flag-on >"$work/vq.log" 2>&1 &
 pids+=($!)
@@ -81,7 +81,7 @@ bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
-echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq (threads = $VQ_THREADS) and redis; polls in $poll_order order"
+echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq (threads = ${VQ_THREADS:-0, one per core}) and redis; polls in $poll_order order"
 for round in $(seq "${ROUNDS:-1}"); do
   [ "${ROUNDS:-1}" -gt 1 ] && echo "round $round"
   s0=$(steal)
