@@ -33,8 +33,8 @@ pub enum LogFormat {
 pub struct Settings {
     pub listen: SocketAddr,
     /// Threads running `vq serve` / `vq pump`: 0 = one per core; 1 = everything on one thread
-    /// (no hand-offs between threads: where vq shares a small machine with Redis or the load
-    /// balancer, this serves more requests per CPU second; see docs/deploy.md).
+    /// (no hand-offs between threads, so fewer CPU seconds per request where vq shares a small
+    /// machine, but no second core when its own is busy; docs/deploy.md has both measured).
     pub threads: usize,
     /// Names this process in locks, acknowledgements and stats; hostname + pid when unset.
     pub instance_id: Option<String>,
