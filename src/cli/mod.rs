@@ -78,8 +78,9 @@ fn init_tracing(format: &LogFormat) {
     };
 }
 
+/// The runtime of the short commands: one worker per core.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    server_runtime(0)
 }
 
 /// The runtime of the long-running commands, sized by the `threads` setting: 0 = one worker
