@@ -29,27 +29,38 @@
 -- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
 -- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
-local mark = tonumber(redis.call('GET', KEYS[4]) or '0')
-local batch = tonumber(redis.call('GET', KEYS[5]) or '0')
+local n = #ARGV - 3
+-- The reads every user needs, in one call: mark, batch size, last seq given.
+local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
+local mark = tonumber(st[1] or '0')
+local batch = tonumber(st[2] or '0')
 local max = tonumber(ARGV[1])
 local now = ARGV[3]
-local n = #ARGV - 3
-local users = {}
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 4, 3 + n))
+-- Tokens of the users not waiting (admitted before, or new): toks[i] is user i's.
+local toks = {}
+local notwaiting = 0
 for i = 1, n do
-  users[i] = ARGV[3 + i]
-end
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(users))
--- Token keys of the users not waiting: admitted before, or new.
-local tokkeys, tokof = {}, {}
-for i = 1, n do
-  if not seqs[i] and not tokof[users[i]] then
-    tokkeys[#tokkeys + 1] = KEYS[7 + i]
-    tokof[users[i]] = #tokkeys
+  if not seqs[i] then
+    notwaiting = notwaiting + 1
   end
 end
-local toks = {}
-if #tokkeys > 0 then
-  toks = redis.call('MGET', unpack(tokkeys))
+if notwaiting == n then
+  toks = redis.call('MGET', unpack(KEYS, 8, 7 + n))
+elseif notwaiting > 0 then
+  local tk = {}
+  for i = 1, n do
+    if not seqs[i] then
+      tk[#tk + 1] = KEYS[7 + i]
+    end
+  end
+  local got, j = redis.call('MGET', unpack(tk)), 0
+  for i = 1, n do
+    if not seqs[i] then
+      j = j + 1
+      toks[i] = got[j]
+    end
+  end
 end
 -- Users ahead of a waiting user: every seq between the mark and theirs was given to a user
 -- who is still waiting or departed (left, evicted); admission only takes seqs at or below the
@@ -62,58 +73,62 @@ local function ahead(seq)
   end
   return math.max(0, seq - mark - 1 - gone)
 end
--- Users waiting above the mark (all of them are ahead of a new user), read when needed.
+-- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
--- Per user: code, a, b (see above); a user twice in one call gets the first answer twice.
-local code, va, vb, first = {}, {}, {}, {}
-local beats, fresh = {}, {}
+-- Per user i: out[3i], out[3i+1], out[3i+2] = code, a, b (see above); a user twice in one
+-- call gets the first answer twice.
+local out, first, beats, fresh = {mark, batch}, {}, {}, {}
 for i = 1, n do
-  local user = users[i]
-  local seq = seqs[i] and tonumber(seqs[i])
-  if first[user] then
-    local j = first[user]
-    code[i], va[i], vb[i] = code[j], va[j], vb[j]
-  elseif seq and seq <= mark then
-    code[i], va[i], vb[i] = 5, seq, 0
-  elseif seq then
-    beats[#beats + 1], beats[#beats + 2] = now, user
-    code[i], va[i], vb[i] = 1, seq, ahead(seq)
-  elseif toks[tokof[user]] then
-    -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-    local tok = toks[tokof[user]]
-    if string.sub(tok, 1, 5) == 'used:' then
-      tok = string.sub(tok, 6)
-    end
-    code[i], va[i], vb[i] = 2, tok, 0
+  local user = ARGV[3 + i]
+  local o, j = 3 * i, first[user]
+  if j then
+    out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
-    -- Everyone waiting above the mark is ahead of a new user.
-    if not above then
-      above = ahead(tonumber(redis.call('GET', KEYS[3]) or '0') + 1)
-    end
-    if above >= max then
-      code[i], va[i], vb[i] = 3, 0, 0
+    first[user] = i
+    local seq = seqs[i] and tonumber(seqs[i])
+    if seq and seq <= mark then
+      out[o], out[o + 1], out[o + 2] = 5, seq, 0
+    elseif seq then
+      beats[#beats + 1], beats[#beats + 2] = now, user
+      out[o], out[o + 1], out[o + 2] = 1, seq, ahead(seq)
+    elseif toks[i] then
+      -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+      local tok = toks[i]
+      if string.sub(tok, 1, 5) == 'used:' then
+        tok = string.sub(tok, 6)
+      end
+      out[o], out[o + 1], out[o + 2] = 2, tok, 0
     else
-      fresh[#fresh + 1] = i
-      code[i], va[i], vb[i] = 1, 0, above
-      above = above + 1
+      -- Everyone waiting above the mark is ahead of a new user.
+      if not above then
+        above = ahead(tonumber(st[3] or '0') + 1)
+      end
+      if above >= max then
+        out[o], out[o + 1], out[o + 2] = 3, 0, 0
+      else
+        fresh[#fresh + 1] = i
+        out[o], out[o + 1], out[o + 2] = 1, 0, above
+        above = above + 1
+      end
     end
   end
-  first[user] = first[user] or i
 end
 -- New users take the next seqs in arrival order.
-if #fresh > 0 then
-  local last = redis.call('INCRBY', KEYS[3], #fresh)
+local nfresh = #fresh
+if nfresh > 0 then
+  local last = redis.call('INCRBY', KEYS[3], nfresh)
+  local from = last - nfresh + 1
   local adds, refresh = {}, false
-  for j, i in ipairs(fresh) do
-    local seq = last - #fresh + j
-    va[i] = seq
-    adds[2 * j - 1], adds[2 * j] = seq, users[i]
-    beats[#beats + 1], beats[#beats + 2] = now, users[i]
+  for j = 1, nfresh do
+    local i, seq = fresh[j], from + j - 1
+    local user = ARGV[3 + i]
+    out[3 * i + 1] = seq
+    adds[2 * j - 1], adds[2 * j] = seq, user
+    beats[#beats + 1], beats[#beats + 2] = now, user
     refresh = refresh or seq % 64 == 1
   end
   redis.call('ZADD', KEYS[1], unpack(adds))
-  -- One entry time for all of them: seqs last - #fresh + 1 .. last entered at `now`.
-  local from = last - #fresh + 1
+  -- One entry time for all of them: seqs from .. last entered at `now`.
   redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)
   if refresh then
     local ttl = tonumber(ARGV[2])
@@ -121,19 +136,15 @@ if #fresh > 0 then
       redis.call('EXPIRE', k, ttl)
     end
   end
-end
--- Duplicates of a new user were copied before their seq was known.
-for i = 1, n do
-  local j = first[users[i]]
-  if j ~= i then
-    va[i] = va[j]
+  -- Duplicates of a new user were copied before their seq was known.
+  for i = 1, n do
+    local j = first[ARGV[3 + i]]
+    if j ~= i then
+      out[3 * i + 1] = out[3 * j + 1]
+    end
   end
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))
-end
-local out = {mark, batch}
-for i = 1, n do
-  out[3 * i], out[3 * i + 1], out[3 * i + 2] = code[i], va[i], vb[i]
 end
 return out

@@ -23,26 +23,27 @@
 -- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
 -- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
 -- waits).
-local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
-local batch = tonumber(redis.call('GET', KEYS[4]) or '0')
-local now = ARGV[1]
 local n = #ARGV - 1
-local users = {}
+local st = redis.call('MGET', KEYS[3], KEYS[4])
+local mark = tonumber(st[1] or '0')
+local batch = tonumber(st[2] or '0')
+local now = ARGV[1]
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
+-- Tokens of the users not waiting (admitted before, or unknown): toks[i] is user i's.
+local toks, tk = {}, {}
 for i = 1, n do
-  users[i] = ARGV[1 + i]
-end
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(users))
--- Token keys of the users not waiting: admitted before, or unknown.
-local tokkeys, tokof = {}, {}
-for i = 1, n do
-  if not seqs[i] and not tokof[users[i]] then
-    tokkeys[#tokkeys + 1] = KEYS[5 + i]
-    tokof[users[i]] = #tokkeys
+  if not seqs[i] then
+    tk[#tk + 1] = KEYS[5 + i]
   end
 end
-local toks = {}
-if #tokkeys > 0 then
-  toks = redis.call('MGET', unpack(tokkeys))
+if #tk > 0 then
+  local got, j = redis.call('MGET', unpack(tk)), 0
+  for i = 1, n do
+    if not seqs[i] then
+      j = j + 1
+      toks[i] = got[j]
+    end
+  end
 end
 -- Users ahead: every seq between the mark and the user's was given to a user who is still
 -- waiting or departed (left, evicted); admission only takes seqs at or below the mark. So
@@ -58,29 +59,29 @@ end
 -- A user twice in one call gets the first answer twice.
 local out, first, beats = {mark, batch}, {}, {}
 for i = 1, n do
-  local user = users[i]
-  local seq = seqs[i] and tonumber(seqs[i])
-  local c, a, b
-  if first[user] then
-    local j = first[user]
-    c, a, b = out[3 * j], out[3 * j + 1], out[3 * j + 2]
-  elseif seq and seq <= mark then
-    c, a, b = 5, seq, 0
-  elseif seq then
-    beats[#beats + 1], beats[#beats + 2] = now, user
-    c, a, b = 1, seq, ahead(seq)
-  elseif toks[tokof[user]] then
-    -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-    local tok = toks[tokof[user]]
-    if string.sub(tok, 1, 5) == 'used:' then
-      tok = string.sub(tok, 6)
-    end
-    c, a, b = 2, tok, 0
+  local user = ARGV[1 + i]
+  local o, j = 3 * i, first[user]
+  if j then
+    out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
-    c, a, b = 4, 0, 0
+    first[user] = i
+    local seq = seqs[i] and tonumber(seqs[i])
+    if seq and seq <= mark then
+      out[o], out[o + 1], out[o + 2] = 5, seq, 0
+    elseif seq then
+      beats[#beats + 1], beats[#beats + 2] = now, user
+      out[o], out[o + 1], out[o + 2] = 1, seq, ahead(seq)
+    elseif toks[i] then
+      -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
+      local tok = toks[i]
+      if string.sub(tok, 1, 5) == 'used:' then
+        tok = string.sub(tok, 6)
+      end
+      out[o], out[o + 1], out[o + 2] = 2, tok, 0
+    else
+      out[o], out[o + 1], out[o + 2] = 4, 0, 0
+    end
   end
-  out[3 * i], out[3 * i + 1], out[3 * i + 2] = c, a, b
-  first[user] = first[user] or i
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))

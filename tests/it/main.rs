@@ -10,6 +10,7 @@ mod processes;
 mod pump;
 mod queue_api;
 mod readme;
+mod scripts;
 mod stats;
 mod support;
 mod token_format;

@@ -1,0 +1,120 @@
+//! enter.lua and status.lua called directly with one batch holding every kind of user at once
+//! (new, waiting, admitted, holding a stored or used token, unknown, full, twice in the call):
+//! each must get the answer it would get alone. The coalescer makes such batches under load;
+//! here they are built by hand so that every case is certain to be in one call.
+
+use redis::aio::MultiplexedConnection;
+
+use crate::support::RedisServer;
+
+const P: &str = "queue:{LIMITED_DROP:1}:";
+
+/// The script's reply as strings: `[mark, batch, then code, a, b per user]`.
+async fn call(
+    c: &mut MultiplexedConnection,
+    script: &str,
+    names: &[&str],
+    head: &[String],
+    users: &[u64],
+) -> Vec<String> {
+    let script = redis::Script::new(script);
+    let mut inv = script.prepare_invoke();
+    for name in names {
+        inv.key(format!("{P}{name}"));
+    }
+    for u in users {
+        inv.key(format!("{P}token:{u}"));
+    }
+    for a in head {
+        inv.arg(a);
+    }
+    for u in users {
+        inv.arg(u);
+    }
+    let reply: Vec<redis::Value> = inv.invoke_async(c).await.expect("script call");
+    reply
+        .into_iter()
+        .map(|v| match v {
+            redis::Value::Int(n) => n.to_string(),
+            redis::Value::BulkString(b) => String::from_utf8(b).expect("utf-8"),
+            other => panic!("unexpected reply item {other:?}"),
+        })
+        .collect()
+}
+
+async fn enter(c: &mut MultiplexedConnection, max: u64, now: u64, users: &[u64]) -> Vec<String> {
+    let names = ["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"];
+    let head = [max.to_string(), "1800".to_owned(), now.to_string()];
+    call(c, include_str!("../../lua/enter.lua"), &names, &head, users).await
+}
+
+async fn status(c: &mut MultiplexedConnection, now: u64, users: &[u64]) -> Vec<String> {
+    let names = ["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
+    call(c, include_str!("../../lua/status.lua"), &names, &[now.to_string()], users).await
+}
+
+fn answers(mark: u64, batch: u64, each: &[(u8, &str, u64)]) -> Vec<String> {
+    let mut out = vec![mark.to_string(), batch.to_string()];
+    for (code, a, b) in each {
+        out.extend([code.to_string(), (*a).to_owned(), b.to_string()]);
+    }
+    out
+}
+
+#[tokio::test]
+async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let cmd = |args: &[&str]| {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd
+    };
+
+    // New users, one of them twice: consecutive seqs, the duplicate gets the same one.
+    let got = enter(&mut c, 100, 1_000, &[1, 2, 2, 3]).await;
+    assert_eq!(got, answers(0, 0, &[(1, "1", 0), (1, "2", 1), (1, "2", 1), (1, "3", 2)]));
+
+    // Mark 1 (user 1 admitted, no token yet); user 2 left; users 4 and 5 were admitted
+    // earlier and hold tokens, 5's already used at the gate; a runtime batch size is set.
+    for args in [
+        &["SET", &format!("{P}admitted_count"), "1"][..],
+        &["SET", &format!("{P}batch_size"), "7"],
+        &["ZREM", &format!("{P}waiting"), "2"],
+        &["ZREM", &format!("{P}heartbeat"), "2"],
+        &["ZADD", &format!("{P}departed"), "2", "2"],
+        &["SET", &format!("{P}token:4"), "tok-4"],
+        &["SET", &format!("{P}token:5"), "used:tok-5"],
+    ] {
+        let _: redis::Value = cmd(args).query_async(&mut c).await.unwrap();
+    }
+    let got = enter(&mut c, 100, 2_000, &[3, 1, 4, 5, 6, 6, 3]).await;
+    let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (2, "tok-5", 0), (1, "4", 1), (1, "4", 1), (1, "3", 0)];
+    assert_eq!(got, answers(1, 7, &want), "the departed seq 2 is not ahead of anyone");
+    let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
+    assert_eq!(seq, 4, "only user 6 took a seq");
+    let beats: Vec<(String, u64)> =
+        cmd(&["ZRANGE", &format!("{P}heartbeat"), "0", "-1", "WITHSCORES"]).query_async(&mut c).await.unwrap();
+    let beats: Vec<(&str, u64)> = beats.iter().map(|(u, s)| (u.as_str(), *s)).collect();
+    assert_eq!(beats, [("1", 1_000), ("3", 2_000), ("6", 2_000)], "heartbeats of the waiting above the mark");
+    let times: Vec<String> = cmd(&["ZRANGE", &format!("{P}entry_times"), "0", "-1"]).query_async(&mut c).await.unwrap();
+    assert_eq!(times, ["1-3:1000", "4-4:2000"], "one entry time per call that gave seqs");
+
+    // Two users wait above the mark (seqs 3 and 4): with room for two, newcomers are full,
+    // while those already in or admitted are answered as before.
+    let got = enter(&mut c, 2, 3_000, &[7, 3, 8, 4]).await;
+    assert_eq!(got, answers(1, 7, &[(3, "0", 0), (1, "3", 0), (3, "0", 0), (2, "tok-4", 0)]));
+    let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
+    assert_eq!(seq, 4, "a full queue gives no seq");
+
+    // Polls: waiting, admitted without a token, holding a token, unknown, twice in the call.
+    let got = status(&mut c, 4_000, &[3, 1, 4, 9, 3, 6, 2]).await;
+    let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
+    assert_eq!(got, answers(1, 7, &want));
+    let beats: Vec<(String, u64)> =
+        cmd(&["ZRANGE", &format!("{P}heartbeat"), "0", "-1", "WITHSCORES"]).query_async(&mut c).await.unwrap();
+    let beats: Vec<(&str, u64)> = beats.iter().map(|(u, s)| (u.as_str(), *s)).collect();
+    assert_eq!(beats, [("1", 1_000), ("3", 4_000), ("6", 4_000)], "a poll refreshes the waiting above the mark");
+}
