@@ -2,6 +2,9 @@
 //! per request through a redis-rs ConnectionManager: the ceiling this machine gives any
 //! Redis-backed HTTP handler, to compare vq's enter and poll against.
 //!
+//! Every path and method gets that handler, so wrk's enter and poll scripts can be sent to it
+//! too: the same calibration under the requests vq gets (their client-side cost included).
+//!
 //! Usage: cargo run --release --example bare_evalsha -- REDIS_URL LISTEN_ADDR
 
 use axum::Router;
@@ -24,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => e.to_string(),
         }
     }
-    let app = Router::new().route("/", get(handler)).with_state(conn);
+    let app = Router::new().route("/", get(handler)).fallback(handler).with_state(conn);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     axum::serve(listener, app).await?;
     Ok(())

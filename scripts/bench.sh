@@ -4,7 +4,9 @@
 #   [ROUNDS=n] [POLL_ORDER=cycle|random] [VQ_THREADS=n] scripts/bench.sh [wrk] [seconds] [connections]
 #       wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each, next to the
 #       calibration: a bare axum handler doing one EVALSHA ("return 1") per request
-#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here. With
+#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here; each figure
+#       is also put against that handler under the very requests of the run (the same wrk
+#       script, path and headers: the client's share of the cost is then the same). With
 #       ROUNDS=n the three runs are repeated n times (each round on a target of its own, so
 #       the polled queue has the same size every round) and the medians of the shares of the
 #       calibration are printed last: this machine's runs differ by a third.
@@ -56,8 +58,10 @@ for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null &&
 # CPU time the hypervisor gave to others while we ran (the "steal" column of /proc/stat, in
 # 1/100 s): on this machine runs with much of it are slower by a third; say so next to them.
 steal() { awk '/^cpu / {print $9}' /proc/stat; }
-run() { # name script script-args...
+wrk_rps() { awk '/Requests\/sec/ {print $2}'; }
+run() { # name script script-args...   (vq, after the calibration under the same requests)
   local name=$1 script=$2; shift 2
+  local same; same=$(wrk -t2 -c"$conns" -d"${secs}s" -s "scripts/wrk/$script" "http://127.0.0.1:$bport" -- "$@" | wrk_rps)
   redis-cli -p "$rport" config resetstat >/dev/null
   local s0; s0=$(steal)
   local out; out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency -s "scripts/wrk/$script" "http://127.0.0.1:$vport" -- "$@")
@@ -70,12 +74,15 @@ run() { # name script script-args...
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   # Script calls in Redis (enters and polls go out coalesced per target; see src/store/coalesce.rs).
   calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
-  local share; share=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {printf "%.0f", 100*a/b}')
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3s %% of base, %.1f users per script call, %s ms stolen\n' \
-    "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
+  local share same_share
+  share=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {printf "%.0f", 100*a/b}')
+  same_share=$(awk -v a="$rps" -v b="$same" 'BEGIN {printf "%.0f", 100*a/b}')
+  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3s %% of base (%3s %% of its %s under these requests), %.1f users per script call, %s ms stolen\n' \
+    "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$same_share" "$same" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen"
   shares["$name"]+="$share "
+  same_shares["$name"]+="$same_share "
 }
-declare -A shares
+declare -A shares same_shares
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 bport=$(free_port)
 target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
@@ -97,5 +104,6 @@ for round in $(seq "${ROUNDS:-1}"); do
 done
 if [ "${ROUNDS:-1}" -gt 1 ]; then
   echo "median share of the calibration over ${ROUNDS} rounds: enter $(median <<<"${shares[enter]}") %, poll $(median <<<"${shares[poll]}") %"
+  echo "median share of the calibration under the same requests: enter $(median <<<"${same_shares[enter]}") %, poll $(median <<<"${same_shares[poll]}") %"
 fi
 echo "users entered in the last round: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
