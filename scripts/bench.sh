@@ -81,7 +81,7 @@ run() { # name script script-args...   (vq, after the calibration under the same
   redis-cli -p "$rport" config resetstat >/dev/null
   measured "$vpid" -s "scripts/wrk/$script" "http://127.0.0.1:$vport" -- "$@"
   local rps p50 p99 non2xx n calls
-  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  rps=$(wrk_rps <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
