@@ -4,6 +4,7 @@
 //! it comes from `VQ_TOKEN_SECRET` or the file named by `VQ_TOKEN_SECRET_FILE` only.
 
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::Path;
 use std::time::Duration;
 
@@ -188,6 +189,20 @@ impl Default for LogSettings {
     }
 }
 
+/// Batch sizes vq accepts, in `queue.batch_size` and `vq batch set`: beyond this one tick's
+/// admission would be a single Redis call of unbounded length.
+pub const BATCH_SIZE: RangeInclusive<u64> = 1..=100_000;
+/// Token lifetimes vq accepts, in `token.ttl_s` and `vq mint --ttl`.
+pub const TOKEN_TTL_S: RangeInclusive<u64> = 1..=86_400;
+/// Under 10 ms a healthy Redis on another host times out; over 10 s a dead one holds requests.
+pub const REDIS_TIMEOUT_MS: RangeInclusive<u64> = 10..=10_000;
+
+/// The environment variable that sets a configuration key: `queue.batch_size` →
+/// `VQ_QUEUE__BATCH_SIZE`.
+pub fn env_name(key: &str) -> String {
+    format!("VQ_{}", key.replace('.', "__").to_ascii_uppercase())
+}
+
 /// Environment variables with the `VQ_` prefix that are not configuration keys.
 const NOT_KEYS: [&str; 3] = ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "URL"];
 
@@ -215,30 +230,40 @@ impl Settings {
     }
 
     fn check(&self) -> Result<(), String> {
-        let q = &self.queue;
-        if q.batch_size == 0 {
-            return Err("queue.batch_size must be at least 1".into());
+        let (q, g) = (&self.queue, &self.gate);
+        let bounded: [(&str, u64, RangeInclusive<u64>); 12] = [
+            ("threads", self.threads as u64, 0..=1024),
+            ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
+            ("queue.batch_size", q.batch_size, BATCH_SIZE),
+            ("queue.tick_ms", q.tick_ms, 200..=60_000),
+            ("queue.max_capacity", q.max_capacity, 1..=1_000_000_000),
+            ("queue.heartbeat_timeout_s", q.heartbeat_timeout_s, 1..=86_400),
+            ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=1_000_000),
+            ("queue.key_ttl_s", q.key_ttl_s, 60..=604_800),
+            ("token.ttl_s", self.token.ttl_s, TOKEN_TTL_S),
+            ("flag.refresh_ms", self.flag.refresh_ms, 1..=1000),
+            ("gate.timeout_ms", g.timeout_ms, 100..=600_000),
+            ("gate.pace_max_ticks", g.pace_max_ticks, 0..=60),
+        ];
+        for (key, value, range) in bounded {
+            if !range.contains(&value) {
+                return Err(format!(
+                    "{key} ({}) must be between {} and {}, got {value}",
+                    env_name(key),
+                    range.start(),
+                    range.end()
+                ));
+            }
         }
-        if q.tick_ms < 200 {
-            return Err("queue.tick_ms must be at least 200 (the lock lives tick - 100 ms)".into());
+        if q.key_ttl_s <= q.heartbeat_timeout_s {
+            return Err(format!(
+                "queue.key_ttl_s ({}) must be longer than queue.heartbeat_timeout_s ({})",
+                q.key_ttl_s, q.heartbeat_timeout_s
+            ));
         }
-        if q.max_capacity == 0 || q.heartbeat_timeout_s == 0 || q.key_ttl_s == 0 || self.token.ttl_s == 0 {
-            return Err(
-                "queue.max_capacity, queue.heartbeat_timeout_s, queue.key_ttl_s and token.ttl_s must be positive"
-                    .into(),
-            );
-        }
-        crate::gate::GateRoutes::compile(&self.gate.routes).map_err(|e| format!("gate.routes: {e}"))?;
-        if let Some(u) = self.gate.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
+        crate::gate::GateRoutes::compile(&g.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        if let Some(u) = g.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
             return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
-        }
-        if self.threads > 1024 {
-            return Err(format!("threads must be between 0 (one per core) and 1024, got {}", self.threads));
-        }
-        if self.flag.refresh_ms == 0 || self.flag.refresh_ms > 1000 {
-            return Err(
-                "flag.refresh_ms must be between 1 and 1000 (a change must reach every instance within 3 s)".into()
-            );
         }
         Ok(())
     }

@@ -30,8 +30,8 @@ enum Action {
     },
     /// Set the runtime batch size, for every target or one
     Set {
-        /// Users admitted per tick
-        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        /// Users admitted per tick (1 to 100000)
+        #[arg(value_parser = clap::value_parser!(u64).range(crate::config::BATCH_SIZE))]
         size: u64,
         /// Only this target, e.g. limited-drop:42
         #[arg(long, value_name = "T")]

@@ -16,8 +16,8 @@ pub struct MintArgs {
     /// User id
     #[arg(long, value_name = "ID")]
     user: UserId,
-    /// Lifetime in seconds
-    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    /// Lifetime in seconds, up to 86400 (0 mints an expired token, to try the gate's refusal)
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=*crate::config::TOKEN_TTL_S.end()))]
     ttl: u64,
     /// Print the token with its fields as JSON
     #[arg(long)]

@@ -1,5 +1,6 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
+mod bounds;
 mod cli;
 mod cluster;
 mod conformance;
