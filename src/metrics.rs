@@ -54,6 +54,7 @@ pub fn install() -> PrometheusHandle {
                 tracing::warn!("another metrics recorder is installed: /metrics will be empty");
             }
             describe();
+            register_at_zero();
             handle
         })
         .clone()
@@ -73,6 +74,20 @@ fn describe() {
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
 }
 
+/// Creates every series with known labels at 0, so `rate()` and the shipped alerts see them
+/// from the first scrape, not from their first event. Per-target series start when the
+/// target is first seen active ([`set_queue_state`]).
+fn register_at_zero() {
+    for event in TOKEN_EVENTS {
+        counter!(TOKENS_TOTAL, "event" => event).absolute(0);
+    }
+    counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
+    counter!(REDIS_DEGRADED_TOTAL).absolute(0);
+}
+
+/// The `event` label values of [`TOKENS_TOTAL`].
+const TOKEN_EVENTS: [&str; 3] = ["issued", "consumed", "expired"];
+
 /// Renders the Prometheus text of this process.
 pub fn render() -> String {
     install().render()
@@ -87,6 +102,9 @@ pub fn upkeep() {
 /// A target's state as read from Redis at scrape time.
 pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64) {
     let label = target.to_string();
+    // Adding 0 creates the target's event counters without touching a count already there.
+    counter!(ADMITTED_TOTAL, "target" => label.clone()).increment(0);
+    counter!(EVICTED_TOTAL, "target" => label.clone()).increment(0);
     gauge!(QUEUE_LENGTH, "target" => label.clone()).set(waiting as f64);
     gauge!(TARGET_ADMISSION_RATE, "target" => label).set(target_rate_per_sec);
 }

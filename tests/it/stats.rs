@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use vq::config::Settings;
 use vq::pump::Pump;
 
-use crate::support::{RedisServer, TestApp, flag_on, open_store, spawn_app, test_settings, vq_bin};
+use crate::support::{RedisServer, TestApp, VqProcess, flag_on, open_store, spawn_app, test_settings, vq_bin};
 
 const T: &str = "limited-drop/5";
 
@@ -181,4 +181,43 @@ fn alert_rules_pass_promtool() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `rate()` and the shipped alerts need every series before its first event: a fresh
+/// instance that has served nothing already shows each counter at 0, and a target's event
+/// counters appear at 0 as soon as it is active.
+#[tokio::test]
+async fn a_fresh_instance_shows_every_series_at_zero() {
+    let redis = RedisServer::spawn();
+    flag_on(&redis).await;
+    let vq = VqProcess::serve(&redis, &[]).await;
+    let client = reqwest::Client::new();
+    let scrape = || async {
+        client.get(format!("{}/metrics", vq.addr)).send().await.expect("metrics").text().await.expect("text")
+    };
+    let text = scrape().await;
+    for series in [
+        "virtual_queue_tokens_total{event=\"issued\"} 0",
+        "virtual_queue_tokens_total{event=\"consumed\"} 0",
+        "virtual_queue_tokens_total{event=\"expired\"} 0",
+        "virtual_queue_bypass_attempts_total 0",
+        "virtual_queue_redis_degraded_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == series), "missing `{series}` in:\n{text}");
+    }
+    let enter = client
+        .post(format!("{}/virtual-queues/limited-drop/5/entries", vq.addr))
+        .header("X-User-Id", "1")
+        .send()
+        .await
+        .expect("enter");
+    assert_eq!(enter.json::<serde_json::Value>().await.expect("json")["status"], "WAITING");
+    let text = scrape().await;
+    // The pump may have admitted the user already: the series exists either way.
+    for series in [
+        "virtual_queue_admitted_total{target=\"LIMITED_DROP:5\"} ",
+        "virtual_queue_evicted_total{target=\"LIMITED_DROP:5\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series)), "missing `{series}` in:\n{text}");
+    }
 }
