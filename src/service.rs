@@ -60,6 +60,8 @@ pub struct QueueStats {
     pub p95_wait_seconds: f64,
     pub evicted_count: u64,
     pub batch_size: u64,
+    /// The admission tick: one batch per tick.
+    pub tick_ms: u64,
     /// What the pump aims at: batch size / tick seconds.
     pub target_rate_per_sec: f64,
     pub max_capacity: u64,
@@ -80,6 +82,7 @@ impl QueueStats {
             p95_wait_seconds: snap.waits.quantile_seconds(0.95),
             evicted_count: snap.evicted,
             batch_size,
+            tick_ms: queue.tick_ms,
             target_rate_per_sec: batch_size as f64 * 1000.0 / queue.tick_ms.max(1) as f64,
             max_capacity: queue.max_capacity,
             tokens_issued: snap.tokens_issued,

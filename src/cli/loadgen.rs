@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ConfigArg, runtime};
 use crate::config::{Overrides, Settings, StoreKind};
 use crate::domain::QueueTarget;
-use crate::loadgen::{self, ArrivalCurve, Arrivals, Bounds, Live, Options, Report, Sink, check_bounds};
+use crate::loadgen::{self, ArrivalCurve, Arrivals, Bounds, Live, Options, Report, ServerFacts, Sink, check_bounds};
 use crate::store::{QueueStore, RedisStore};
 
 /// Exit code when the run completed but broke an `--assert-…` bound.
@@ -31,9 +31,11 @@ const EXIT_BOUND_BROKEN: u8 = 3;
   VQ_REDIS__URL=redis://127.0.0.1:6379 vq loadgen --url http://127.0.0.1:8080 --target limited-drop:42 \\
       --users 5000 --rate 2000 --duration 20 --sweep-batch 50,100,200
 
-Latencies count from each request's scheduled send time. Redis (redis.url / VQ_REDIS__URL) is
+Latencies count from each request's scheduled send time. The batch size and tick come from the
+server's stats answer; a URL without an HTTP answer is refused before the run. Redis (redis.url / VQ_REDIS__URL) is
 used when reachable: batch size in force, bytes per waiting user, and --sweep-batch.
-Exit codes: 0 ok, 1 error, 3 an --assert-… bound was broken (named on stderr).")]
+Exit codes: 0 ok, 1 error, 3 an --assert-… bound was broken or requests got no HTTP answer
+(named on stderr).")]
 pub struct Args {
     /// Base URL of vq serve or the load balancer in front of it
     #[arg(long)]
@@ -102,6 +104,10 @@ pub struct Args {
 
 impl Args {
     fn check(&self) -> anyhow::Result<()> {
+        check_url(&self.url)?;
+        if self.users == 0 {
+            anyhow::bail!("--users must be at least 1");
+        }
         if !(0.0..=1.0).contains(&self.abandon) {
             anyhow::bail!("--abandon must be between 0 and 1");
         }
@@ -126,7 +132,7 @@ impl Args {
         Ok(())
     }
 
-    fn options(&self, settings: &Settings) -> Options {
+    fn options(&self, settings: &Settings, server: Option<ServerFacts>) -> Options {
         Options {
             url: self.url.trim_end_matches('/').to_owned(),
             target: self.target,
@@ -140,8 +146,8 @@ impl Args {
             purchase: self.purchase,
             concurrency: self.concurrency,
             leave_at_end: false,
-            batch_size: settings.queue.batch_size,
-            tick_ms: settings.queue.tick_ms,
+            batch_size: server.map_or(settings.queue.batch_size, |f| f.batch_size),
+            tick_ms: server.map_or(settings.queue.tick_ms, |f| f.tick_ms),
             seed: self.seed,
         }
     }
@@ -150,13 +156,21 @@ impl Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     args.check()?;
     let settings = args.config.load(&Overrides::default())?;
-    let opts = args.options(&settings);
+    let rt = runtime()?;
+    let server = rt.block_on(loadgen::probe(&args.url, args.target)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if server.is_none() {
+        eprintln!(
+            "note: {} did not give its batch size and tick (stats unavailable): using the local config ({} per {} ms)",
+            args.url, settings.queue.batch_size, settings.queue.tick_ms
+        );
+    }
+    let opts = args.options(&settings, server);
     let bounds = Bounds {
         poll_p95_ms: args.assert_poll_p95_ms,
         downstream_max_per_tick: args.assert_downstream_max_per_tick,
         no_5xx: args.assert_no_5xx,
     };
-    let reports = runtime()?.block_on(async {
+    let reports = rt.block_on(async {
         let redis = reachable_redis(&settings).await;
         if !args.sweep_batch.is_empty() && redis.is_none() {
             anyhow::bail!(
@@ -165,11 +179,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
         let sink = match args.sink {
-            Some(addr) => Some(
-                Sink::start(addr, settings.queue.tick_ms)
-                    .await
-                    .with_context(|| format!("cannot bind the sink on {addr}"))?,
-            ),
+            Some(addr) => {
+                Some(Sink::start(addr, opts.tick_ms).await.with_context(|| format!("cannot bind the sink on {addr}"))?)
+            }
             None => None,
         };
         let live = Arc::new(Live::default());
@@ -211,12 +223,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut broken = false;
     for report in &reports {
+        if let Some(n) = report.status_counts.get("transportError") {
+            broken = true;
+            eprintln!("run failed: {n} requests got no HTTP answer from {}", report.url);
+        }
         for f in check_bounds(report, &bounds) {
             broken = true;
             eprintln!("assertion failed: {} ({}, batch size {})", f.flag, f.detail, report.batch_size);
         }
     }
     Ok(if broken { ExitCode::from(EXIT_BOUND_BROKEN) } else { ExitCode::SUCCESS })
+}
+
+/// The base URL of a plain-HTTP server: loadgen speaks HTTP/1.1 without TLS, as vq serves.
+fn check_url(url: &str) -> anyhow::Result<()> {
+    let usage = || format!("--url must be a base URL such as http://127.0.0.1:8080, got `{url}`");
+    let uri: hyper::Uri = url.parse().map_err(|_| anyhow::anyhow!(usage()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => anyhow::bail!(
+            "--url {url}: loadgen speaks plain HTTP (as vq serves); load the vq instances or the load balancer's http:// address"
+        ),
+        _ => anyhow::bail!(usage()),
+    }
+    if uri.host().is_none_or(str::is_empty) || uri.query().is_some() || !matches!(uri.path(), "" | "/") {
+        anyhow::bail!(usage());
+    }
+    Ok(())
 }
 
 /// The Redis store if the configured one answers within a second; loadgen works without it.

@@ -247,6 +247,7 @@ mod tests {
             p95_wait_seconds: 0.0,
             evicted_count: 0,
             batch_size: 100,
+            tick_ms: 2000,
             target_rate_per_sec: 50.0,
             max_capacity: 1000,
             tokens_issued: 0,

@@ -69,7 +69,8 @@ pub struct Options {
     /// Users still in the queue at the end (waiting or abandoned) leave it (DELETE), so the
     /// next round starts empty.
     pub leave_at_end: bool,
-    /// The batch size and tick of the cluster (config), reported and used for ETA checks.
+    /// The batch size and tick of the loaded server (from its stats answer, else the local
+    /// config), reported and used for ETA checks.
     pub batch_size: u64,
     pub tick_ms: u64,
     pub seed: u64,
@@ -486,6 +487,38 @@ async fn sample_redis(store: RedisStore, target: QueueTarget, cancel: Cancellati
     best.map(|(_, b)| b)
 }
 
+/// What the loaded server says about the target before the run: the batch size and tick it
+/// admits with decide the ETA check and the downstream bound, and only the server knows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerFacts {
+    pub batch_size: u64,
+    pub tick_ms: u64,
+}
+
+/// Asks `GET …/stats` of `target` at `url`. `Err` when no HTTP answer comes within 5 s (a
+/// wrong URL, a dead server); `Ok(None)` when the server answers without its figures (e.g.
+/// 503 while its Redis is down).
+pub async fn probe(url: &str, target: QueueTarget) -> Result<Option<ServerFacts>, String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Figures {
+        batch_size: u64,
+        tick_ms: u64,
+    }
+    let uri = format!("{}/virtual-queues/{}/{}/stats", url.trim_end_matches('/'), target.kind.slug(), target.id);
+    let req = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| format!("{uri}: {e}"))?;
+    let exchange = async {
+        let resp = build_client(1).request(req).await.map_err(|e| format!("no HTTP answer from {uri}: {e}"))?;
+        let ok = resp.status().is_success();
+        let body = resp.into_body().collect().await.map_err(|e| format!("{uri}: {e}"))?.to_bytes();
+        Ok::<_, String>(ok.then(|| serde_json::from_slice::<Figures>(&body).ok()).flatten())
+    };
+    let figures = tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| format!("no HTTP answer from {uri} within 5 s"))??;
+    Ok(figures.map(|f| ServerFacts { batch_size: f.batch_size, tick_ms: f.tick_ms }))
+}
+
 /// The batch size in force for `target`: its runtime value, else the global one, else config.
 pub async fn batch_in_force(store: &RedisStore, target: QueueTarget, configured: u64) -> Option<u64> {
     let snap = store.snapshot(target).await.ok()?;
@@ -510,9 +543,12 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
     let base = opts.url.trim_end_matches('/').to_owned();
     let slug = opts.target.kind.slug();
     let id = opts.target.id;
-    let batch_size = match &redis {
-        Some(r) => batch_in_force(r, opts.target, opts.batch_size).await.unwrap_or(opts.batch_size),
-        None => opts.batch_size,
+    // The server's answer first (a sweep round changes the batch size); Redis, then the
+    // options, only when the server cannot say.
+    let batch_size = match (probe(&base, opts.target).await, &redis) {
+        (Ok(Some(facts)), _) => facts.batch_size,
+        (_, Some(r)) => batch_in_force(r, opts.target, opts.batch_size).await.unwrap_or(opts.batch_size),
+        (_, None) => opts.batch_size,
     };
     let start = Instant::now() + Duration::from_millis(20);
     let ctx = Arc::new(Ctx {

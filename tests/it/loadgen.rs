@@ -347,3 +347,72 @@ async fn purchases_that_reach_the_sink_are_counted_as_downstream_arrivals() {
     assert!(report.downstream_max_per_tick.unwrap() >= 10, "{report:?}");
     assert!(report.downstream_rate_per_sec.unwrap() > 0.0);
 }
+
+/// The batch size and tick in the report are the loaded server's, not loadgen's own config
+/// (which here says 100 per 2000 ms).
+#[tokio::test]
+async fn loadgen_reports_the_batch_size_and_tick_of_the_server_it_loads() {
+    let redis = RedisServer::spawn();
+    let envs = [("VQ_QUEUE__TICK_MS", "1000".to_owned()), ("VQ_QUEUE__BATCH_SIZE", "7".to_owned())];
+    let server = VqProcess::serve(&redis, &envs).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let args = loadgen_args(&server.addr, json.to_str().unwrap(), &[]);
+    let out = Command::new(vq_bin()).args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("run loadgen");
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let report = read_json(&json);
+    assert_eq!((report["batchSize"].as_u64(), report["tickMs"].as_u64()), (Some(7), Some(1000)), "{report}");
+}
+
+#[tokio::test]
+async fn unusable_loadgen_input_is_refused_before_the_run() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    for (args, says) in [
+        (vec!["--url", "notaurl"], "--url must be a base URL"),
+        (vec!["--url", "https://127.0.0.1:8443"], "plain HTTP"),
+        (vec!["--url", "ftp://127.0.0.1:21"], "--url must be a base URL"),
+        (vec!["--url", "http://127.0.0.1:8080/virtual-queues"], "--url must be a base URL"),
+        (vec!["--url", dead.as_str()], "no HTTP answer"),
+        (vec!["--url", "http://127.0.0.1:8080", "--users", "0"], "--users must be at least 1"),
+    ] {
+        let mut all = vec!["loadgen", "--target", "limited-drop:1", "--quiet", "--assert-no-5xx"];
+        all.extend(args.iter().copied());
+        let out = Command::new(vq_bin()).args(&all).env("VQ_REDIS__URL", "redis://127.0.0.1:1").output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+/// A server that stops answering mid-run fails the run, with or without `--assert-…` flags.
+#[tokio::test]
+async fn a_run_with_requests_that_got_no_http_answer_fails() {
+    let redis = RedisServer::spawn();
+    let server = VqProcess::serve(&redis, &serve_env()).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let child = Command::new(vq_bin())
+        .args(loadgen_args(&server.addr, json.to_str().unwrap(), &[]))
+        .env("VQ_REDIS__URL", redis.url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn loadgen");
+    // Once users are polling, the server goes away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut conn = redis.conn().await;
+    loop {
+        let waiting: u64 = conn.zcard("queue:{LIMITED_DROP:7}:waiting").await.unwrap_or(0);
+        if waiting > 0 || std::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(server);
+    let out = child.wait_with_output().expect("loadgen ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("got no HTTP answer"), "{stderr}");
+}
