@@ -393,7 +393,7 @@ mod tests {
             assert_eq!(Settings::load(None, &Overrides::default()).unwrap().threads, 1);
             jail.set_env("VQ_THREADS", "5000");
             let err = Settings::load(None, &Overrides::default()).unwrap_err();
-            assert!(err.to_string().contains("threads must be between 0"), "{err}");
+            assert!(err.to_string().contains("threads (VQ_THREADS) must be between 0 and 1024"), "{err}");
             jail.set_env("VQ_THREADS", "two");
             assert!(Settings::load(None, &Overrides::default()).is_err());
             Ok(())

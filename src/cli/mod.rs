@@ -2,6 +2,7 @@
 //! place in vq that prints.
 
 mod batch;
+mod config_error;
 mod flag;
 mod loadgen;
 mod pump;
@@ -53,7 +54,8 @@ pub struct ConfigArg {
 
 impl ConfigArg {
     pub fn load(&self, overrides: &Overrides) -> anyhow::Result<Settings> {
-        Settings::load(self.config.as_deref(), overrides).map_err(|e| anyhow::anyhow!("configuration: {e}"))
+        Settings::load(self.config.as_deref(), overrides)
+            .map_err(|e| anyhow::anyhow!("configuration: {}", config_error::describe(&e)))
     }
 
     /// Settings for an operator command that works on the shared Redis (`vq flag`, `pump`,
