@@ -25,6 +25,8 @@ pub struct Args {
 enum Action {
     /// Show the batch size in force (config default, global and per-target runtime values)
     Show {
+        /// Only this target, e.g. limited-drop:42 (default: the global value and every active
+        /// target that has its own)
         #[arg(long, value_name = "T")]
         target: Option<QueueTarget>,
     },
@@ -39,6 +41,7 @@ enum Action {
     },
     /// Remove the runtime batch size, for every target or one
     Clear {
+        /// Only this target's own value, e.g. limited-drop:42 (it falls back to the global one)
         #[arg(long, value_name = "T")]
         target: Option<QueueTarget>,
     },
@@ -56,6 +59,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .set_batch_size(target, Some(size))
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot set the batch size in {url}: {e}"))?;
+                if let Some(t) = target {
+                    // Listed by `batch show` from now on; the pump forgets it again while
+                    // nobody is queued for it.
+                    store.register_active(t).await.map_err(|e| anyhow::anyhow!("cannot register {t} in {url}: {e}"))?;
+                }
                 println!("batch size {size} set for {}", scope(target));
                 target
             }
@@ -76,6 +84,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("queue.batch_size (config default): {configured}");
         println!("global runtime batch size: {}", global.map_or_else(|| "not set".to_owned(), |b| b.to_string()));
         let mut in_force = global.unwrap_or(configured);
+        if shown.is_none() {
+            let targets = store
+                .active_targets()
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot list the active targets in {url}: {e}"))?;
+            let mut own = Vec::new();
+            for t in targets {
+                let snap = store.snapshot(t).await.map_err(|e| anyhow::anyhow!("cannot read {t} from {url}: {e}"))?;
+                if let Some(b) = snap.batch_override {
+                    own.push(format!("{t}: {b}"));
+                }
+            }
+            own.sort();
+            if own.is_empty() {
+                println!("per-target runtime batch sizes: none among the active targets");
+            } else {
+                println!("per-target runtime batch sizes (active targets): {}", own.join(", "));
+            }
+        }
         if let Some(t) = shown {
             let snap = store.snapshot(t).await.map_err(|e| anyhow::anyhow!("cannot read {t} from {url}: {e}"))?;
             println!(

@@ -238,7 +238,9 @@ async fn batch_command_sets_shows_and_clears_the_runtime_batch_size() {
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("in force for LIMITED_DROP:3: 50"), "{text}");
     let show = vq(&redis, &["batch", "show"]);
-    assert!(String::from_utf8_lossy(&show.stdout).contains("in force: 70"));
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("in force: 70"), "{text}");
+    assert!(text.contains("per-target runtime batch sizes (active targets): LIMITED_DROP:3: 50"), "{text}");
 
     assert!(vq(&redis, &["batch", "clear", "--target", "limited-drop:3"]).status.success());
     assert!(vq(&redis, &["batch", "clear"]).status.success());
