@@ -1,55 +1,127 @@
 //! The README's main command, `scripts/dev.sh`, run as a user would (debug build, on the
-//! test's own Redis and port).
+//! test's own port).
 
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use tempfile::NamedTempFile;
 
 use crate::support::{RedisServer, free_port};
 
-#[tokio::test]
-async fn dev_script_serves_with_the_queue_on_and_stops_cleanly() {
-    let redis = RedisServer::spawn();
-    let port = free_port();
+/// Starts `scripts/dev.sh` in its own process group with the debug build, stderr to `log`.
+fn dev_sh(port: u16, envs: &[(&str, String)], log: &NamedTempFile) -> Child {
     let root = env!("CARGO_MANIFEST_DIR");
-    let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(format!("{root}/scripts/dev.sh"))
-        .current_dir(root)
+    let mut cmd = Command::new(format!("{root}/scripts/dev.sh"));
+    cmd.current_dir(root)
         .env("DEV_PROFILE", "debug")
         .env("VQ_LISTEN", format!("127.0.0.1:{port}"))
-        .env("VQ_REDIS__URL", redis.url())
+        .env_remove("VQ_REDIS__URL")
         .env_remove("VQ_TOKEN_SECRET")
         .stdout(Stdio::null())
         .stderr(log.reopen().unwrap())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+        .process_group(0);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+fn said(log: &NamedTempFile) -> String {
+    std::fs::read_to_string(log.path()).unwrap()
+}
+
+/// Enters user 1 once vq answers; the body of the first answer.
+async fn first_enter(child: &mut Child, port: u16, log: &NamedTempFile) -> serde_json::Value {
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries");
     let deadline = Instant::now() + Duration::from_secs(240);
-    let body = loop {
+    loop {
         if let Ok(r) = client.post(&url).header("X-User-Id", "1").send().await {
-            break r.json::<serde_json::Value>().await.unwrap();
+            return r.json::<serde_json::Value>().await.unwrap();
         }
-        assert!(child.try_wait().unwrap().is_none(), "dev.sh exited: {}", std::fs::read_to_string(log.path()).unwrap());
+        assert!(child.try_wait().unwrap().is_none(), "dev.sh exited: {}", said(log));
         assert!(Instant::now() < deadline, "dev.sh did not serve in time");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(body["status"], "WAITING", "the script turns the queue on");
-    let said = std::fs::read_to_string(log.path()).unwrap();
-    assert!(said.contains("generated a development token secret"), "{said}");
-    assert!(said.contains("curl -s -X POST"), "{said}");
+    }
+}
+
+/// SIGTERM to the script's process group, as Ctrl-C in a terminal would; waits for the end.
+async fn stop(child: &mut Child, log: &NamedTempFile) {
     let pgid = child.id().to_string();
     // bash's builtin kill signals a whole process group given as `-- -PGID`.
     let _ = Command::new("bash").args(["-c", &format!("kill -TERM -- -{pgid}")]).status();
     let stop = Instant::now() + Duration::from_secs(10);
     while child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < stop,
-            "dev.sh did not stop on SIGTERM: {}",
-            std::fs::read_to_string(log.path()).unwrap()
-        );
+        assert!(Instant::now() < stop, "dev.sh did not stop on SIGTERM: {}", said(log));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+async fn wait_for_text(log: &NamedTempFile, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !said(log).contains(text) {
+        assert!(Instant::now() < deadline, "`{text}` never printed: {}", said(log));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn dev_script_serves_with_the_queue_on_and_stops_cleanly() {
+    let redis = RedisServer::spawn();
+    let port = free_port();
+    let log = NamedTempFile::new().unwrap();
+    let mut child = dev_sh(port, &[("VQ_REDIS__URL", redis.url())], &log);
+    let body = first_enter(&mut child, port, &log).await;
+    assert_eq!(body["status"], "WAITING", "the script turns the queue on");
+    wait_for_text(&log, "curl -s -X POST").await;
+    assert!(said(&log).contains("generated a development token secret"), "{}", said(&log));
+    assert!(said(&log).contains(&format!("using the Redis at {}", redis.url())), "{}", said(&log));
+    stop(&mut child, &log).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries");
     assert!(client.post(&url).header("X-User-Id", "1").send().await.is_err(), "vq serve stopped too");
+}
+
+/// Without VQ_REDIS__URL the script never uses whatever answers on 6379: it starts its own
+/// redis-server on a free port and stops it on exit.
+#[tokio::test]
+async fn dev_script_starts_a_private_redis_on_a_free_port_and_stops_it() {
+    let port = free_port();
+    let log = NamedTempFile::new().unwrap();
+    let mut child = dev_sh(port, &[], &log);
+    assert_eq!(first_enter(&mut child, port, &log).await["status"], "WAITING");
+    let text = said(&log);
+    let redis_port: u16 = text
+        .split("started a private redis-server on 127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no private redis-server announced: {text}"));
+    assert_ne!(redis_port, 6379);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_ok());
+    stop(&mut child, &log).await;
+    assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_err(), "its redis-server is stopped");
+}
+
+/// A busy listen address ends the script with a plain reason, before any "Try:" lines.
+#[tokio::test]
+async fn dev_script_on_a_busy_port_says_so_without_the_try_lines() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let redis = RedisServer::spawn();
+    let log = NamedTempFile::new().unwrap();
+    let mut child = dev_sh(port, &[("VQ_REDIS__URL", redis.url())], &log);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dev.sh did not end: {}", said(&log));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let text = said(&log);
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("something already listens on 127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("Try:"), "{text}");
 }
