@@ -8,6 +8,16 @@ pub fn eta_seconds(ahead: u64, batch_size: u64, tick_ms: u64) -> u64 {
     (ticks * tick_ms).div_ceil(1000)
 }
 
+/// When a waiting user should poll next, in whole seconds: half the ETA, at least one tick
+/// (nothing changes for a user between ticks) and at most a quarter of the heartbeat timeout
+/// (so a client that follows it is never evicted, even after a lost poll or two). Users far
+/// back poll seldom, users about to be admitted every tick.
+pub fn poll_after_seconds(eta_seconds: u64, tick_ms: u64, heartbeat_timeout_s: u64) -> u64 {
+    let cap = (heartbeat_timeout_s / 4).max(1);
+    let floor = tick_ms.div_ceil(1000).clamp(1, cap);
+    (eta_seconds / 2).clamp(floor, cap)
+}
+
 /// A user's place in a queue, decided from the fixed sequence number, never the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuePosition {
@@ -42,6 +52,32 @@ mod tests {
         assert_eq!(eta_seconds(1199, 100, 2000), 24);
         assert_eq!(eta_seconds(0, 100, 500), 1);
         assert_eq!(eta_seconds(5, 0, 2000), 12, "a zero batch is treated as one");
+    }
+
+    #[test]
+    fn poll_pacing_follows_the_eta_within_a_tick_and_a_quarter_of_the_heartbeat() {
+        assert_eq!(poll_after_seconds(2, 2000, 60), 2, "about to be admitted: every tick");
+        assert_eq!(poll_after_seconds(0, 2000, 60), 2);
+        assert_eq!(poll_after_seconds(10, 2000, 60), 5);
+        assert_eq!(poll_after_seconds(2000, 2000, 60), 15, "far back: a quarter of the heartbeat timeout");
+        assert_eq!(poll_after_seconds(3, 500, 60), 1, "a sub-second tick still gives whole seconds");
+        assert_eq!(poll_after_seconds(100, 2000, 1), 1, "never 0, never beyond the timeout");
+        assert_eq!(poll_after_seconds(100, 10_000, 8), 2, "the cap wins over a tick longer than it");
+        for eta in 0..10_000 {
+            for hb in [1, 5, 60, 3600] {
+                let p = poll_after_seconds(eta, 2000, hb);
+                assert!(p >= 1 && (p < hb || hb == 1), "eta {eta} hb {hb}: {p}");
+            }
+        }
+    }
+
+    /// What pacing does to the poll load of the standard sale: 100k users waiting, 100 per
+    /// 2 s tick, 60 s heartbeat. Naive clients polling every 2.5 s send 40k polls/s.
+    #[test]
+    fn paced_polling_of_a_100k_queue_is_a_fraction_of_naive_polling() {
+        let per_sec: f64 =
+            (0..100_000u64).map(|ahead| 1.0 / poll_after_seconds(eta_seconds(ahead, 100, 2000), 2000, 60) as f64).sum();
+        assert!((6_000.0..7_500.0).contains(&per_sec), "{per_sec:.0} polls/s");
     }
 
     #[test]

@@ -26,10 +26,13 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 pub fn router(state: SharedState) -> Router {
-    Router::new()
+    let queue = Router::new()
         .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
         .route("/virtual-queues/{kind}/{id}/entries/me", get(queue::poll).delete(queue::leave))
         .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
+        .route_layer(axum::middleware::map_response(queue::no_store));
+    Router::new()
+        .merge(queue)
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))

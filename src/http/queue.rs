@@ -2,14 +2,18 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{ApiError, SharedState, TargetPath, User};
+use super::{ApiError, AppState, SharedState, TargetPath, User};
+use crate::domain::poll_after_seconds;
 use crate::service::{QueueStats, QueueStatus};
 use crate::store::QueueStore;
 use crate::token::iso8601;
+
+/// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
+const STORE_RETRY_AFTER_S: u64 = 2;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -20,6 +24,9 @@ pub struct StatusBody {
     eta_seconds: u64,
     entry_token: Option<String>,
     token_expires_at: Option<String>,
+    /// Seconds until the next poll, for waiting users only (also sent as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    poll_after_seconds: Option<u64>,
 }
 
 impl From<QueueStatus> for StatusBody {
@@ -33,6 +40,7 @@ impl From<QueueStatus> for StatusBody {
                 eta_seconds,
                 entry_token: None,
                 token_expires_at: None,
+                poll_after_seconds: None,
             },
             QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => Self {
                 status: admitted,
@@ -41,25 +49,52 @@ impl From<QueueStatus> for StatusBody {
                 eta_seconds: 0,
                 token_expires_at: Some(iso8601(t.expires_at)),
                 entry_token: Some(t.raw),
+                poll_after_seconds: None,
             },
         }
     }
+}
+
+/// The answer to enter and poll: a waiting user is told when to poll next, in the body and
+/// as `Retry-After`.
+fn answer(st: &AppState, status: QueueStatus) -> Response {
+    let q = &st.service.settings().queue;
+    let poll_after = match &status {
+        QueueStatus::Waiting { eta_seconds, .. } => {
+            Some(poll_after_seconds(*eta_seconds, q.tick_ms, q.heartbeat_timeout_s))
+        }
+        QueueStatus::Admitted(_) | QueueStatus::DirectAdmitted(_) => None,
+    };
+    let mut body = StatusBody::from(status);
+    body.poll_after_seconds = poll_after;
+    let mut resp = Json(body).into_response();
+    if let Some(s) = poll_after {
+        resp.headers_mut().insert(header::RETRY_AFTER, s.into());
+    }
+    resp
 }
 
 pub async fn enter(
     State(st): State<SharedState>,
     TargetPath(t): TargetPath,
     User(u): User,
-) -> Result<Json<StatusBody>, ApiError> {
-    Ok(Json(st.service.enter(t, u).await?.into()))
+) -> Result<Response, ApiError> {
+    Ok(answer(&st, st.service.enter(t, u).await?))
 }
 
 pub async fn poll(
     State(st): State<SharedState>,
     TargetPath(t): TargetPath,
     User(u): User,
-) -> Result<Json<StatusBody>, ApiError> {
-    Ok(Json(st.service.status(t, u).await?.into()))
+) -> Result<Response, ApiError> {
+    Ok(answer(&st, st.service.status(t, u).await?))
+}
+
+/// Queue answers are per user and change every tick: no cache (browser, CDN, proxy) may keep
+/// or share one.
+pub async fn no_store(mut resp: Response) -> Response {
+    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
 }
 
 pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {
@@ -75,6 +110,7 @@ pub async fn stats(State(st): State<SharedState>, TargetPath(t): TargetPath) -> 
             "STORE_UNAVAILABLE",
             "queue figures are unavailable while Redis is unreachable",
         )
+        .retry_after(STORE_RETRY_AFTER_S)
     })
 }
 

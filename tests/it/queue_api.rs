@@ -241,3 +241,67 @@ async fn stats_are_served_per_target() {
         assert!(v[k].is_number(), "{k}");
     }
 }
+
+/// Waiting users are told when to poll next (body and `Retry-After`), later the further back
+/// they are; answers to retry later carry `Retry-After`; no queue answer may be cached.
+#[tokio::test]
+async fn answers_pace_polls_and_are_never_cached() {
+    let redis = RedisServer::spawn();
+    let app = app_with_queue_on(&redis, |s| {
+        s.queue.batch_size = 10;
+        s.queue.max_capacity = 2000;
+    })
+    .await;
+    let no_store =
+        |r: &reqwest::Response| r.headers().get("cache-control").and_then(|v| v.to_str().ok()) == Some("no-store");
+    let retry_after =
+        |r: &reqwest::Response| r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let mut paced = Vec::new();
+    for u in 1..=2000u64 {
+        let r = app.enter(T, u).await;
+        if [1, 20, 200, 2000].contains(&u) {
+            assert!(no_store(&r), "{:?}", r.headers());
+            let header = retry_after(&r);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["status"], "WAITING");
+            assert_eq!(header, v["pollAfterSeconds"].as_u64(), "the header and the body agree: {v}");
+            paced.push(header.expect("Retry-After on a waiting answer"));
+        }
+    }
+    // batch 10 per tick of test_settings: the front polls every tick, the back a quarter of the heartbeat.
+    let s = test_settings(None);
+    let tick_s = s.queue.tick_ms.div_ceil(1000).max(1);
+    assert_eq!(paced[0], tick_s.min(s.queue.heartbeat_timeout_s / 4), "{paced:?}");
+    assert!(paced.windows(2).all(|w| w[0] <= w[1]), "further back, less often: {paced:?}");
+    assert_eq!(*paced.last().unwrap(), (s.queue.heartbeat_timeout_s / 4).max(1), "{paced:?}");
+
+    let r = app.poll(T, 1).await;
+    assert!(no_store(&r) && retry_after(&r).is_some());
+    let full = app.enter(T, 5000).await;
+    assert_eq!(full.status(), 429);
+    assert!(no_store(&full) && retry_after(&full).is_some_and(|s| s >= 1), "{:?}", full.headers());
+    let unknown = app.poll(T, 9999).await;
+    assert_eq!(unknown.status(), 404);
+    assert!(no_store(&unknown) && retry_after(&unknown).is_none());
+    let bad = app.client.post(app.url("/virtual-queues/limited-drop/42/entries")).send().await.unwrap();
+    assert_eq!(bad.status(), 400);
+    assert!(no_store(&bad));
+    let stats = app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap();
+    assert!(no_store(&stats));
+}
+
+#[tokio::test]
+async fn admitted_answers_carry_no_poll_pacing_and_redis_down_stats_say_when_to_retry() {
+    let mut redis = RedisServer::spawn();
+    let app = spawn_app(test_settings(Some(&redis)), false).await;
+    // Flag off: DIRECT_ADMITTED, nothing to poll for.
+    let r = app.enter(T, 1).await;
+    assert!(r.headers().get("retry-after").is_none());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "DIRECT_ADMITTED");
+    assert!(v.get("pollAfterSeconds").is_none(), "{v}");
+    redis.kill();
+    let stats = app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap();
+    assert_eq!(stats.status(), 503);
+    assert!(stats.headers().get("retry-after").is_some(), "{:?}", stats.headers());
+}
