@@ -121,7 +121,7 @@ async fn change_and_confirm(
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let rows = rows(&live, &acks);
-    print_table(&rows, Some((written_at, version)));
+    print_table(&rows, version, Some(written_at));
     if rows.is_empty() {
         eprintln!(
             "error: no instance acknowledged version {version}: no vq instance is live on {location}. The \
@@ -167,7 +167,9 @@ fn rows(before: &[FlagAck], now: &[FlagAck]) -> Vec<Row> {
         .collect()
 }
 
-fn print_table(rows: &[Row], change: Option<(u64, u64)>) {
+/// `version`: the one each instance should apply; `written_at`: when it was written, for the
+/// delay column (only right after a change).
+fn print_table(rows: &[Row], version: u64, written_at: Option<u64>) {
     if rows.is_empty() {
         return;
     }
@@ -180,16 +182,16 @@ fn print_table(rows: &[Row], change: Option<(u64, u64)>) {
             table.add_row(vec![r.instance.clone(), "-".into(), "-".into(), "-".into(), state.into()]);
             continue;
         };
-        let delay = match change {
-            Some((written_at, version)) if a.version >= version => {
-                format!("{} ms", a.applied_at_ms.saturating_sub(written_at))
-            }
+        let delay = match written_at {
+            Some(w) if a.version >= version => format!("{} ms", a.applied_at_ms.saturating_sub(w)),
             _ => "-".to_owned(),
         };
-        let state = match change {
-            _ if a.kept_missing => "KEEPS LAST KNOWN (flag hash missing)",
-            Some((_, version)) if a.version < version => "NOT APPLIED",
-            _ => "applied",
+        let state = if a.kept_missing {
+            "KEEPS LAST KNOWN (flag hash missing)"
+        } else if a.version < version {
+            "NOT APPLIED"
+        } else {
+            "applied"
         };
         let in_force = if a.state.is_empty() { "-".to_owned() } else { a.state.clone() };
         table.add_row(vec![r.instance.clone(), a.version.to_string(), in_force, delay, state.to_owned()]);
@@ -209,7 +211,7 @@ fn print_status(stored: Option<&FlagState>, acks: &[FlagAck]) {
         None => println!("virtual-queue.enabled: off (never set: no flag hash in Redis)"),
     }
     let rows: Vec<Row> = acks.iter().map(|a| Row { instance: a.instance.clone(), ack: Some(a.clone()) }).collect();
-    print_table(&rows, None);
+    print_table(&rows, stored.map_or(0, |f| f.version), None);
 }
 
 fn print_flag(flag: &FlagState) {
