@@ -71,10 +71,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let store = open_store(&settings)?;
         let stored =
             store.read_stored_flag().await.map_err(|e| anyhow::anyhow!("cannot reach Redis at {location}: {e}"))?;
+        let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
+        let kept = stored.is_none() && live.iter().any(|a| a.kept_missing);
         let change = match args.action {
             Action::Status => {
-                let acks = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
-                print_status(stored.as_ref(), &acks);
+                print_status(stored.as_ref(), &live);
                 return Ok(ExitCode::SUCCESS);
             }
             Action::On { percent, target: None } => FlagChange::On { percent },
@@ -88,7 +89,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 FlagChange::ClearTarget(target)
             }
         };
-        change_and_confirm(&store, change, stored.is_none(), &location).await
+        if kept && matches!(change, FlagChange::Target(..) | FlagChange::ClearTarget(_)) {
+            // A hash holding only this override would read as "global off" on every instance.
+            anyhow::bail!(
+                "the flag hash is missing from Redis and instances keep their last known flag: nothing written. \
+                 Write the global flag first (`vq flag on [--percent N]` or `vq flag off`), then the override"
+            );
+        }
+        change_and_confirm(&store, change, live, kept, &location).await
     })
 }
 
@@ -97,13 +105,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 async fn change_and_confirm(
     store: &AnyStore,
     change: FlagChange,
-    was_missing: bool,
+    live: Vec<FlagAck>,
+    kept: bool,
     location: &str,
 ) -> anyhow::Result<ExitCode> {
-    let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
     let written_at = now_epoch_ms();
     let version = store.change_flag(change).await.map_err(|e| anyhow::anyhow!("cannot write the flag: {e}"))?;
-    if was_missing && live.iter().any(|a| a.kept_missing) {
+    if kept {
         println!("the flag hash was missing from Redis; instances kept their last known flag until now");
     }
     println!("flag written: version {version}");
@@ -150,8 +158,9 @@ struct Row {
 }
 
 impl Row {
+    /// An instance still keeping a lost flag has not read this write, whatever its version.
     fn applied(&self, version: u64) -> bool {
-        self.ack.as_ref().is_some_and(|a| a.version >= version)
+        self.ack.as_ref().is_some_and(|a| a.version >= version && !a.kept_missing)
     }
 }
 
@@ -272,5 +281,7 @@ mod tests {
         assert_eq!(names, ["a", "b", "c"]);
         assert!(rows[0].applied(2) && !rows[1].applied(2) && rows[2].applied(2));
         assert!(rows[1].ack.is_none());
+        let kept = FlagAck { kept_missing: true, ..ack("d", 9) };
+        assert!(!super::rows(&[], &[kept])[0].applied(2), "keeping a lost flag is not applying a new one");
     }
 }

@@ -166,6 +166,12 @@ async fn a_flushed_flag_keeps_the_gate_closed_until_the_operator_writes_it_again
     assert!(text.contains("MISSING") && text.contains("vq-a") && text.contains("KEEPS LAST KNOWN"), "{text}");
     assert!(text.contains("on 100%"), "status names what instances keep: {text}");
 
+    // An override alone would write a hash that reads as "global off": refused.
+    let partial = vq_flag(&redis.url(), &["on", "--target", "limited-drop:9"]);
+    assert_eq!(partial.status.code(), Some(1), "{}", out(&partial));
+    assert!(String::from_utf8_lossy(&partial.stderr).contains("nothing written"), "{}", out(&partial));
+    assert_eq!(purchase_without_token(&procs[0], 1).await, 403);
+
     let off = vq_flag(&redis.url(), &["off"]);
     assert!(off.status.success(), "{}", out(&off));
     let text = String::from_utf8_lossy(&off.stdout);
