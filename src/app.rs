@@ -46,6 +46,8 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     let every = Duration::from_millis(service.settings().flag.refresh_ms);
     let mut failing = false;
     let mut applied: Option<(u64, u64)> = None;
+    // Present from start, also while Redis is down and no refresh has worked yet.
+    crate::metrics::set_flag_missing(service.flag_missing());
     loop {
         match service.refresh_flag().await {
             Ok(flag) => {

@@ -227,6 +227,15 @@ async fn a_fresh_instance_on_an_empty_redis_has_the_queue_off() {
     assert!(String::from_utf8_lossy(&status.stdout).contains("never set"), "{}", out(&status));
 }
 
+/// The gauge exists from start even when Redis is down and no flag was ever read.
+#[tokio::test]
+async fn the_flag_missing_gauge_is_present_while_redis_is_down() {
+    let url = format!("redis://127.0.0.1:{}", crate::support::free_port());
+    let p = VqProcess::serve_env(&[("VQ_REDIS__URL", url)]).await;
+    assert_eq!(metric(&p, "virtual_queue_flag_missing").await, Some(0.0));
+    assert_eq!(readyz(&p).await["flag"]["missing"], false);
+}
+
 #[tokio::test]
 async fn flag_on_without_any_live_instance_says_so_and_fails_but_writes() {
     let redis = RedisServer::spawn();
