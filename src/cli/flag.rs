@@ -16,7 +16,7 @@ use crate::store::{AnyStore, FlagAck, QueueStore};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:
-  vq flag status
+  vq flag status [--json]
   vq flag on                      # every user goes through the queue
   vq flag on --percent 10         # canary: 10 % of users
   vq flag off --target limited-drop:42
@@ -36,7 +36,12 @@ pub struct Args {
 #[derive(Subcommand)]
 enum Action {
     /// Show the flag as stored in Redis, its target overrides, and what each instance applies
-    Status,
+    Status {
+        /// One JSON object: the stored flag (null when its hash is missing), whether instances
+        /// keep a lost flag, and each instance's acknowledgement
+        #[arg(long)]
+        json: bool,
+    },
     /// Turn the queue on, for everyone or a canary share, globally or for one target
     On {
         /// Share of users (0–100) that go through the queue
@@ -74,7 +79,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
         let kept = stored.is_none() && live.iter().any(|a| a.kept_missing);
         let change = match args.action {
-            Action::Status => {
+            Action::Status { json: true } => {
+                println!("{}", status_json(stored.as_ref(), &live));
+                return Ok(ExitCode::SUCCESS);
+            }
+            Action::Status { json: false } => {
                 print_status(stored.as_ref(), &live);
                 return Ok(ExitCode::SUCCESS);
             }
@@ -223,6 +232,38 @@ fn print_status(stored: Option<&FlagState>, acks: &[FlagAck]) {
     print_table(&rows, stored.map_or(0, |f| f.version), None);
 }
 
+fn status_json(stored: Option<&FlagState>, acks: &[FlagAck]) -> serde_json::Value {
+    let flag = stored.map(|f| {
+        let overrides: serde_json::Map<String, serde_json::Value> =
+            f.overrides.iter().map(|(t, o)| (t.to_string(), override_text(*o).into())).collect();
+        serde_json::json!({"enabled": f.enabled, "percent": f.percent, "version": f.version, "overrides": overrides})
+    });
+    let instances: Vec<serde_json::Value> = acks
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "instance": a.instance,
+                "version": a.version,
+                "appliedAtMs": a.applied_at_ms,
+                "keepsMissingFlag": a.kept_missing,
+                "state": a.state,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "flag": flag,
+        "missing": stored.is_none() && acks.iter().any(|a| a.kept_missing),
+        "instances": instances,
+    })
+}
+
+fn override_text(o: TargetOverride) -> String {
+    match o {
+        TargetOverride::Off => "off".to_owned(),
+        TargetOverride::On { percent } => format!("on {percent}%"),
+    }
+}
+
 fn print_flag(flag: &FlagState) {
     println!("virtual-queue.enabled: {} (version {})", flag.describe(None), flag.version);
     if flag.overrides.is_empty() {
@@ -231,11 +272,7 @@ fn print_flag(flag: &FlagState) {
     }
     println!("target overrides (win over the global setting; `vq flag clear --target T` removes one):");
     for (target, o) in &flag.overrides {
-        let state = match o {
-            TargetOverride::Off => "off".to_owned(),
-            TargetOverride::On { percent } => format!("on {percent}%"),
-        };
-        println!("  {target}: {state}");
+        println!("  {target}: {}", override_text(*o));
     }
 }
 

@@ -100,6 +100,10 @@ async fn flag_off_removes_every_target_override_on_every_instance() {
     let status = vq_flag(&redis.url(), &["status"]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("LIMITED_DROP:42: on 100%") && text.contains("LIMITED_DROP:7: on 100%"), "{text}");
+    let json = vq_flag(&redis.url(), &["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status --json");
+    assert_eq!(v["flag"]["overrides"]["LIMITED_DROP:42"], "on 100%", "{v}");
+    assert_eq!((v["missing"].as_bool(), v["instances"].as_array().map(Vec::len)), (Some(false), Some(2)), "{v}");
 
     let off = vq_flag(&redis.url(), &["off"]);
     assert!(off.status.success(), "{}", out(&off));
@@ -165,6 +169,13 @@ async fn a_flushed_flag_keeps_the_gate_closed_until_the_operator_writes_it_again
     let text = out(&status);
     assert!(text.contains("MISSING") && text.contains("vq-a") && text.contains("KEEPS LAST KNOWN"), "{text}");
     assert!(text.contains("on 100%"), "status names what instances keep: {text}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&vq_flag(&redis.url(), &["status", "--json"]).stdout).expect("status --json");
+    assert_eq!((v["flag"].is_null(), v["missing"].as_bool()), (true, Some(true)), "{v}");
+    assert_eq!(
+        (v["instances"][0]["keepsMissingFlag"].as_bool(), v["instances"][0]["state"].as_str()),
+        (Some(true), Some("on 100%"))
+    );
 
     // An override alone would write a hash that reads as "global off": refused.
     let partial = vq_flag(&redis.url(), &["on", "--target", "limited-drop:9"]);
