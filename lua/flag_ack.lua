@@ -2,17 +2,21 @@
 -- confirmation. One hash instead of one key per instance, so readers need no SCAN (which on
 -- Redis Cluster would see one node only, and on one node walks every token key).
 --
--- KEYS[1] virtual-queue:acks   HASH instance -> "version:applied_at_ms:expires_at_ms"
+-- KEYS[1] virtual-queue:acks   HASH instance ->
+--                              "version:applied_at_ms:expires_at_ms:missing:state"
 --                              (expires_at_ms on Redis' clock; readers prune past it)
 -- ARGV[1] instance id
 -- ARGV[2] flag version applied
 -- ARGV[3] applied at, epoch ms (the instance's clock, shown to the operator)
 -- ARGV[4] lifetime of this acknowledgement, ms
+-- ARGV[5] "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
+-- ARGV[6] the flag the instance applies, one line for the operator (e.g. "on 100%")
 -- returns 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. ARGV[3] .. ':' .. string.format('%.0f', now + ttl))
+redis.call('HSET', KEYS[1], ARGV[1],
+  ARGV[2] .. ':' .. ARGV[3] .. ':' .. string.format('%.0f', now + ttl) .. ':' .. ARGV[5] .. ':' .. ARGV[6])
 -- The hash goes away by itself once no instance acknowledges any more.
 redis.call('PEXPIRE', KEYS[1], ttl)
 return 1

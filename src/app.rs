@@ -46,19 +46,27 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     let every = Duration::from_millis(service.settings().flag.refresh_ms);
     let mut failing = false;
     let mut applied: Option<(u64, u64)> = None;
+    // Present from start, also while Redis is down and no refresh has worked yet.
+    crate::metrics::set_flag_missing(service.flag_missing());
     loop {
         match service.refresh_flag().await {
-            Ok(version) => {
+            Ok(flag) => {
                 if failing {
                     failing = false;
                     tracing::info!("flag refresh works again");
                 }
                 let (v, at) = match applied {
-                    Some((v, at)) if v == version => (v, at),
-                    _ => (version, now_epoch_ms()),
+                    Some((v, at)) if v == flag.version => (v, at),
+                    _ => (flag.version, now_epoch_ms()),
                 };
                 applied = Some((v, at));
-                let ack = FlagAck { instance: instance_id.clone(), version: v, applied_at_ms: at };
+                let ack = FlagAck {
+                    instance: instance_id.clone(),
+                    version: v,
+                    applied_at_ms: at,
+                    kept_missing: flag.kept_missing,
+                    state: flag.state,
+                };
                 let _ = service.store.ack_flag(ack, FLAG_ACK_TTL_MS).await;
             }
             Err(e) if !failing => {

@@ -30,6 +30,7 @@ pub const WAIT_SECONDS: &str = "virtual_queue_wait_seconds";
 pub const BYPASS_ATTEMPTS_TOTAL: &str = "virtual_queue_bypass_attempts_total";
 pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
 pub const HTTP_DURATION: &str = "virtual_queue_http_request_duration_seconds";
+pub const FLAG_MISSING: &str = "virtual_queue_flag_missing";
 
 /// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
 /// are for alerting and dashboards).
@@ -72,6 +73,10 @@ fn describe() {
     describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
     describe_counter!(REDIS_DEGRADED_TOTAL, "Requests answered fail-open because Redis failed");
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
+    describe_gauge!(
+        FLAG_MISSING,
+        "1 while the flag hash is missing from Redis and this instance keeps its last known flag"
+    );
 }
 
 /// Creates every series with known labels at 0, so `rate()` and the shipped alerts see them
@@ -111,6 +116,12 @@ pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f
 
 pub fn set_capacity(max_capacity: u64) {
     gauge!(QUEUE_CAPACITY).set(max_capacity as f64);
+}
+
+/// Set at every flag refresh (the first one before serving), so the series exists from start.
+pub fn set_flag_missing(missing: bool) {
+    install();
+    gauge!(FLAG_MISSING).set(if missing { 1.0 } else { 0.0 });
 }
 
 /// Called by the pump that advanced the mark.

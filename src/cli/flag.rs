@@ -1,4 +1,4 @@
-//! `vq flag status | on [--percent N] [--target T] | off [--target T]`.
+//! `vq flag status | on [--percent N] [--target T] | off [--target T] | clear --target T`.
 
 use std::process::ExitCode;
 
@@ -9,14 +9,23 @@ use comfy_table::Table;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
-use crate::domain::{FlagState, QueueTarget, TargetOverride};
+use crate::config::Settings;
+use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
 use crate::service::now_epoch_ms;
 use crate::store::{AnyStore, FlagAck, QueueStore};
 
 #[derive(clap::Args)]
-#[command(
-    after_help = "Examples:\n  vq flag status\n  vq flag on                      # every user goes through the queue\n  vq flag on --percent 10         # canary: 10 % of users\n  vq flag off --target limited-drop:42\n  vq flag off                     # rollback: every instance stops queueing within 3 s"
-)]
+#[command(after_help = "Examples:
+  vq flag status [--json]
+  vq flag on                      # every user goes through the queue
+  vq flag on --percent 10         # canary: 10 % of users
+  vq flag off --target limited-drop:42
+  vq flag clear --target limited-drop:42
+  vq flag off                     # rollback: no target queued on any instance within 3 s
+
+Exit status of on/off/clear: 0 when every live instance applied the change; 1 when one did
+not, when no instance is live to acknowledge it (the change is written all the same), or on
+an error.")]
 pub struct Args {
     #[command(subcommand)]
     action: Action,
@@ -26,118 +35,290 @@ pub struct Args {
 
 #[derive(Subcommand)]
 enum Action {
-    /// Show the flag as stored in Redis
-    Status,
+    /// Show the flag as stored in Redis, its target overrides, and what each instance applies
+    Status {
+        /// One JSON object: the stored flag (null when its hash is missing), whether instances
+        /// keep a lost flag, and each instance's acknowledgement
+        #[arg(long)]
+        json: bool,
+    },
     /// Turn the queue on, for everyone or a canary share, globally or for one target
     On {
         /// Share of users (0–100) that go through the queue
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(0..=100))]
         percent: u8,
-        /// Only this target, e.g. limited-drop:42
+        /// Only this target (an override that wins over the global setting), e.g. limited-drop:42
         #[arg(long, value_name = "T")]
         target: Option<QueueTarget>,
     },
-    /// Turn the queue off, globally or for one target
+    /// Turn the queue off: without --target everywhere, removing every target override
     Off {
+        /// Only this target (an override that wins over the global setting), e.g. limited-drop:42;
+        /// a later global `vq flag off` removes it
         #[arg(long, value_name = "T")]
         target: Option<QueueTarget>,
+    },
+    /// Remove one target's override: the target follows the global setting again
+    Clear {
+        /// The target whose override goes, e.g. limited-drop:42
+        #[arg(long, value_name = "T")]
+        target: QueueTarget,
     },
 }
 
+/// A flag change takes effect on every instance within 3 s.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(3);
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    // Exit 0: applied by every live instance; 1: some did not within 3 s, or an error.
     let settings = args.config.load_shared("flag")?;
+    let location = redis_location(&settings);
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
-        let flag = store
-            .read_flag()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach Redis at {}: {e}", settings.redis.url))?;
+        let stored =
+            store.read_stored_flag().await.map_err(|e| anyhow::anyhow!("cannot reach Redis at {location}: {e}"))?;
+        let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
+        let kept = stored.is_none() && live.iter().any(|a| a.kept_missing);
         let change = match args.action {
-            Action::Status => {
-                print_flag(&flag);
-                let acks = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
-                print_acks(&acks, None, flag.version);
+            Action::Status { json: true } => {
+                println!("{}", status_json(stored.as_ref(), &live));
                 return Ok(ExitCode::SUCCESS);
             }
-            Action::On { percent, target } => (true, percent, target),
-            Action::Off { target } => (false, 0, target),
-        };
-        // The instances alive now must all apply the change; an instance that stops
-        // acknowledging meanwhile is named too.
-        let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
-        let written_at = now_epoch_ms();
-        let version = set(&store, change.0, change.1, change.2).await?;
-        println!("flag changed: version {version}");
-        print_flag(&store.read_flag().await?);
-        let deadline = Instant::now() + CONFIRM_WITHIN;
-        let acks = loop {
-            let acks = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
-            let done = live.iter().all(|l| acks.iter().any(|a| a.instance == l.instance && a.version >= version));
-            if done || Instant::now() >= deadline {
-                break acks;
+            Action::Status { json: false } => {
+                print_status(stored.as_ref(), &live);
+                return Ok(ExitCode::SUCCESS);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            Action::On { percent, target: None } => FlagChange::On { percent },
+            Action::On { percent, target: Some(t) } => FlagChange::Target(t, TargetOverride::On { percent }),
+            Action::Off { target: None } => FlagChange::Off,
+            Action::Off { target: Some(t) } => FlagChange::Target(t, TargetOverride::Off),
+            Action::Clear { target } => {
+                if !stored.as_ref().is_some_and(|f| f.overrides.contains_key(&target)) {
+                    println!("{target} has no override: nothing to remove (writing anyway, so instances confirm)");
+                }
+                FlagChange::ClearTarget(target)
+            }
         };
-        print_acks(&acks, Some(written_at), version);
-        let laggards: Vec<&str> = live
-            .iter()
-            .filter(|l| !acks.iter().any(|a| a.instance == l.instance && a.version >= version))
-            .map(|l| l.instance.as_str())
-            .collect();
-        if live.is_empty() {
-            println!("no live vq instance is acknowledging flag changes (none running?)");
+        if kept && matches!(change, FlagChange::Target(..) | FlagChange::ClearTarget(_)) {
+            // A hash holding only this override would read as "global off" on every instance.
+            anyhow::bail!(
+                "the flag hash is missing from Redis and instances keep their last known flag: nothing written. \
+                 Write the global flag first (`vq flag on [--percent N]` or `vq flag off`), then the override"
+            );
         }
-        if laggards.is_empty() {
-            println!("applied by all {} live instance(s)", live.len());
-            Ok(ExitCode::SUCCESS)
-        } else {
-            eprintln!("error: not applied within {} s by: {}", CONFIRM_WITHIN.as_secs(), laggards.join(", "));
-            Ok(ExitCode::FAILURE)
-        }
+        change_and_confirm(&store, change, live, kept, &location).await
     })
 }
 
-/// SPEC §1: a flag change takes effect on every instance within 3 s.
-const CONFIRM_WITHIN: Duration = Duration::from_secs(3);
+/// Writes the change, then waits up to [`CONFIRM_WITHIN`] for every instance that was live
+/// (or became live) to acknowledge it, and prints who did.
+async fn change_and_confirm(
+    store: &AnyStore,
+    change: FlagChange,
+    live: Vec<FlagAck>,
+    kept: bool,
+    location: &str,
+) -> anyhow::Result<ExitCode> {
+    let written_at = now_epoch_ms();
+    let version = store.change_flag(change).await.map_err(|e| anyhow::anyhow!("cannot write the flag: {e}"))?;
+    if kept {
+        println!("the flag hash was missing from Redis; instances kept their last known flag until now");
+    }
+    println!("flag written: version {version}");
+    match store.read_stored_flag().await.map_err(|e| anyhow::anyhow!("cannot read the flag back: {e}"))? {
+        Some(flag) => print_flag(&flag),
+        None => println!("the flag hash is missing again right after the write (is something deleting it?)"),
+    }
+    let deadline = Instant::now() + CONFIRM_WITHIN;
+    let acks = loop {
+        let acks = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
+        let rows = rows(&live, &acks);
+        if rows.iter().all(|r| r.applied(version)) || Instant::now() >= deadline {
+            break acks;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rows = rows(&live, &acks);
+    print_table(&rows, version, Some(written_at));
+    if rows.is_empty() {
+        eprintln!(
+            "error: no instance acknowledged version {version}: no vq instance is live on {location}. The \
+             change IS written in Redis (instances apply it when they start); check that they use this Redis"
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let laggards: Vec<&str> = rows.iter().filter(|r| !r.applied(version)).map(|r| r.instance.as_str()).collect();
+    if laggards.is_empty() {
+        println!("applied by all {} live instance(s)", rows.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: version {version} is written but not applied within {} s by: {}",
+            CONFIRM_WITHIN.as_secs(),
+            laggards.join(", ")
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
 
-fn print_acks(acks: &[FlagAck], written_at: Option<u64>, version: u64) {
-    if acks.is_empty() {
+/// One instance in the confirmation table: its acknowledgement now, if it still has one.
+struct Row {
+    instance: String,
+    ack: Option<FlagAck>,
+}
+
+impl Row {
+    /// An instance still keeping a lost flag has not read this write, whatever its version.
+    fn applied(&self, version: u64) -> bool {
+        self.ack.as_ref().is_some_and(|a| a.version >= version && !a.kept_missing)
+    }
+}
+
+/// Every instance live before the write or acknowledging now: one that was live and whose
+/// acknowledgement expired during the wait stays in the table, without one.
+fn rows(before: &[FlagAck], now: &[FlagAck]) -> Vec<Row> {
+    let mut names: Vec<&str> = before.iter().chain(now).map(|a| a.instance.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| Row { instance: n.to_owned(), ack: now.iter().find(|a| a.instance == n).cloned() })
+        .collect()
+}
+
+/// `version`: the one each instance should apply; `written_at`: when it was written, for the
+/// delay column (only right after a change).
+fn print_table(rows: &[Row], version: u64, written_at: Option<u64>) {
+    if rows.is_empty() {
         return;
     }
     let mut table = Table::new();
     table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
-    table.set_header(vec!["instance", "applied version", "delay", "state"]);
-    for a in acks {
+    table.set_header(vec!["instance", "applied version", "flag in force", "delay", "state"]);
+    for r in rows {
+        let Some(a) = &r.ack else {
+            let state = "NOT APPLIED (acknowledgement expired: stopped, or cut off from Redis)";
+            table.add_row(vec![r.instance.clone(), "-".into(), "-".into(), "-".into(), state.into()]);
+            continue;
+        };
         let delay = match written_at {
             Some(w) if a.version >= version => format!("{} ms", a.applied_at_ms.saturating_sub(w)),
             _ => "-".to_owned(),
         };
-        let state = if a.version >= version { "applied" } else { "NOT APPLIED" };
-        table.add_row(vec![a.instance.clone(), a.version.to_string(), delay, state.to_owned()]);
+        let state = if a.kept_missing {
+            "KEEPS LAST KNOWN (flag hash missing)"
+        } else if a.version < version {
+            "NOT APPLIED"
+        } else {
+            "applied"
+        };
+        let in_force = if a.state.is_empty() { "-".to_owned() } else { a.state.clone() };
+        table.add_row(vec![r.instance.clone(), a.version.to_string(), in_force, delay, state.to_owned()]);
     }
     println!("{table}");
 }
 
-async fn set(store: &AnyStore, on: bool, percent: u8, target: Option<QueueTarget>) -> anyhow::Result<u64> {
-    let fields = match target {
-        Some(t) => {
-            let o = if on { TargetOverride::On { percent } } else { TargetOverride::Off };
-            vec![FlagState::override_field(t, o)]
+fn print_status(stored: Option<&FlagState>, acks: &[FlagAck]) {
+    match stored {
+        Some(flag) => print_flag(flag),
+        None if acks.iter().any(|a| a.kept_missing) => {
+            println!("virtual-queue.enabled: FLAG HASH MISSING from Redis (virtual-queue:flag)");
+            println!("  instances that read it before keep their last known flag (table below); instances");
+            println!("  starting now treat it as off. Re-assert it with `vq flag on` or `vq flag off`.");
+            eprintln!("warning: the flag hash is missing from Redis; instances keep their last known flag");
         }
-        None if on => vec![("enabled".into(), "1".into()), ("percent".into(), percent.to_string())],
-        None => vec![("enabled".into(), "0".into())],
-    };
-    store.write_flag(fields, Vec::new()).await.map_err(|e| anyhow::anyhow!("cannot write the flag: {e}"))
+        None => println!("virtual-queue.enabled: off (never set: no flag hash in Redis)"),
+    }
+    let rows: Vec<Row> = acks.iter().map(|a| Row { instance: a.instance.clone(), ack: Some(a.clone()) }).collect();
+    print_table(&rows, stored.map_or(0, |f| f.version), None);
+}
+
+fn status_json(stored: Option<&FlagState>, acks: &[FlagAck]) -> serde_json::Value {
+    let flag = stored.map(|f| {
+        let overrides: serde_json::Map<String, serde_json::Value> =
+            f.overrides.iter().map(|(t, o)| (t.to_string(), override_text(*o).into())).collect();
+        serde_json::json!({"enabled": f.enabled, "percent": f.percent, "version": f.version, "overrides": overrides})
+    });
+    let instances: Vec<serde_json::Value> = acks
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "instance": a.instance,
+                "version": a.version,
+                "appliedAtMs": a.applied_at_ms,
+                "keepsMissingFlag": a.kept_missing,
+                "state": a.state,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "flag": flag,
+        "missing": stored.is_none() && acks.iter().any(|a| a.kept_missing),
+        "instances": instances,
+    })
+}
+
+fn override_text(o: TargetOverride) -> String {
+    match o {
+        TargetOverride::Off => "off".to_owned(),
+        TargetOverride::On { percent } => format!("on {percent}%"),
+    }
 }
 
 fn print_flag(flag: &FlagState) {
     println!("virtual-queue.enabled: {} (version {})", flag.describe(None), flag.version);
+    if flag.overrides.is_empty() {
+        println!("target overrides: none");
+        return;
+    }
+    println!("target overrides (win over the global setting; `vq flag clear --target T` removes one):");
     for (target, o) in &flag.overrides {
-        let state = match o {
-            TargetOverride::Off => "off".to_owned(),
-            TargetOverride::On { percent } => format!("on {percent}%"),
-        };
-        println!("  {target}: {state}");
+        println!("  {target}: {}", override_text(*o));
+    }
+}
+
+/// The Redis this command talks to, for messages: credentials replaced by `***`.
+fn redis_location(settings: &Settings) -> String {
+    match settings.redis_cluster_nodes() {
+        Some(nodes) => format!("cluster {}", nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>().join(",")),
+        None => redact_url(&settings.redis.url),
+    }
+}
+
+/// `redis://user:secret@host:6379/0` → `redis://***@host:6379/0`.
+fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) if scheme.is_empty() => format!("***{}", &rest[at..]),
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(redact_url("redis://:hunter2@10.0.0.1:6379/0"), "redis://***@10.0.0.1:6379/0");
+        assert_eq!(redact_url("rediss://app:p@ss@host"), "rediss://***@host");
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact_url("notaurl"), "notaurl");
+    }
+
+    fn ack(instance: &str, version: u64) -> FlagAck {
+        FlagAck { instance: instance.into(), version, applied_at_ms: 0, kept_missing: false, state: String::new() }
+    }
+
+    #[test]
+    fn an_instance_whose_acknowledgement_expired_stays_in_the_table() {
+        let rows = rows(&[ack("a", 1), ack("b", 1)], &[ack("a", 2), ack("c", 2)]);
+        let names: Vec<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(rows[0].applied(2) && !rows[1].applied(2) && rows[2].applied(2));
+        assert!(rows[1].ack.is_none());
+        let kept = FlagAck { kept_missing: true, ..ack("d", 9) };
+        assert!(!super::rows(&[], &[kept])[0].applied(2), "keeping a lost flag is not applying a new one");
     }
 }

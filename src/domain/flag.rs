@@ -25,6 +25,45 @@ pub struct FlagState {
     pub version: u64,
 }
 
+/// One operator change to the flag (`vq flag on | off | clear`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagChange {
+    /// The queue on for this share of users, for every target without an override.
+    On { percent: u8 },
+    /// The rollback: the queue off everywhere. Every target override goes in the same write,
+    /// so no target stays queued.
+    Off,
+    /// A per-target override that wins over the global setting.
+    Target(QueueTarget, TargetOverride),
+    /// Removes a per-target override: the target follows the global setting again.
+    ClearTarget(QueueTarget),
+}
+
+/// The hash fields one change writes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlagFields {
+    pub set: Vec<(String, String)>,
+    pub delete: Vec<String>,
+    /// Delete every `target:*` field too.
+    pub clear_overrides: bool,
+}
+
+impl FlagChange {
+    pub fn fields(self) -> FlagFields {
+        match self {
+            FlagChange::On { percent } => FlagFields {
+                set: vec![("enabled".into(), "1".into()), ("percent".into(), percent.min(100).to_string())],
+                ..Default::default()
+            },
+            FlagChange::Off => {
+                FlagFields { set: vec![("enabled".into(), "0".into())], clear_overrides: true, ..Default::default() }
+            }
+            FlagChange::Target(t, o) => FlagFields { set: vec![FlagState::override_field(t, o)], ..Default::default() },
+            FlagChange::ClearTarget(t) => FlagFields { delete: vec![override_key(t)], ..Default::default() },
+        }
+    }
+}
+
 /// The stable bucket of a user, 0–99: FNV-1a over the decimal user id. Every instance and
 /// every language computes the same bucket for the same user.
 pub fn user_bucket(user: UserId) -> u8 {
@@ -68,6 +107,15 @@ impl FlagState {
         }
     }
 
+    /// One line for logs and the operator: "on 100%, 2 target override(s)".
+    pub fn summary(&self) -> String {
+        let global = if self.enabled { format!("on {}%", self.percent) } else { "off".to_owned() };
+        match self.overrides.len() {
+            0 => global,
+            n => format!("{global}, {n} target override(s)"),
+        }
+    }
+
     /// Reads the flag from the fields of its Redis hash. Unknown or malformed fields are
     /// ignored so that a hand edit cannot take every instance down.
     pub fn from_fields(fields: &HashMap<String, String>) -> Self {
@@ -94,8 +142,12 @@ impl FlagState {
             TargetOverride::Off => "off".to_owned(),
             TargetOverride::On { percent } => format!("on:{percent}"),
         };
-        (format!("target:{target}"), value)
+        (override_key(target), value)
     }
+}
+
+fn override_key(target: QueueTarget) -> String {
+    format!("target:{target}")
 }
 
 fn parse_override(v: &str) -> Option<TargetOverride> {
@@ -156,6 +208,17 @@ mod tests {
         assert_eq!(f.version, 9);
         assert_eq!(f.overrides.get(&t(4)), Some(&TargetOverride::On { percent: 10 }));
         assert_eq!(f.overrides.len(), 1);
+    }
+
+    #[test]
+    fn off_clears_every_override_and_clear_removes_one() {
+        let off = FlagChange::Off.fields();
+        assert!(off.clear_overrides);
+        assert_eq!(off.set, vec![("enabled".to_owned(), "0".to_owned())]);
+        let clear = FlagChange::ClearTarget(t(42)).fields();
+        assert_eq!(clear.delete, vec!["target:LIMITED_DROP:42".to_owned()]);
+        assert!(!clear.clear_overrides && clear.set.is_empty());
+        assert!(!FlagChange::On { percent: 10 }.fields().clear_overrides);
     }
 
     #[test]

@@ -118,12 +118,21 @@ pub async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({"status": "ok"}))
 }
 
-/// Ready as long as the process serves: with Redis down vq still answers (fail-open), so
-/// the probe reports the store's state without taking the instance out of rotation.
+/// Ready as long as the process serves: with Redis down vq still answers (fail-open), and
+/// with the flag hash lost it keeps the last known flag, so the probe reports both without
+/// taking the instance out of rotation.
 pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
     let store = match st.service.store.ping().await {
         Ok(()) => "ok",
         Err(_) => "unreachable",
     };
-    Json(serde_json::json!({"status": "ready", "store": store}))
+    let applied = st.service.flag();
+    let mut flag = serde_json::json!({"version": applied.version, "state": applied.summary(), "missing": false});
+    if st.service.flag_missing() {
+        flag["missing"] = true.into();
+        flag["detail"] = "the flag hash virtual-queue:flag is missing from Redis: this instance keeps its last known \
+                          flag; re-assert it with `vq flag on` or `vq flag off`"
+            .into();
+    }
+    Json(serde_json::json!({"status": "ready", "store": store, "flag": flag}))
 }

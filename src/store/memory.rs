@@ -11,7 +11,7 @@ use super::{
     AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
     TokenClaim, Waiting,
 };
-use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -120,6 +120,25 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves plain data behind; keep serving it.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What `flag_set.lua` does, under the lock: overrides cleared with the write, the new
+    /// version above every acknowledged one.
+    fn write_flag_fields(&self, fields: FlagFields) -> u64 {
+        let now = now_ms();
+        let mut inner = self.lock();
+        if fields.clear_overrides {
+            inner.flag.retain(|k, _| !k.starts_with("target:"));
+        }
+        inner.flag.extend(fields.set);
+        for k in fields.delete {
+            inner.flag.remove(&k);
+        }
+        let floor = inner.acks.values().filter(|(_, until)| *until > now).map(|(a, _)| a.version + 1).max();
+        let next = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
+        let version = next.max(floor.unwrap_or(0));
+        inner.flag.insert("version".into(), version.to_string());
+        version
     }
 }
 
@@ -261,19 +280,17 @@ impl QueueStore for MemoryStore {
         Ok(expired)
     }
 
-    async fn read_flag(&self) -> Result<FlagState, StoreError> {
-        Ok(FlagState::from_fields(&self.lock().flag))
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        let inner = self.lock();
+        Ok((!inner.flag.is_empty()).then(|| FlagState::from_fields(&inner.flag)))
     }
 
     async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        let mut inner = self.lock();
-        inner.flag.extend(set);
-        for k in delete {
-            inner.flag.remove(&k);
-        }
-        let version = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
-        inner.flag.insert("version".into(), version.to_string());
-        Ok(version)
+        Ok(self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }))
+    }
+
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        Ok(self.write_flag_fields(change.fields()))
     }
 
     async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {

@@ -14,7 +14,7 @@ use std::future::Future;
 pub use self::memory::MemoryStore;
 pub use self::redis::{RedisStore, keys};
 
-use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{FlagChange, FlagState, QueueTarget, UserId, WaitHistogram};
 
 /// What the store needs to know of the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +91,27 @@ pub struct FlagAck {
     pub version: u64,
     /// When the instance applied that version (epoch ms, its clock).
     pub applied_at_ms: u64,
+    /// The flag hash is missing from the store and the instance keeps its last known flag.
+    pub kept_missing: bool,
+    /// The flag the instance applies, one line ([`FlagState::summary`]); empty if unknown.
+    pub state: String,
+}
+
+impl FlagAck {
+    /// The hash value after the version and time: `missing:state`.
+    fn encode_rest(&self) -> (&'static str, String) {
+        (if self.kept_missing { "1" } else { "0" }, self.state.replace(':', " "))
+    }
+
+    /// Parses `version:applied_at_ms[:missing:state]`.
+    fn decode(instance: &str, value: &str) -> Option<Self> {
+        let mut parts = value.splitn(4, ':');
+        let version = parts.next()?.parse().ok()?;
+        let applied_at_ms = parts.next()?.parse().ok()?;
+        let kept_missing = parts.next() == Some("1");
+        let state = parts.next().unwrap_or_default().to_owned();
+        Some(Self { instance: instance.to_owned(), version, applied_at_ms, kept_missing, state })
+    }
 }
 
 /// A target's figures as stored, for stats and tests.
@@ -185,14 +206,26 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Drops the target from the active set when its keys have expired; returns whether it did.
     fn forget_if_expired(&self, target: QueueTarget) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    fn read_flag(&self) -> impl Future<Output = Result<FlagState, StoreError>> + Send;
+    /// The flag as stored; `None` when its hash does not exist (never written, or lost with
+    /// a Redis restart without persistence, a FLUSHALL, a failover to an empty replica).
+    fn read_stored_flag(&self) -> impl Future<Output = Result<Option<FlagState>, StoreError>> + Send;
 
-    /// Sets and deletes flag fields and bumps the version; returns the new version.
+    /// The flag as stored, off when its hash does not exist.
+    fn read_flag(&self) -> impl Future<Output = Result<FlagState, StoreError>> + Send {
+        async { Ok(self.read_stored_flag().await?.unwrap_or_default()) }
+    }
+
+    /// Sets and deletes flag fields and bumps the version; returns the new version. The new
+    /// version is above every version an instance acknowledged, also when the hash was lost.
     fn write_flag(
         &self,
         set: Vec<(String, String)>,
         delete: Vec<String>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// One operator change (`vq flag on | off | clear`) in one atomic write; `Off` removes
+    /// every target override in the same step. Returns the new version, as [`Self::write_flag`].
+    fn change_flag(&self, change: FlagChange) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// The runtime batch size for every target, if an operator set one.
     fn global_batch_size(&self) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
@@ -299,11 +332,14 @@ impl QueueStore for AnyStore {
     async fn forget_if_expired(&self, t: QueueTarget) -> Result<bool, StoreError> {
         delegate!(self, s => s.forget_if_expired(t))
     }
-    async fn read_flag(&self) -> Result<FlagState, StoreError> {
-        delegate!(self, s => s.read_flag())
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        delegate!(self, s => s.read_stored_flag())
     }
     async fn write_flag(&self, set: Vec<(String, String)>, del: Vec<String>) -> Result<u64, StoreError> {
         delegate!(self, s => s.write_flag(set, del))
+    }
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        delegate!(self, s => s.change_flag(change))
     }
     async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
         delegate!(self, s => s.global_batch_size())

@@ -25,7 +25,7 @@ use super::{
     AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
     TokenClaim, Waiting,
 };
-use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
 
 static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
@@ -145,6 +145,22 @@ impl RedisStore {
             .find_map(|l| l.strip_prefix("used_memory:"))
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| StoreError::Reply { what: "INFO memory", detail: "no used_memory line".into() })
+    }
+
+    /// `flag_set.lua` with a version floor one above the highest acknowledged version. The
+    /// flag and the acks hash live in different slots on a cluster, so the floor is read
+    /// first; an instance acknowledges only versions it read from the flag hash.
+    async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
+        let floor = self.flag_acks().await?.iter().map(|a| a.version + 1).max().unwrap_or(0);
+        let mut inv = FLAG_SET.key(keys::FLAG);
+        inv.arg(fields.set.len()).arg(if fields.clear_overrides { "1" } else { "0" }).arg(floor);
+        for (k, v) in &fields.set {
+            inv.arg(k).arg(v);
+        }
+        for k in &fields.delete {
+            inv.arg(k);
+        }
+        Ok(inv.invoke_async(&mut self.conn()).await?)
     }
 }
 
@@ -518,21 +534,18 @@ impl QueueStore for RedisStore {
         Ok(true)
     }
 
-    async fn read_flag(&self) -> Result<FlagState, StoreError> {
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
         let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
-        Ok(FlagState::from_fields(&fields))
+        Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
     }
 
     async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        let mut inv = FLAG_SET.key(keys::FLAG);
-        inv.arg(set.len());
-        for (k, v) in &set {
-            inv.arg(k).arg(v);
-        }
-        for k in &delete {
-            inv.arg(k);
-        }
-        Ok(inv.invoke_async(&mut self.conn()).await?)
+        self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
+    }
+
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        self.write_flag_fields(change.fields()).await
     }
 
     async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
@@ -671,12 +684,15 @@ impl QueueStore for RedisStore {
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let (missing, state) = ack.encode_rest();
         let _: u64 = FLAG_ACK
             .key(keys::FLAG_ACKS)
             .arg(&ack.instance)
             .arg(ack.version)
             .arg(ack.applied_at_ms)
             .arg(ttl_ms.max(1))
+            .arg(missing)
+            .arg(state)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
@@ -684,13 +700,8 @@ impl QueueStore for RedisStore {
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let live: Vec<String> = FLAG_ACKS.key(keys::FLAG_ACKS).invoke_async(&mut self.conn()).await?;
-        let mut acks: Vec<FlagAck> = live
-            .chunks_exact(2)
-            .filter_map(|pair| {
-                let (ver, at) = pair[1].split_once(':')?;
-                Some(FlagAck { instance: pair[0].clone(), version: ver.parse().ok()?, applied_at_ms: at.parse().ok()? })
-            })
-            .collect();
+        let mut acks: Vec<FlagAck> =
+            live.chunks_exact(2).filter_map(|pair| FlagAck::decode(&pair[0], &pair[1])).collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         Ok(acks)
     }

@@ -99,3 +99,14 @@ fn mint_then_verify_explains_each_outcome() {
     assert_eq!(bad_target.status.code(), Some(2));
     assert!(text(&bad_target.stderr).contains("concert"));
 }
+
+#[test]
+fn every_flag_option_has_help_text() {
+    for sub in ["on", "off", "clear"] {
+        let out = vq(&["flag", sub, "--help"], &[]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let help = text(&out.stdout);
+        let line = help.lines().find(|l| l.trim_start().starts_with("--target")).unwrap_or_default();
+        assert!(line.trim_start().len() > "--target <T>".len() + 5, "vq flag {sub}: --target has no help:\n{help}");
+    }
+}

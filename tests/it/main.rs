@@ -5,6 +5,7 @@ mod cli;
 mod cluster;
 mod conformance;
 mod failover;
+mod flag;
 pub mod gate;
 mod loadgen;
 mod processes;
