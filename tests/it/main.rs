@@ -5,6 +5,7 @@ mod cluster;
 mod conformance;
 mod failover;
 pub mod gate;
+mod gate_paths;
 mod loadgen;
 mod processes;
 mod pump;
