@@ -197,11 +197,14 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
 /// use is enforced only for tokens the proxy gate has consumed.
 pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Response {
     let refuse = |detail: String| ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", detail).into_response();
-    let Some(uri) = header_str(&headers, "x-original-uri") else {
+    let Some(raw_uri) = headers.get("x-original-uri") else {
         tracing::warn!(
             "/gate/verify without X-Original-URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"
         );
         return refuse("missing X-Original-URI header: the proxy must send the original request URI".into());
+    };
+    let Ok(uri) = raw_uri.to_str() else {
+        return refuse("the original URI holds bytes outside visible ASCII".into());
     };
     if let Some(name) = repeated_identity(&headers) {
         return refuse(repeated_detail(name));
@@ -235,4 +238,19 @@ fn original_path(uri: &str) -> &str {
     };
     let end = uri.find(['?', '#']).unwrap_or(uri.len());
     &uri[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::original_path;
+
+    #[test]
+    fn the_original_path_is_the_path_of_the_uri_as_sent() {
+        assert_eq!(original_path("/limited-drops/1/orders?x=1"), "/limited-drops/1/orders");
+        assert_eq!(original_path("/limited-drops/1/orders#x?y"), "/limited-drops/1/orders");
+        assert_eq!(original_path("http://shop:8080/limited-drops/1/orders?x"), "/limited-drops/1/orders");
+        assert_eq!(original_path("https://shop"), "/");
+        assert_eq!(original_path("/a?next=http://b/c"), "/a");
+        assert_eq!(original_path("*"), "*");
+    }
 }
