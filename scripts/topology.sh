@@ -105,13 +105,15 @@ EOF
       "$vq" serve
   done
 
-  # deploy/nginx/vq.conf as compose runs it, with the replicas' loopback ports.
+  # deploy/nginx/vq.conf as compose runs it, with the replicas' loopback ports. There is no
+  # login here: the AUTH LAYER of both files takes the client's X-User-Id as authenticated.
+  local trust_client='s/set $vq_user_id "";/set $vq_user_id $http_x_user_id;/'
   sed -e "s/vq1:8080/127.0.0.1:${vports[0]}/; s/vq2:8080/127.0.0.1:${vports[1]}/; s/vq3:8080/127.0.0.1:${vports[2]}/" \
-      -e "s/listen 80;/listen 127.0.0.1:$nport;/" deploy/nginx/vq.conf >"$state/nginx/vq.conf"
+      -e "s/listen 80;/listen 127.0.0.1:$nport;/" -e "$trust_client" deploy/nginx/vq.conf >"$state/nginx/vq.conf"
   local servers=""
   for i in 0 1 2; do servers+="server 127.0.0.1:${vports[$i]}; "; done
   sed -e "s/@LISTEN@/$aport/; s/@VQ@/$servers/; s#@BACKEND@#${backend#http://}#g" \
-      deploy/nginx/auth-request.conf >"$state/nginx/auth-request.conf"
+      -e "$trust_client" deploy/nginx/auth-request.conf >"$state/nginx/auth-request.conf"
   cat >"$state/nginx/nginx.conf" <<EOF
 daemon off;
 worker_processes 2;

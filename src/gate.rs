@@ -1,7 +1,160 @@
-//! Which requests the gate guards: a table of routes compiled once from `gate.routes`. Pure.
+//! Which requests the gate guards: a request path canonicalised once ([`CanonicalPath`]), and a
+//! table of routes compiled once from `gate.routes` that matches it. Pure.
+//!
+//! The gate must decide on what the purchase API will see, so a path is gated whenever a
+//! common upstream (Spring, Tomcat, Express, nginx) could route it to a gated route:
+//! unreserved percent-escapes are decoded, dot segments resolved, repeated slashes collapsed,
+//! and segments match a route's literals case-insensitively, without a trailing slash, without
+//! `;matrix` parameters, surrounding whitespace, or a `.suffix` (`orders.json`). Spellings
+//! that upstreams read differently from one another (an encoded `/`, `\` or control character,
+//! an encoded or parameterised dot segment, `..` above the root, invalid UTF-8) are refused
+//! with [`PathError`] instead of guessed at. Every method is gated: a route's `method` says what
+//! the upstream takes, and any other method on that path needs a token too.
 
 use crate::config::GateRoute;
 use crate::domain::{ParseError, QueueTarget, QueueTargetType};
+
+/// Why a request path is refused instead of matched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("the path must start with /")]
+    NotAbsolute,
+    #[error("the path holds a malformed percent-escape")]
+    BadEscape,
+    #[error("the path holds an encoded {0}, which servers read differently: send the path without it")]
+    EncodedDelimiter(&'static str),
+    #[error("the path holds a {0}, which servers read differently: send the path without it")]
+    RawCharacter(&'static str),
+    #[error("the path holds an encoded or parameterised dot segment, which servers read differently")]
+    DisguisedDotSegment,
+    #[error("the path climbs above the root with `..`")]
+    AboveRoot,
+    #[error("the path is not UTF-8 once decoded")]
+    NotUtf8,
+}
+
+/// A request path in the one form the gate matches and forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalPath {
+    /// Dot segments resolved, repeated slashes collapsed, unreserved escapes decoded, other
+    /// escapes in upper case; a trailing slash kept. What the gate sends upstream, so the
+    /// purchase API never sees a spelling the gate did not check.
+    forwarded: String,
+    /// The segments of `forwarded`, fully decoded, for matching.
+    segments: Vec<String>,
+}
+
+impl CanonicalPath {
+    /// Canonicalises the path of a request (no query string).
+    pub fn parse(raw: &str) -> Result<Self, PathError> {
+        let rest = raw.strip_prefix('/').ok_or(PathError::NotAbsolute)?;
+        let mut kept: Vec<(String, String)> = Vec::new();
+        let mut directory = false;
+        for seg in rest.split('/') {
+            let (forwarded, decoded, escaped_dot) = decode_segment(seg)?;
+            let bare = bare_segment(&decoded);
+            if matches!(bare, "." | "..") && (escaped_dot || bare != decoded) {
+                return Err(PathError::DisguisedDotSegment);
+            }
+            directory = true;
+            match forwarded.as_str() {
+                "" | "." => {}
+                ".." => {
+                    kept.pop().ok_or(PathError::AboveRoot)?;
+                }
+                _ => {
+                    directory = false;
+                    kept.push((forwarded, decoded));
+                }
+            }
+        }
+        let mut path = String::with_capacity(raw.len());
+        for (f, _) in &kept {
+            path.push('/');
+            path.push_str(f);
+        }
+        if kept.is_empty() || directory {
+            path.push('/');
+        }
+        Ok(Self { forwarded: path, segments: kept.into_iter().map(|(_, d)| d).collect() })
+    }
+
+    /// The path to forward upstream.
+    pub fn as_str(&self) -> &str {
+        &self.forwarded
+    }
+
+    /// Whether the path is in vq's own namespace (`/virtual-queues/…`), however spelt.
+    pub fn is_queue_api(&self) -> bool {
+        self.segments.first().is_some_and(|s| literal_matches(bare_segment(s), "virtual-queues"))
+    }
+}
+
+/// `(forwarded, decoded, had an escaped dot)` of one raw segment.
+fn decode_segment(seg: &str) -> Result<(String, String, bool), PathError> {
+    let raw = seg.as_bytes();
+    let mut forwarded = Vec::with_capacity(raw.len());
+    let mut decoded = Vec::with_capacity(raw.len());
+    let mut escaped_dot = false;
+    let mut i = 0;
+    while i < raw.len() {
+        let b = raw[i];
+        match b {
+            b'%' => {
+                let hex = raw.get(i + 1..i + 3).ok_or(PathError::BadEscape)?;
+                let hex = std::str::from_utf8(hex).map_err(|_| PathError::BadEscape)?;
+                let v = u8::from_str_radix(hex, 16).map_err(|_| PathError::BadEscape)?;
+                match v {
+                    b'/' => return Err(PathError::EncodedDelimiter("slash (%2F)")),
+                    b'\\' => return Err(PathError::EncodedDelimiter("backslash (%5C)")),
+                    0 => return Err(PathError::EncodedDelimiter("NUL (%00)")),
+                    v if v < 0x20 || v == 0x7f => return Err(PathError::EncodedDelimiter("control character")),
+                    v if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') => {
+                        escaped_dot |= v == b'.';
+                        forwarded.push(v);
+                    }
+                    v => forwarded.extend_from_slice(format!("%{v:02X}").as_bytes()),
+                }
+                decoded.push(v);
+                i += 3;
+                continue;
+            }
+            b'\\' => return Err(PathError::RawCharacter("backslash")),
+            b if b < 0x20 || b == 0x7f => return Err(PathError::RawCharacter("control character")),
+            b => {
+                forwarded.push(b);
+                decoded.push(b);
+            }
+        }
+        i += 1;
+    }
+    let forwarded = String::from_utf8(forwarded).map_err(|_| PathError::NotUtf8)?;
+    let decoded = String::from_utf8(decoded).map_err(|_| PathError::NotUtf8)?;
+    Ok((forwarded, decoded, escaped_dot))
+}
+
+/// A decoded segment as a lenient router sees it: no `;params`, no surrounding whitespace.
+fn bare_segment(decoded: &str) -> &str {
+    decoded.split(';').next().unwrap_or("").trim()
+}
+
+/// Whether `seg` (bare) names the ASCII `literal` for a case-insensitive router, alone or with
+/// a `.suffix`. Non-ASCII letters that some routers fold to an ASCII one (`ſ` → `S`, Kelvin
+/// sign → `k`) count as that letter.
+fn literal_matches(seg: &str, literal: &str) -> bool {
+    let mut chars = seg.chars();
+    for l in literal.chars() {
+        let Some(c) = chars.next() else { return false };
+        let same = c.eq_ignore_ascii_case(&l)
+            || (!c.is_ascii()
+                && (c.to_lowercase().any(|x| x.eq_ignore_ascii_case(&l))
+                    || c.to_uppercase().any(|x| x.eq_ignore_ascii_case(&l))));
+        if !same {
+            return false;
+        }
+    }
+    matches!(chars.next(), None | Some('.'))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
@@ -11,12 +164,11 @@ enum Segment {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Compiled {
-    method: String,
     segments: Vec<Segment>,
     kind: QueueTargetType,
 }
 
-/// The gated routes, matched against a request's method and path.
+/// The gated routes, matched against a request's canonical path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GateRoutes(Vec<Compiled>);
 
@@ -28,37 +180,36 @@ impl GateRoutes {
             if !r.path.starts_with('/') {
                 return Err(format!("path `{}` must start with /", r.path));
             }
-            let segments: Vec<Segment> =
-                r.path
-                    .trim_start_matches('/')
-                    .split('/')
-                    .map(|s| {
-                        if s.starts_with('{') && s.ends_with('}') {
-                            Segment::Id
-                        } else {
-                            Segment::Literal(s.to_owned())
-                        }
-                    })
-                    .collect();
+            let mut segments = Vec::new();
+            for s in r.path.trim_start_matches('/').split('/') {
+                if s.starts_with('{') && s.ends_with('}') {
+                    segments.push(Segment::Id);
+                } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_~".contains(&b)) {
+                    segments.push(Segment::Literal(s.to_owned()));
+                } else {
+                    return Err(format!("path `{}`: segment `{s}` must be letters, digits, - _ ~", r.path));
+                }
+            }
             if segments.iter().filter(|s| **s == Segment::Id).count() != 1 {
                 return Err(format!("path `{}` needs exactly one {{id}} segment", r.path));
             }
-            out.push(Compiled { method: r.method.to_ascii_uppercase(), segments, kind });
+            out.push(Compiled { segments, kind });
         }
         Ok(Self(out))
     }
 
-    /// `None` when the request is not gated; otherwise the target, or why its id is invalid.
-    pub fn match_request(&self, method: &str, path: &str) -> Option<Result<QueueTarget, ParseError>> {
-        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    /// `None` when the path is not gated; otherwise the target, or why its id is invalid.
+    /// Every method is gated.
+    pub fn match_path(&self, path: &CanonicalPath) -> Option<Result<QueueTarget, ParseError>> {
+        let parts: Vec<&str> = path.segments.iter().map(|s| bare_segment(s)).collect();
         self.0.iter().find_map(|route| {
-            if !route.method.eq_ignore_ascii_case(method) || route.segments.len() != parts.len() {
+            if route.segments.len() != parts.len() {
                 return None;
             }
             let mut id = None;
             for (seg, part) in route.segments.iter().zip(&parts) {
                 match seg {
-                    Segment::Literal(l) if l == part => {}
+                    Segment::Literal(l) if literal_matches(part, l) => {}
                     Segment::Literal(_) => return None,
                     Segment::Id => id = Some(*part),
                 }
@@ -78,15 +229,104 @@ mod tests {
         GateRoutes::compile(&GateSettings::default().routes).unwrap()
     }
 
+    fn gated(path: &str) -> Option<Result<QueueTarget, ParseError>> {
+        routes().match_path(&CanonicalPath::parse(path).unwrap())
+    }
+
+    fn drop42() -> Option<Result<QueueTarget, ParseError>> {
+        Some(Ok("LIMITED_DROP:42".parse().unwrap()))
+    }
+
     #[test]
     fn default_routes_map_to_their_targets() {
-        let r = routes();
-        assert_eq!(r.match_request("POST", "/limited-drops/42/orders"), Some(Ok("LIMITED_DROP:42".parse().unwrap())));
-        assert_eq!(r.match_request("post", "/events/7/seats/select"), Some(Ok("TICKETING_EVENT:7".parse().unwrap())));
-        assert_eq!(r.match_request("GET", "/limited-drops/42/orders"), None, "other methods pass");
-        assert_eq!(r.match_request("POST", "/limited-drops/42/orders/x"), None);
-        assert_eq!(r.match_request("POST", "/products/1"), None);
-        assert!(matches!(r.match_request("POST", "/limited-drops/abc/orders"), Some(Err(_))));
+        assert_eq!(gated("/limited-drops/42/orders"), drop42());
+        assert_eq!(gated("/events/7/seats/select"), Some(Ok("TICKETING_EVENT:7".parse().unwrap())));
+        assert_eq!(gated("/limited-drops/42/orders/x"), None);
+        assert_eq!(gated("/limited-drops/42"), None);
+        assert_eq!(gated("/products/1"), None);
+        assert_eq!(gated("/limited-drops/42/ordersx"), None);
+        assert!(matches!(gated("/limited-drops/abc/orders"), Some(Err(_))));
+    }
+
+    #[test]
+    fn every_spelling_of_a_gated_route_is_gated() {
+        for p in [
+            "/limited-drops/42/orders/",
+            "/limited-drops/42//orders",
+            "/limited-drops//42/orders",
+            "//limited-drops/42/orders",
+            "/limited-drops/42/./orders",
+            "/limited-drops/x/../42/orders",
+            "/./limited-drops/42/orders",
+            "/limited-drops/42/orders/.",
+            "/limited-drops/42/orders/x/..",
+            "/LIMITED-DROPS/42/orders",
+            "/limited-drops/42/Orders",
+            "/limited-drops/42/%6Frders",
+            "/limited-drops/42/%6frders",
+            "/%6C%69mited-drops/%34%32/orders",
+            "/limited-drops/42/orders.json",
+            "/limited-drops/42/orders.",
+            "/limited-drops/42/orders%2Ejson",
+            "/limited-drops/42/orders;jsessionid=x",
+            "/limited-drops;a=b/42;c/orders;d",
+            "/limited-drops/42/orders%3Bx",
+            "/limited-drops/42/orders%20",
+            "/limited-drops/%2042/orders",
+            "/limited-drop%C5%BF/42/orders",
+            "/limited-drops/42/orders%E2%80%8A",
+        ] {
+            assert_eq!(gated(p), drop42(), "{p}");
+        }
+    }
+
+    #[test]
+    fn ambiguous_spellings_are_refused() {
+        for (p, e) in [
+            ("/limited-drops/42/orders%2F", PathError::EncodedDelimiter("slash (%2F)")),
+            ("/limited-drops%2F42%2Forders", PathError::EncodedDelimiter("slash (%2F)")),
+            ("/limited-drops/42/orders%2f", PathError::EncodedDelimiter("slash (%2F)")),
+            ("/limited-drops/42/orders%5C", PathError::EncodedDelimiter("backslash (%5C)")),
+            ("/limited-drops/42/orders%00", PathError::EncodedDelimiter("NUL (%00)")),
+            ("/limited-drops/42/orders%0A", PathError::EncodedDelimiter("control character")),
+            ("/limited-drops/42/orders\\", PathError::RawCharacter("backslash")),
+            ("/limited-drops/42/orders%", PathError::BadEscape),
+            ("/limited-drops/42/orders%G1", PathError::BadEscape),
+            ("/limited-drops/42/orders%FF", PathError::NotUtf8),
+            ("/x/%2E%2E/limited-drops/42/orders", PathError::DisguisedDotSegment),
+            ("/x/.%2e/limited-drops/42/orders", PathError::DisguisedDotSegment),
+            ("/limited-drops/%2E/42/orders", PathError::DisguisedDotSegment),
+            ("/x/..;/limited-drops/42/orders", PathError::DisguisedDotSegment),
+            ("/x/..%20/limited-drops/42/orders", PathError::DisguisedDotSegment),
+            ("/../limited-drops/42/orders", PathError::AboveRoot),
+            ("limited-drops/42/orders", PathError::NotAbsolute),
+            ("*", PathError::NotAbsolute),
+        ] {
+            assert_eq!(CanonicalPath::parse(p), Err(e), "{p}");
+        }
+    }
+
+    #[test]
+    fn the_forwarded_path_is_the_one_checked() {
+        let fwd = |p: &str| CanonicalPath::parse(p).unwrap().as_str().to_owned();
+        assert_eq!(fwd("/limited-drops/x/../42//./orders"), "/limited-drops/42/orders");
+        assert_eq!(fwd("/limited-drops/42/%6frders"), "/limited-drops/42/orders");
+        assert_eq!(fwd("/a/%c3%a9/b%3bc"), "/a/%C3%A9/b%3Bc");
+        assert_eq!(fwd("/products/"), "/products/");
+        assert_eq!(fwd("/products/x/.."), "/products/");
+        assert_eq!(fwd("/"), "/");
+        assert_eq!(fwd("//"), "/");
+        assert_eq!(fwd("/a;b=c/d"), "/a;b=c/d");
+    }
+
+    #[test]
+    fn the_queue_api_is_recognised_however_spelt() {
+        for p in
+            ["/virtual-queues/x", "//virtual-queues/x", "/VIRTUAL-QUEUES/x", "/./virtual-queues", "/virtual-queues;x/y"]
+        {
+            assert!(CanonicalPath::parse(p).unwrap().is_queue_api(), "{p}");
+        }
+        assert!(!CanonicalPath::parse("/products/virtual-queues").unwrap().is_queue_api());
     }
 
     #[test]
@@ -99,5 +339,7 @@ mod tests {
         assert!(bad("/a/{x}/{y}", "LIMITED_DROP").is_err());
         assert!(bad("/a/{x}", "CONCERT").is_err());
         assert!(bad("a/{x}", "LIMITED_DROP").is_err());
+        assert!(bad("/a/{x}/b.json", "LIMITED_DROP").is_err());
+        assert!(bad("/a//{x}", "LIMITED_DROP").is_err());
     }
 }

@@ -1,9 +1,13 @@
 //! The purchase gate: a reverse proxy in front of the purchase API (`gate.upstream`).
 //!
-//! Requests to a gated route (`gate.routes`) need a valid entry token when the flag applies
-//! to the user and target; everything else that is not vq's own is forwarded unchecked, so vq
-//! can stand in front of the whole app. `/gate/verify` offers the same check to nginx
-//! `auth_request`. Bodies stream both ways; hop-by-hop headers are dropped.
+//! Every request path is canonicalised once ([`CanonicalPath`]); a path that servers could
+//! read differently is refused with 400. Requests whose canonical path is a gated route
+//! (`gate.routes`, any method) need a valid entry token when the flag applies to the user and
+//! target; everything else that is not vq's own is forwarded unchecked, so vq can stand in
+//! front of the whole app. The upstream receives the canonical path, never the raw one, so
+//! what the gate checked is what the purchase API routes on. A request carrying `X-User-Id`
+//! or `X-Entry-Token` more than once is refused. `/gate/verify` offers the same check to
+//! nginx `auth_request`. Bodies stream both ways; hop-by-hop headers are dropped.
 
 use std::time::Duration;
 
@@ -19,7 +23,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{ApiError, SharedState};
 use crate::config::GateSettings;
-use crate::gate::GateRoutes;
+use crate::gate::{CanonicalPath, GateRoutes};
 use crate::service::{ClaimMode, GatePass, Pace};
 use crate::token::TokenError;
 
@@ -44,7 +48,7 @@ impl Gate {
         })
     }
 
-    async fn forward(&self, mut parts: Parts, body: Body) -> Result<Response, ApiError> {
+    async fn forward(&self, mut parts: Parts, path: &CanonicalPath, body: Body) -> Result<Response, ApiError> {
         let Some(base) = &self.upstream else {
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
@@ -52,8 +56,8 @@ impl Gate {
                 "no purchase API behind the gate: set gate.upstream (VQ_GATE__UPSTREAM)",
             ));
         };
-        let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        parts.uri = format!("{base}{pq}")
+        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        parts.uri = format!("{base}{}{query}", path.as_str())
             .parse::<Uri>()
             .map_err(|_| ApiError::invalid("the request path cannot be forwarded"))?;
         strip_hop_by_hop(&mut parts.headers);
@@ -108,6 +112,19 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The identity headers, which the gate and the purchase API must read alike: sent twice,
+/// one would check the first value and the other see both.
+const IDENTITY_HEADERS: [&str; 2] = ["x-user-id", "x-entry-token"];
+
+/// The identity header sent more than once, if any.
+fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
+    IDENTITY_HEADERS.into_iter().find(|name| headers.get_all(*name).iter().nth(1).is_some())
+}
+
+fn repeated_detail(name: &str) -> String {
+    format!("{} sent more than once: send it once", if name == "x-user-id" { "X-User-Id" } else { "X-Entry-Token" })
+}
+
 /// 429 when the purchase API's budget is taken for every tick the gate may wait for; the token
 /// stays usable.
 fn busy(tick_ms: u64) -> Response {
@@ -125,10 +142,16 @@ fn denied(e: &TokenError) -> ApiError {
 /// Everything that is not one of vq's own routes.
 pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let path = parts.uri.path();
+    if let Some(name) = repeated_identity(&parts.headers) {
+        return ApiError::invalid(repeated_detail(name)).into_response();
+    }
+    let path = match CanonicalPath::parse(parts.uri.path()) {
+        Ok(p) => p,
+        Err(e) => return ApiError::invalid(e.to_string()).into_response(),
+    };
     let mut paced_target = None;
-    let claim = match st.gate.routes.match_request(parts.method.as_str(), path) {
-        None if path.starts_with("/virtual-queues/") || st.gate.upstream.is_none() => {
+    let claim = match st.gate.routes.match_path(&path) {
+        None if path.is_queue_api() || st.gate.upstream.is_none() => {
             return ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route").into_response();
         }
         None => None,
@@ -158,7 +181,7 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
             }
         }
     }
-    let result = st.gate.forward(parts, body).await;
+    let result = st.gate.forward(parts, &path, body).await;
     if let Some(claim) = claim {
         let succeeded = result.as_ref().is_ok_and(|r| r.status().is_success());
         st.service.settle_claim(claim, succeeded).await;
@@ -167,21 +190,35 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
 }
 
 /// `GET /gate/verify` for nginx `auth_request`: 204 when the original request may pass, 403
-/// otherwise (nginx turns any other status into a 500, so a bad id is a 403 here too). The
-/// check is read-only: nginx does not tell vq whether the purchase succeeded, so one-time
+/// otherwise, every refusal included (nginx turns any other status into a 500 for the buyer).
+/// `X-Original-URI` (nginx: `$request_uri`, the raw URI the backend receives) is canonicalised
+/// exactly as the proxy gate does; every method is gated, so `X-Original-Method` is not needed.
+/// The check is read-only: nginx does not tell vq whether the purchase succeeded, so one-time
 /// use is enforced only for tokens the proxy gate has consumed.
 pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Response {
-    let Some(uri) = header_str(&headers, "x-original-uri") else {
-        return ApiError::invalid("missing X-Original-URI header").into_response();
+    let refuse = |detail: String| ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", detail).into_response();
+    let Some(raw_uri) = headers.get("x-original-uri") else {
+        tracing::warn!(
+            "/gate/verify without X-Original-URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"
+        );
+        return refuse("missing X-Original-URI header: the proxy must send the original request URI".into());
     };
-    let method = header_str(&headers, "x-original-method").unwrap_or("GET");
-    let path = uri.split('?').next().unwrap_or(uri);
-    let target = match st.gate.routes.match_request(method, path) {
+    let Ok(uri) = raw_uri.to_str() else {
+        return refuse("the original URI holds bytes outside visible ASCII".into());
+    };
+    if let Some(name) = repeated_identity(&headers) {
+        return refuse(repeated_detail(name));
+    }
+    let path = match CanonicalPath::parse(original_path(uri)) {
+        Ok(p) => p,
+        Err(e) => return refuse(format!("original URI refused: {e}")),
+    };
+    if path.is_queue_api() {
+        return refuse("the original URI is in vq's queue API, which is never forwarded to the backend".into());
+    }
+    let target = match st.gate.routes.match_path(&path) {
         None => return StatusCode::NO_CONTENT.into_response(),
-        Some(Err(e)) => {
-            let detail = format!("invalid target id in the original URI: {e}");
-            return ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", detail).into_response();
-        }
+        Some(Err(e)) => return refuse(format!("invalid target id in the original URI: {e}")),
         Some(Ok(t)) => t,
     };
     let user = header_str(&headers, "x-user-id").and_then(|u| u.parse().ok());
@@ -189,5 +226,31 @@ pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Respon
     match st.service.gate_check(target, user, token, ClaimMode::CheckOnly).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => denied(&e).into_response(),
+    }
+}
+
+/// The path of a request URI as sent (`/p?q`, or absolute `http://host/p?q`), without the
+/// query or anything after a `#` (some servers drop it, so the gate does too).
+fn original_path(uri: &str) -> &str {
+    let uri = match uri.split_once("://") {
+        Some((scheme, rest)) if !scheme.contains('/') => rest.find('/').map_or("/", |i| &rest[i..]),
+        _ => uri,
+    };
+    let end = uri.find(['?', '#']).unwrap_or(uri.len());
+    &uri[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::original_path;
+
+    #[test]
+    fn the_original_path_is_the_path_of_the_uri_as_sent() {
+        assert_eq!(original_path("/limited-drops/1/orders?x=1"), "/limited-drops/1/orders");
+        assert_eq!(original_path("/limited-drops/1/orders#x?y"), "/limited-drops/1/orders");
+        assert_eq!(original_path("http://shop:8080/limited-drops/1/orders?x"), "/limited-drops/1/orders");
+        assert_eq!(original_path("https://shop"), "/");
+        assert_eq!(original_path("/a?next=http://b/c"), "/a");
+        assert_eq!(original_path("*"), "*");
     }
 }

@@ -195,7 +195,7 @@ async fn other_paths_are_forwarded_unchecked_and_upstream_failures_are_clear() {
     assert_eq!(r.status(), 200);
     assert_eq!(app.json(r).await["path"], "/products/1");
     let r = app.client.get(app.url("/limited-drops/42/orders")).send().await.unwrap();
-    assert_eq!(r.status(), 200, "GET is not a gated route");
+    assert_eq!(r.status(), 403, "every method on a gated path is gated");
     let r = app.client.post(app.url("/limited-drops/xyz/orders")).send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(app.json(r).await["code"], "INVALID_REQUEST");
@@ -244,8 +244,38 @@ async fn gate_verify_answers_204_or_403_for_auth_request() {
     assert_eq!(verify("/limited-drops/43/orders", "POST", "7", &token).await.unwrap().status(), 403);
     assert_eq!(verify("/limited-drops/abc/orders", "POST", "7", &token).await.unwrap().status(), 403);
     assert_eq!(verify("/products/1", "GET", "7", "").await.unwrap().status(), 204, "not gated");
+    // The original URI is read as the proxy gate reads a path, whatever the method.
+    for uri in
+        ["/limited-drops/42//Orders/", "/limited-drops/x/../42/%6Frders.json", "http://shop/limited-drops/42/orders"]
+    {
+        assert_eq!(verify(uri, "GET", "7", "").await.unwrap().status(), 403, "{uri}");
+        assert_eq!(verify(uri, "PUT", "7", &token).await.unwrap().status(), 204, "{uri}");
+    }
+    for uri in [
+        "/limited-drops/42/orders%2F",
+        "/limited-drops%2F42%2Forders",
+        "/limited-drops/42/orders%00",
+        "//virtual-queues/x",
+    ] {
+        let r = verify(uri, "POST", "7", &token).await.unwrap();
+        assert_eq!(r.status(), 403, "{uri}");
+        assert_eq!(app.json(r).await["code"], "QUEUE_BYPASS_DENIED");
+    }
+    let no_method = app
+        .client
+        .get(app.url("/gate/verify"))
+        .header("X-Original-URI", ORDER)
+        .header("X-User-Id", "7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_method.status(), 403, "no X-Original-Method: gated all the same");
+    // nginx turns a 400 into a 500 for the buyer: a request it cannot check is a 403 too.
     let r = app.client.get(app.url("/gate/verify")).send().await.unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 403);
+    let v = app.json(r).await;
+    assert_eq!(v["code"], "QUEUE_BYPASS_DENIED");
+    assert!(v["detail"].as_str().unwrap().contains("X-Original-URI"), "{v}");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ mod conformance;
 mod failover;
 mod flag;
 pub mod gate;
+mod gate_paths;
 mod loadgen;
 mod processes;
 mod pump;
