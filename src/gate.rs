@@ -164,6 +164,8 @@ enum Segment {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Compiled {
+    /// The path as configured, e.g. `/limited-drops/{dropId}/orders`: the metrics label.
+    template: String,
     segments: Vec<Segment>,
     kind: QueueTargetType,
 }
@@ -193,7 +195,7 @@ impl GateRoutes {
             if segments.iter().filter(|s| **s == Segment::Id).count() != 1 {
                 return Err(format!("path `{}` needs exactly one {{id}} segment", r.path));
             }
-            out.push(Compiled { segments, kind });
+            out.push(Compiled { template: r.path.clone(), segments, kind });
         }
         Ok(Self(out))
     }
@@ -201,6 +203,18 @@ impl GateRoutes {
     /// `None` when the path is not gated; otherwise the target, or why its id is invalid.
     /// Every method is gated.
     pub fn match_path(&self, path: &CanonicalPath) -> Option<Result<QueueTarget, ParseError>> {
+        let (route, id) = self.find(path)?;
+        Some(QueueTarget::from_parts(route.kind.as_str(), id))
+    }
+
+    /// The configured path of the gated route `path` matches, e.g.
+    /// `/limited-drops/{dropId}/orders`: what metrics label it by, never the raw path.
+    pub fn template(&self, path: &CanonicalPath) -> Option<&str> {
+        self.find(path).map(|(route, _)| route.template.as_str())
+    }
+
+    /// The route `path` matches and the id segment as sent.
+    fn find<'p>(&self, path: &'p CanonicalPath) -> Option<(&Compiled, &'p str)> {
         let parts: Vec<&str> = path.segments.iter().map(|s| bare_segment(s)).collect();
         self.0.iter().find_map(|route| {
             if route.segments.len() != parts.len() {
@@ -214,8 +228,7 @@ impl GateRoutes {
                     Segment::Id => id = Some(*part),
                 }
             }
-            let id = id?;
-            Some(QueueTarget::from_parts(route.kind.as_str(), id))
+            Some((route, id?))
         })
     }
 }

@@ -36,6 +36,10 @@ pub struct Gate {
 }
 
 impl Gate {
+    pub fn routes(&self) -> &GateRoutes {
+        &self.routes
+    }
+
     pub fn new(settings: &GateSettings) -> Result<Self, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);

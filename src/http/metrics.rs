@@ -11,14 +11,22 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::SharedState;
+use crate::gate::CanonicalPath;
 use crate::metrics;
 
-/// Times a request; the label is the matched route template, never the raw path.
-pub async fn track(req: Request, next: Next) -> Response {
+/// Times a request; the label is the matched route template (vq's own routes, or the gated
+/// route from `gate.routes`), never the raw path. Other forwarded paths are `unmatched`.
+pub async fn track(State(st): State<SharedState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = req.extensions().get::<MatchedPath>().cloned();
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let gated = match matched {
+        Some(_) => None,
+        None => {
+            CanonicalPath::parse(req.uri().path()).ok().and_then(|p| st.gate.routes().template(&p).map(str::to_owned))
+        }
+    };
     let resp = next.run(req).await;
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let route = matched.as_ref().map(MatchedPath::as_str).or(gated.as_deref()).unwrap_or("unmatched");
     metrics::http_request(route, resp.status().as_u16(), started.elapsed());
     resp
 }

@@ -39,6 +39,6 @@ pub fn router(state: SharedState) -> Router {
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(axum::middleware::from_fn(metrics::track))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }

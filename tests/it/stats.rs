@@ -221,3 +221,30 @@ async fn a_fresh_instance_shows_every_series_at_zero() {
         assert!(text.lines().any(|l| l.starts_with(series)), "missing `{series}` in:\n{text}");
     }
 }
+
+/// Purchases are labelled by their gated route's template, whatever their spelling; other
+/// forwarded paths by `unmatched`; never by the raw path.
+#[tokio::test]
+async fn gated_purchases_are_labelled_by_their_route_template() {
+    let redis = RedisServer::spawn();
+    let mut s = settings(&redis);
+    s.gate.upstream = Some(crate::gate::spawn_echo().await);
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    for path in ["/limited-drops/42/orders", "/Limited-Drops/42/orders/", "/events/7/seats/select"] {
+        let r = app.client.post(app.url(path)).header("X-User-Id", "1").send().await.expect("purchase");
+        assert_eq!(r.status(), 403, "{path}");
+    }
+    let r = app.client.get(app.url("/products/9")).send().await.expect("forwarded");
+    assert_eq!(r.status(), 200);
+    let text = app.client.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let count = |route: &str, status: u16| {
+        let prefix =
+            format!("virtual_queue_http_request_duration_seconds_count{{route=\"{route}\",status=\"{status}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map(str::to_owned)
+    };
+    assert_eq!(count("/limited-drops/{dropId}/orders", 403).as_deref(), Some("2"), "{text}");
+    assert_eq!(count("/events/{id}/seats/select", 403).as_deref(), Some("1"), "{text}");
+    assert_eq!(count("unmatched", 200).as_deref(), Some("1"), "{text}");
+    assert!(!text.contains("limited-drops/42") && !text.contains("products/9"), "no raw paths in labels");
+}
