@@ -25,6 +25,13 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+/// The API's OpenAPI 3.0 document, `docs/openapi.json`, compiled in.
+const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
+async fn openapi() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
 pub fn router(state: SharedState) -> Router {
     let queue = Router::new()
         .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
@@ -36,6 +43,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
+        .route("/openapi.json", get(openapi))
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)

@@ -9,6 +9,7 @@ mod flag;
 pub mod gate;
 mod gate_paths;
 mod loadgen;
+mod openapi;
 mod processes;
 mod pump;
 mod queue_api;
