@@ -27,6 +27,8 @@ struct TargetState {
     last_tick: Option<u64>,
     /// token and its expiry (ms)
     tokens: HashMap<UserId, (String, u64)>,
+    /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
+    used: HashMap<UserId, HashMap<String, u64>>,
     lock: Option<(String, u64)>,
     batch_override: Option<u64>,
     evicted: u64,
@@ -322,10 +324,14 @@ impl QueueStore for MemoryStore {
         let t = inner.targets.entry(target).or_default();
         let used = format!("used:{token}");
         let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
-        if previous.as_deref() == Some(used.as_str()) {
+        let spent = t.used.entry(user).or_default();
+        spent.retain(|_, exp| *exp > now);
+        if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
             return Ok(TokenClaim::AlreadyUsed);
         }
-        t.tokens.insert(user, (used, now + ttl_s.max(1) * 1000));
+        let expires = now + ttl_s.max(1) * 1000;
+        spent.insert(token.to_owned(), expires);
+        t.tokens.insert(user, (used, expires));
         Ok(TokenClaim::Claimed { previous })
     }
 
@@ -338,6 +344,9 @@ impl QueueStore for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let Some(t) = inner.targets.get_mut(&target) else { return Ok(()) };
+        if let Some(spent) = t.used.get_mut(&user) {
+            spent.remove(token);
+        }
         let used = format!("used:{token}");
         if t.tokens.get(&user).is_some_and(|(v, _)| *v == used) {
             match previous {
@@ -362,11 +371,9 @@ impl QueueStore for MemoryStore {
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let now = now_ms();
         let inner = self.lock();
-        Ok(inner
-            .targets
-            .get(&target)
-            .and_then(|t| t.tokens.get(&user))
-            .is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
+        let Some(t) = inner.targets.get(&target) else { return Ok(false) };
+        let spent = t.used.get(&user).and_then(|s| s.get(token)).is_some_and(|exp| *exp > now);
+        Ok(spent || t.tokens.get(&user).is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
     }
 
     async fn pace_purchase(

@@ -57,6 +57,10 @@ pub mod keys {
     pub fn token(target: QueueTarget, user: UserId) -> String {
         format!("queue:{{{target}}}:token:{user}")
     }
+    /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
+    pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
+        format!("queue:{{{target}}}:used:{user}")
+    }
     pub fn admission_lock(target: QueueTarget) -> String {
         format!("queue:admission:{{{target}}}")
     }
@@ -610,6 +614,7 @@ impl QueueStore for RedisStore {
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
             .key(keys::token(target, user))
+            .key(keys::used_tokens(target, user))
             .arg(token)
             .arg(ttl_s.max(1))
             .invoke_async(&mut self.conn())
@@ -630,6 +635,7 @@ impl QueueStore for RedisStore {
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
             .key(keys::token(target, user))
+            .key(keys::used_tokens(target, user))
             .arg(token)
             .arg(previous.unwrap_or_default())
             .invoke_async(&mut self.conn())
@@ -643,8 +649,13 @@ impl QueueStore for RedisStore {
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
-        let v: Option<String> = self.conn().get(keys::token(target, user)).await?;
-        Ok(v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+        let (v, score): (Option<String>, Option<f64>) = redis::pipe()
+            .get(keys::token(target, user))
+            .zscore(keys::used_tokens(target, user), token)
+            .query_async(&mut self.conn())
+            .await?;
+        // A member past its expiry belongs to an expired token, which verify refused already.
+        Ok(score.is_some() || v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
     }
 
     async fn pace_purchase(

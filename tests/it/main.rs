@@ -6,6 +6,7 @@ mod conformance;
 mod failover;
 pub mod gate;
 mod loadgen;
+mod one_time_use;
 mod processes;
 mod pump;
 mod queue_api;
