@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::config::{QueueSettings, Settings};
 use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
 use crate::store::{
-    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, TargetSnapshot, TokenClaim, Waiting,
+    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreErrorKind, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::token::{self, EntryToken, Secret, TokenError};
 
@@ -143,16 +143,25 @@ pub enum ClaimMode {
 /// meanwhile and closes the window as soon as it answers.
 const SKIP_STORE_AFTER_FAILURE_MS: u64 = 1000;
 
-/// Counts Redis failures, logs them at most once per interval, and remembers until when the
-/// request path should not try Redis.
+/// Counts Redis failures, logs them at most once per interval (per kind), and remembers until
+/// when the request path should not try Redis.
+///
+/// Only a store that cannot serve anyone ([`StoreErrorKind::Unavailable`]) opens that window:
+/// a failure confined to one call (a corrupt key of one target, a script error) fails open
+/// that request only, and the next request, of any target, asks Redis again.
 struct Degraded {
-    last_log: Mutex<Option<Instant>>,
-    since_log: AtomicU64,
+    /// Per kind: last log line, failures since.
+    logs: [(Mutex<Option<Instant>>, AtomicU64); 2],
     /// Epoch ms before which enter/poll/gate do not call the store (0 = call it).
     skip_until_ms: AtomicU64,
 }
 
 impl Degraded {
+    fn new() -> Self {
+        crate::metrics::register_store_errors(&StoreErrorKind::ALL.map(StoreErrorKind::label));
+        Self { logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))), skip_until_ms: AtomicU64::new(0) }
+    }
+
     fn skipping(&self) -> bool {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
         until != 0 && now_epoch_ms() < until
@@ -163,15 +172,29 @@ impl Degraded {
         crate::metrics::redis_degraded();
     }
 
-    fn record(&self, what: &str, err: &StoreError) {
-        self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
+    fn record(&self, what: &str, target: QueueTarget, err: &StoreError) {
+        let kind = err.kind();
+        if kind == StoreErrorKind::Unavailable {
+            self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
+        }
         crate::metrics::redis_degraded();
-        let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
+        crate::metrics::store_error(kind.label());
+        let (last_log, since_log) = &self.logs[kind as usize];
+        let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| t.elapsed() >= DEGRADED_LOG_EVERY) {
             *last = Some(Instant::now());
-            self.since_log.store(0, Ordering::Relaxed);
-            tracing::warn!(error = %err, failures_since_last_log = n, "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)");
+            since_log.store(0, Ordering::Relaxed);
+            match kind {
+                StoreErrorKind::Unavailable => tracing::warn!(
+                    error = %err, failures_since_last_log = n,
+                    "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)"
+                ),
+                StoreErrorKind::Data => tracing::error!(
+                    error = %err, target_queue = %target, failures_since_last_log = n,
+                    "redis failed on {what} for one target (corrupt key or script error): failing open this request only"
+                ),
+            }
         }
     }
 }
@@ -195,11 +218,7 @@ impl QueueService {
             settings,
             flag: RwLock::new(Arc::new(FlagState::default())),
             global_batch: AtomicU64::new(0),
-            degraded: Degraded {
-                last_log: Mutex::new(None),
-                since_log: AtomicU64::new(0),
-                skip_until_ms: AtomicU64::new(0),
-            },
+            degraded: Degraded::new(),
             registered: Mutex::new(HashMap::new()),
         }
     }
@@ -308,7 +327,7 @@ impl QueueService {
             Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Err(e) => {
-                self.degraded.record("enter", &e);
+                self.degraded.record("enter", target, &e);
                 Ok(self.direct(target, user))
             }
         }
@@ -325,7 +344,7 @@ impl QueueService {
             Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
             Err(e) => {
-                self.degraded.record("poll", &e);
+                self.degraded.record("poll", target, &e);
                 Ok(self.direct(target, user))
             }
         }
@@ -338,7 +357,7 @@ impl QueueService {
             return;
         }
         if let Err(e) = self.store.leave(target, user).await {
-            self.degraded.record("leave", &e);
+            self.degraded.record("leave", target, &e);
         }
     }
 
@@ -404,7 +423,7 @@ impl QueueService {
                 Ok(true) => return Err(TokenError::AlreadyUsed),
                 Ok(false) => GatePass::Verified { claim: None },
                 Err(e) => {
-                    self.degraded.record("gate", &e);
+                    self.degraded.record("gate", target, &e);
                     GatePass::Verified { claim: None }
                 }
             },
@@ -415,7 +434,7 @@ impl QueueService {
                 }
                 Err(e) => {
                     // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
-                    self.degraded.record("gate", &e);
+                    self.degraded.record("gate", target, &e);
                     GatePass::Verified { claim: None }
                 }
             },
@@ -436,7 +455,7 @@ impl QueueService {
             Ok(Some(ms)) => Pace::After(Duration::from_millis(ms)),
             Ok(None) => Pace::Full,
             Err(e) => {
-                self.degraded.record("gate pace", &e);
+                self.degraded.record("gate pace", target, &e);
                 Pace::Now
             }
         }
@@ -451,7 +470,7 @@ impl QueueService {
             self.store.release_token(claim.target, claim.user, &claim.token, claim.previous).await
         };
         if let Err(e) = result {
-            self.degraded.record("gate settle", &e);
+            self.degraded.record("gate settle", claim.target, &e);
         }
     }
 
@@ -466,7 +485,7 @@ impl QueueService {
         if let Err(e) = self.store.register_active(target).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
-            self.degraded.record("register", &e);
+            self.degraded.record("register", target, &e);
         }
     }
 }

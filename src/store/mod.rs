@@ -37,6 +37,57 @@ pub enum StoreError {
     Reply { what: &'static str, detail: String },
 }
 
+/// What a store failure says about the store, which decides how far fail-open reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreErrorKind {
+    /// The store cannot serve anyone now: connection refused, reset or timed out, loading,
+    /// busy with a long script, cluster down, read-only after a failover, out of memory,
+    /// refused credentials. Every target would fail alike.
+    Unavailable,
+    /// The store answered, but this call failed on what it touched: a key of the wrong type
+    /// (a corrupt key), a script error, a reply of the wrong shape. Other targets are fine.
+    Data,
+}
+
+impl StoreErrorKind {
+    pub const ALL: [StoreErrorKind; 2] = [StoreErrorKind::Unavailable, StoreErrorKind::Data];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Data => "data",
+        }
+    }
+}
+
+impl StoreError {
+    pub fn kind(&self) -> StoreErrorKind {
+        use ::redis::{ErrorKind as K, ServerErrorKind as S};
+        let StoreError::Redis(e) = self else {
+            return match self {
+                StoreError::Timeout => StoreErrorKind::Unavailable,
+                _ => StoreErrorKind::Data,
+            };
+        };
+        let unavailable = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                K::Server(
+                    S::BusyLoading | S::ClusterDown | S::MasterDown | S::TryAgain | S::ReadOnly | S::NoPerm
+                ) | K::ClusterConnectionNotFound
+                    | K::AuthenticationFailed
+            )
+            // Codes redis-rs has no kind for: a script running too long, memory full, no
+            // auth, persistence failing.
+            || matches!(e.code(), Some("BUSY" | "OOM" | "NOAUTH" | "MISCONF" | "WRONGPASS"));
+        if unavailable { StoreErrorKind::Unavailable } else { StoreErrorKind::Data }
+    }
+}
+
 /// A user's place while waiting, plus the per-target batch size if one is set at runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Waiting {
@@ -349,5 +400,21 @@ impl QueueStore for AnyStore {
     }
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_store_counts_as_unavailable() {
+        let io = |kind| StoreError::Redis(::redis::RedisError::from(std::io::Error::new(kind, "x")));
+        assert_eq!(io(std::io::ErrorKind::ConnectionRefused).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(io(std::io::ErrorKind::ConnectionReset).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(io(std::io::ErrorKind::TimedOut).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(StoreError::Timeout.kind(), StoreErrorKind::Unavailable);
+        let reply = StoreError::Reply { what: "enter.lua", detail: "[]".into() };
+        assert_eq!(reply.kind(), StoreErrorKind::Data);
     }
 }

@@ -4,6 +4,7 @@ mod cli;
 mod cluster;
 mod conformance;
 mod failover;
+mod fault_isolation;
 pub mod gate;
 mod loadgen;
 mod one_time_use;
