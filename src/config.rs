@@ -144,7 +144,7 @@ impl Default for QueueSettings {
             tick_ms: 2000,
             max_capacity: 100_000,
             heartbeat_timeout_s: 60,
-            max_evict_per_tick: 1000,
+            max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
         }
     }
@@ -188,6 +188,10 @@ impl Default for LogSettings {
     }
 }
 
+/// Upper bound of `queue.max_evict_per_tick` (eviction runs in slices of a thousand users and
+/// half a tick of time at most, whatever this says).
+const MAX_EVICT_PER_TICK: u64 = 10_000_000;
+
 /// Environment variables with the `VQ_` prefix that are not configuration keys.
 const NOT_KEYS: [&str; 3] = ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "URL"];
 
@@ -227,6 +231,12 @@ impl Settings {
                 "queue.max_capacity, queue.heartbeat_timeout_s, queue.key_ttl_s and token.ttl_s must be positive"
                     .into(),
             );
+        }
+        if !(1..=MAX_EVICT_PER_TICK).contains(&q.max_evict_per_tick) {
+            return Err(format!(
+                "queue.max_evict_per_tick must be between 1 and {MAX_EVICT_PER_TICK}, got {}",
+                q.max_evict_per_tick
+            ));
         }
         crate::gate::GateRoutes::compile(&self.gate.routes).map_err(|e| format!("gate.routes: {e}"))?;
         if let Some(u) = self.gate.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {

@@ -3,6 +3,7 @@
 mod cli;
 mod cluster;
 mod conformance;
+mod eviction;
 mod failover;
 mod fault_isolation;
 pub mod gate;
