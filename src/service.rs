@@ -124,12 +124,17 @@ pub struct PendingClaim {
 /// When a verified purchase may go to the purchase API (see `gate.pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pace {
+    /// Now, inside the tick reserved for it (or unpaced).
     Now,
-    /// A place is reserved in a later tick: wait this long first.
-    After(Duration),
     /// Every tick the gate may wait for is full.
     Full,
 }
+
+/// A paced purchase is forwarded only this long before its tick ends at the latest, so it
+/// reaches the purchase API inside that tick (reservations keep twice that from the end).
+const PACE_FORWARD_MARGIN_MS: u64 = crate::store::PACE_GUARD_MS / 2;
+/// Reservations a purchase may make when pauses keep it from its reserved tick.
+const PACE_ATTEMPTS: usize = 3;
 
 /// Whether a gate check marks the token used (a purchase) or only reads (nginx auth_request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,23 +447,40 @@ impl QueueService {
         Ok(outcome)
     }
 
-    /// Keeps verified purchases within one batch per tick per target (`gate.pace`). Without
-    /// Redis the purchase goes at once (fail-open; the downstream database is the last line).
+    /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
+    /// place, waits for its tick, and answers [`Pace::Now`] only while that tick lasts. A
+    /// process paused past the reserved tick (a long GC pause, a throttled container) reserves
+    /// again instead of forwarding late. Without Redis the purchase goes at once (fail-open;
+    /// the downstream database is the last line).
     pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
         let gate = &self.settings.gate;
         if !gate.pace || self.degraded.skipping() {
             return Pace::Now;
         }
         let tick_ms = self.settings.queue.tick_ms;
-        match self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks).await {
-            Ok(Some(0)) => Pace::Now,
-            Ok(Some(ms)) => Pace::After(Duration::from_millis(ms)),
-            Ok(None) => Pace::Full,
-            Err(e) => {
-                self.degraded.record("gate pace", target, &e);
-                Pace::Now
+        for _ in 0..PACE_ATTEMPTS {
+            let asked = tokio::time::Instant::now();
+            match self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks).await {
+                Ok(Some(slot)) => {
+                    // Both ends err on the safe side: the start counts from the answer, the
+                    // end from the question (Redis' clock read in between).
+                    let answered = tokio::time::Instant::now();
+                    let starts = answered + Duration::from_millis(slot.starts_in_ms);
+                    let forward_by =
+                        asked + Duration::from_millis(slot.ends_in_ms.saturating_sub(PACE_FORWARD_MARGIN_MS));
+                    tokio::time::sleep_until(starts).await;
+                    if tokio::time::Instant::now() < forward_by {
+                        return Pace::Now;
+                    }
+                }
+                Ok(None) => return Pace::Full,
+                Err(e) => {
+                    self.degraded.record("gate pace", target, &e);
+                    return Pace::Now;
+                }
             }
         }
+        Pace::Full
     }
 
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -382,7 +382,7 @@ impl QueueStore for MemoryStore {
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         let now = now_ms();
         let tick_ms = tick_ms.max(1);
         let first = (now + super::redis::PACE_GUARD_MS) / tick_ms;
@@ -393,7 +393,10 @@ impl QueueStore for MemoryStore {
             let n = inner.forwarded.entry((target, tick)).or_default();
             if *n < budget {
                 *n += 1;
-                return Ok(Some((tick * tick_ms).saturating_sub(now)));
+                return Ok(Some(PaceSlot {
+                    starts_in_ms: (tick * tick_ms).saturating_sub(now),
+                    ends_in_ms: ((tick + 1) * tick_ms).saturating_sub(now),
+                }));
             }
         }
         Ok(None)

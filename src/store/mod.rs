@@ -12,7 +12,7 @@ mod redis;
 use std::future::Future;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, keys};
+pub use self::redis::{PACE_GUARD_MS, RedisStore, keys};
 
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -133,6 +133,16 @@ pub enum TokenClaim {
         previous: Option<String>,
     },
     AlreadyUsed,
+}
+
+/// A place reserved for one purchase in a tick (see [`QueueStore::pace_purchase`]), as times
+/// from the moment the store answered, by its clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceSlot {
+    /// Until the reserved tick starts (0 = it has).
+    pub starts_in_ms: u64,
+    /// Until the reserved tick ends: a purchase not forwarded by then must not be.
+    pub ends_in_ms: u64,
 }
 
 /// An instance's acknowledgement of the flag version it applied.
@@ -288,14 +298,13 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Reserves a place for one purchase in the earliest tick (at most `ahead` ticks later)
     /// whose forwarded purchases are still under the batch size; `None` when all are full.
-    /// Returns how long to wait (ms) until the reserved tick starts.
     fn pace_purchase(
         &self,
         target: QueueTarget,
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<PaceSlot>, StoreError>> + Send;
 
     /// Records that `instance` applied flag `version`; the record lives `ttl_ms`.
     fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -389,7 +398,7 @@ impl QueueStore for AnyStore {
         budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         delegate!(self, s => s.pace_purchase(t, budget, tick_ms, ahead))
     }
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {

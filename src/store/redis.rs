@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -664,7 +664,7 @@ impl QueueStore for RedisStore {
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         let r: Vec<u64> = GATE_PACE
             .key(keys::of(target, "forwarded"))
             .key(keys::of(target, "batch_size"))
@@ -675,7 +675,9 @@ impl QueueStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         match r.as_slice() {
-            [1, wait] => Ok(Some(*wait)),
+            [1, starts_in_ms, ends_in_ms] => {
+                Ok(Some(PaceSlot { starts_in_ms: *starts_in_ms, ends_in_ms: *ends_in_ms }))
+            }
             [0, _] => Ok(None),
             _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
         }

@@ -9,6 +9,7 @@ mod fault_isolation;
 pub mod gate;
 mod loadgen;
 mod one_time_use;
+mod pacing;
 mod processes;
 mod pump;
 mod queue_api;
