@@ -53,8 +53,8 @@ pub struct RedisSettings {
     pub url: String,
     /// Comma-separated `redis://host:port`; set = Redis Cluster mode.
     pub cluster_nodes: Option<String>,
-    /// Bound on every Redis command on the request path, so a dead Redis cannot hang
-    /// requests: past it, enter and poll fail open.
+    /// Bound on all of a request's Redis work (and on each command), so a dead or stalled
+    /// Redis cannot hang requests: past it, enter and poll fail open.
     pub timeout_ms: u64,
 }
 

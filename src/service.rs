@@ -268,6 +268,14 @@ impl QueueService {
             .unwrap_or(self.settings.queue.batch_size)
     }
 
+    /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many
+    /// commands it takes (an enter that finds the user admitted is two scripts) and however
+    /// long it queued for a shared call. Past it the request fails open; the store takes a
+    /// user told DIRECT_ADMITTED out of the queue if the late call gave them a place.
+    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.settings.redis_timeout(), work).await.unwrap_or(Err(StoreError::Timeout))
+    }
+
     fn now_s() -> u64 {
         now_epoch_ms() / 1000
     }
@@ -324,7 +332,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.store.enter(target, user, &candidate).await {
+        match self.bounded(self.store.enter(target, user, &candidate)).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.register_active(target).await;
                 Ok(self.waiting(w))
@@ -344,7 +352,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.store.status(target, user, &candidate).await {
+        match self.bounded(self.store.status(target, user, &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
             Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
@@ -361,7 +369,7 @@ impl QueueService {
             self.degraded.record_skipped();
             return;
         }
-        if let Err(e) = self.store.leave(target, user).await {
+        if let Err(e) = self.bounded(self.store.leave(target, user)).await {
             self.degraded.record("leave", target, &e);
         }
     }
@@ -424,7 +432,7 @@ impl QueueService {
             return Ok(GatePass::Verified { claim: None });
         }
         let outcome = match mode {
-            ClaimMode::CheckOnly => match self.store.token_used(target, user, raw).await {
+            ClaimMode::CheckOnly => match self.bounded(self.store.token_used(target, user, raw)).await {
                 Ok(true) => return Err(TokenError::AlreadyUsed),
                 Ok(false) => GatePass::Verified { claim: None },
                 Err(e) => {
@@ -432,17 +440,19 @@ impl QueueService {
                     GatePass::Verified { claim: None }
                 }
             },
-            ClaimMode::Claim => match self.store.claim_token(target, user, raw, claims.expires_at - now).await {
-                Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
-                Ok(TokenClaim::Claimed { previous }) => {
-                    GatePass::Verified { claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }) }
+            ClaimMode::Claim => {
+                match self.bounded(self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
+                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
+                    Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
+                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
+                    },
+                    Err(e) => {
+                        // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
+                        self.degraded.record("gate", target, &e);
+                        GatePass::Verified { claim: None }
+                    }
                 }
-                Err(e) => {
-                    // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
-                    self.degraded.record("gate", target, &e);
-                    GatePass::Verified { claim: None }
-                }
-            },
+            }
         };
         Ok(outcome)
     }
@@ -460,7 +470,10 @@ impl QueueService {
         let tick_ms = self.settings.queue.tick_ms;
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
-            match self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks).await {
+            match self
+                .bounded(self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
+                .await
+            {
                 Ok(Some(slot)) => {
                     // Both ends err on the safe side: the start counts from the answer, the
                     // end from the question (Redis' clock read in between).
@@ -487,9 +500,9 @@ impl QueueService {
     pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
         let result = if purchase_succeeded {
             crate::metrics::token_consumed();
-            self.store.confirm_token_used(claim.target).await
+            self.bounded(self.store.confirm_token_used(claim.target)).await
         } else {
-            self.store.release_token(claim.target, claim.user, &claim.token, claim.previous).await
+            self.bounded(self.store.release_token(claim.target, claim.user, &claim.token, claim.previous)).await
         };
         if let Err(e) = result {
             self.degraded.record("gate settle", claim.target, &e);
@@ -504,7 +517,7 @@ impl QueueService {
             }
             seen.insert(target, Instant::now());
         }
-        if let Err(e) = self.store.register_active(target).await {
+        if let Err(e) = self.bounded(self.store.register_active(target)).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
             self.degraded.record("register", target, &e);

@@ -62,6 +62,15 @@ impl StoreErrorKind {
 }
 
 impl StoreError {
+    /// The command may have reached the store and run there after the caller stopped waiting.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::Timeout => true,
+            StoreError::Redis(e) => e.is_timeout(),
+            StoreError::Reply { .. } => false,
+        }
+    }
+
     pub fn kind(&self) -> StoreErrorKind {
         use ::redis::{ErrorKind as K, ServerErrorKind as S};
         let StoreError::Redis(e) = self else {

@@ -287,10 +287,17 @@ enum Answer {
 }
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
-/// answers each job. A job that already waited longer than a command may take is answered
-/// with a timeout instead (its caller fails open), so a stalled Redis cannot pile them up.
+/// answers each job. A job that already waited longer than a command may take, or whose
+/// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
+/// Redis cannot pile them up.
+///
+/// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
+/// whose answer came too late and gave them a place (or whose call timed out, and so may
+/// still run) are taken out again with `leave.lua`, sent on the same connection after the
+/// call, so Redis runs it after the call whatever the stall was.
 async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
-    let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.queued.elapsed() > timeout);
+    let (stale, jobs): (Vec<Job>, Vec<Job>) =
+        jobs.into_iter().partition(|j| j.queued.elapsed() > timeout || j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
     }
@@ -330,19 +337,50 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
     for job in &jobs {
         cmd.arg(job.user.0);
     }
-    let answers = eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    let answers =
+        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    let mut told_direct = Vec::new();
     match answers {
         Ok(answers) => {
             for (job, answer) in jobs.into_iter().zip(answers) {
-                let _ = job.reply.send(Ok(answer));
+                let holds_place = matches!(answer, Answer::Waiting(_) | Answer::Issue);
+                if job.reply.send(Ok(answer)).is_err() && holds_place {
+                    told_direct.push(job.user);
+                }
             }
         }
         Err(e) => {
+            let may_still_run = e.is_timeout();
             for job in jobs {
+                if may_still_run {
+                    told_direct.push(job.user);
+                }
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
+    if !told_direct.is_empty() {
+        leave_told_direct(conn, limits, target, told_direct).await;
+    }
+}
+
+/// Best effort: takes users told DIRECT_ADMITTED out of the queue (see [`execute`]). One
+/// pipeline of `EVAL` (not EVALSHA: a NOSCRIPT answer would come when nobody waits to load
+/// the script any more), written at once behind the late call.
+async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
+    let mut pipe = redis::pipe();
+    for user in &users {
+        pipe.cmd("EVAL")
+            .arg(include_str!("../../lua/leave.lua"))
+            .arg(3)
+            .arg(keys::of(target, "waiting"))
+            .arg(keys::of(target, "heartbeat"))
+            .arg(keys::of(target, "departed"))
+            .arg(user.0)
+            .arg(limits.key_ttl_s);
+    }
+    let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
+    tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
 }
 
 /// Reads `{mark, batch_override_or_0, then per user: code, a, b}` (see `lua/enter.lua`).

@@ -15,6 +15,7 @@ mod pump;
 mod queue_api;
 mod readme;
 mod scripts;
+mod stall;
 mod stats;
 mod support;
 mod token_format;
