@@ -67,6 +67,7 @@ async fn many_stale_users_are_evicted_within_a_few_ticks_in_bounded_slices() {
 }
 
 #[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 fn max_evict_per_tick_is_bounded() {
     use vq::config::{Overrides, Settings};
     figment::Jail::expect_with(|jail| {
