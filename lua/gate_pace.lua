@@ -1,6 +1,7 @@
 -- gate_pace.lua: keep the purchases the gate forwards for a target within one batch per
 -- tick of Redis' clock. Reserves a place in the earliest tick (now, or up to `ahead` ticks
--- later) that still has room; the gate waits until that tick starts, then forwards.
+-- later) that still has room; the gate waits until that tick starts, then forwards if the
+-- tick has not ended meanwhile (a paused process reserves again).
 --
 -- Admission lets one batch through per tick, but admitted users learn it at their next poll
 -- (0-3 s later), so their purchases from consecutive batches can bunch in one tick: this
@@ -13,7 +14,9 @@
 -- ARGV[3] guard ms: a request this close to the end of a tick goes to the next one, so it
 --         reaches the downstream inside the tick it was counted in
 -- ARGV[4] ticks ahead the gate may wait at most
--- returns {1, wait_ms} with a reserved place, or {0, ms until the next tick} when full
+-- returns {1, ms until the reserved tick starts, ms until it ends} with a reserved place (by
+-- Redis' clock: the gate forwards only inside that window, else reserves again), or
+-- {0, ms until the next tick} when full
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tick_ms = tonumber(ARGV[1])
@@ -23,7 +26,7 @@ for tick = first, first + tonumber(ARGV[4]) do
   if redis.call('HINCRBY', KEYS[1], tick, 1) <= budget then
     redis.call('HDEL', KEYS[1], first - 2, first - 3)
     redis.call('PEXPIRE', KEYS[1], tick_ms * (tonumber(ARGV[4]) + 4))
-    return {1, math.max(0, tick * tick_ms - now)}
+    return {1, math.max(0, tick * tick_ms - now), (tick + 1) * tick_ms - now}
   end
   redis.call('HINCRBY', KEYS[1], tick, -1)
 end

@@ -54,8 +54,8 @@ pub struct RedisSettings {
     pub url: String,
     /// Comma-separated `redis://host:port`; set = Redis Cluster mode.
     pub cluster_nodes: Option<String>,
-    /// Bound on every Redis command on the request path, so a dead Redis cannot hang
-    /// requests: past it, enter and poll fail open.
+    /// Bound on all of a request's Redis work (and on each command), so a dead or stalled
+    /// Redis cannot hang requests: past it, enter and poll fail open.
     pub timeout_ms: u64,
 }
 
@@ -145,7 +145,7 @@ impl Default for QueueSettings {
             tick_ms: 2000,
             max_capacity: 100_000,
             heartbeat_timeout_s: 60,
-            max_evict_per_tick: 1000,
+            max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
         }
     }
@@ -202,6 +202,9 @@ pub const REDIS_TIMEOUT_MS: RangeInclusive<u64> = 10..=10_000;
 pub fn env_name(key: &str) -> String {
     format!("VQ_{}", key.replace('.', "__").to_ascii_uppercase())
 }
+/// Upper bound of `queue.max_evict_per_tick` (eviction runs in slices of a thousand users and
+/// half a tick of time at most, whatever this says).
+const MAX_EVICT_PER_TICK: u64 = 10_000_000;
 
 /// Environment variables with the `VQ_` prefix that are not configuration keys.
 const NOT_KEYS: [&str; 3] = ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "URL"];
@@ -238,7 +241,7 @@ impl Settings {
             ("queue.tick_ms", q.tick_ms, 200..=60_000),
             ("queue.max_capacity", q.max_capacity, 1..=1_000_000_000),
             ("queue.heartbeat_timeout_s", q.heartbeat_timeout_s, 1..=86_400),
-            ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=1_000_000),
+            ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=MAX_EVICT_PER_TICK),
             ("queue.key_ttl_s", q.key_ttl_s, 60..=604_800),
             ("token.ttl_s", self.token.ttl_s, TOKEN_TTL_S),
             ("flag.refresh_ms", self.flag.refresh_ms, 1..=1000),

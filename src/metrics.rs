@@ -186,6 +186,24 @@ pub fn http_request(route: &str, status: u16, took: Duration) {
     map.write().unwrap_or_else(|e| e.into_inner()).entry(status).or_default().insert(route.to_owned(), h);
 }
 
+/// A store failure on the request path, by kind (`unavailable` opens the instance-wide
+/// fail-open window, `data` fails open one request of one target).
+pub const STORE_ERRORS_TOTAL: &str = "virtual_queue_store_errors_total";
+
+pub fn store_error(kind: &'static str) {
+    counter!(STORE_ERRORS_TOTAL, "kind" => kind).increment(1);
+}
+
+/// Creates [`STORE_ERRORS_TOTAL`] at 0 for every kind, so alerts see it from the start.
+pub fn register_store_errors(kinds: &[&'static str]) {
+    // Called while the service is built, possibly before the server installed the recorder.
+    install();
+    metrics::describe_counter!(STORE_ERRORS_TOTAL, "Store failures on the request path, by kind (unavailable, data)");
+    for kind in kinds {
+        counter!(STORE_ERRORS_TOTAL, "kind" => *kind).increment(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

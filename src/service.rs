@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::config::{QueueSettings, Settings};
 use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
 use crate::store::{
-    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, TargetSnapshot, TokenClaim, Waiting,
+    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreErrorKind, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::token::{self, EntryToken, Secret, TokenError};
 
@@ -127,12 +127,17 @@ pub struct PendingClaim {
 /// When a verified purchase may go to the purchase API (see `gate.pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pace {
+    /// Now, inside the tick reserved for it (or unpaced).
     Now,
-    /// A place is reserved in a later tick: wait this long first.
-    After(Duration),
     /// Every tick the gate may wait for is full.
     Full,
 }
+
+/// A paced purchase is forwarded only this long before its tick ends at the latest, so it
+/// reaches the purchase API inside that tick (reservations keep twice that from the end).
+const PACE_FORWARD_MARGIN_MS: u64 = crate::store::PACE_GUARD_MS / 2;
+/// Reservations a purchase may make when pauses keep it from its reserved tick.
+const PACE_ATTEMPTS: usize = 3;
 
 /// Whether a gate check marks the token used (a purchase) or only reads (nginx auth_request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,16 +151,25 @@ pub enum ClaimMode {
 /// meanwhile and closes the window as soon as it answers.
 const SKIP_STORE_AFTER_FAILURE_MS: u64 = 1000;
 
-/// Counts Redis failures, logs them at most once per interval, and remembers until when the
-/// request path should not try Redis.
+/// Counts Redis failures, logs them at most once per interval (per kind), and remembers until
+/// when the request path should not try Redis.
+///
+/// Only a store that cannot serve anyone ([`StoreErrorKind::Unavailable`]) opens that window:
+/// a failure confined to one call (a corrupt key of one target, a script error) fails open
+/// that request only, and the next request, of any target, asks Redis again.
 struct Degraded {
-    last_log: Mutex<Option<Instant>>,
-    since_log: AtomicU64,
+    /// Per kind: last log line, failures since.
+    logs: [(Mutex<Option<Instant>>, AtomicU64); 2],
     /// Epoch ms before which enter/poll/gate do not call the store (0 = call it).
     skip_until_ms: AtomicU64,
 }
 
 impl Degraded {
+    fn new() -> Self {
+        crate::metrics::register_store_errors(&StoreErrorKind::ALL.map(StoreErrorKind::label));
+        Self { logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))), skip_until_ms: AtomicU64::new(0) }
+    }
+
     fn skipping(&self) -> bool {
         let until = self.skip_until_ms.load(Ordering::Relaxed);
         until != 0 && now_epoch_ms() < until
@@ -166,15 +180,29 @@ impl Degraded {
         crate::metrics::redis_degraded();
     }
 
-    fn record(&self, what: &str, err: &StoreError) {
-        self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
+    fn record(&self, what: &str, target: QueueTarget, err: &StoreError) {
+        let kind = err.kind();
+        if kind == StoreErrorKind::Unavailable {
+            self.skip_until_ms.store(now_epoch_ms() + SKIP_STORE_AFTER_FAILURE_MS, Ordering::Relaxed);
+        }
         crate::metrics::redis_degraded();
-        let n = self.since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
+        crate::metrics::store_error(kind.label());
+        let (last_log, since_log) = &self.logs[kind as usize];
+        let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| t.elapsed() >= DEGRADED_LOG_EVERY) {
             *last = Some(Instant::now());
-            self.since_log.store(0, Ordering::Relaxed);
-            tracing::warn!(error = %err, failures_since_last_log = n, "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)");
+            since_log.store(0, Ordering::Relaxed);
+            match kind {
+                StoreErrorKind::Unavailable => tracing::warn!(
+                    error = %err, failures_since_last_log = n,
+                    "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)"
+                ),
+                StoreErrorKind::Data => tracing::error!(
+                    error = %err, target_queue = %target, failures_since_last_log = n,
+                    "redis failed on {what} for one target (corrupt key or script error): failing open this request only"
+                ),
+            }
         }
     }
 }
@@ -222,11 +250,7 @@ impl QueueService {
                 missing: AtomicBool::new(false),
             },
             global_batch: AtomicU64::new(0),
-            degraded: Degraded {
-                last_log: Mutex::new(None),
-                since_log: AtomicU64::new(0),
-                skip_until_ms: AtomicU64::new(0),
-            },
+            degraded: Degraded::new(),
             registered: Mutex::new(HashMap::new()),
         }
     }
@@ -302,6 +326,14 @@ impl QueueService {
             .unwrap_or(self.settings.queue.batch_size)
     }
 
+    /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many
+    /// commands it takes (an enter that finds the user admitted is two scripts) and however
+    /// long it queued for a shared call. Past it the request fails open; the store takes a
+    /// user told DIRECT_ADMITTED out of the queue if the late call gave them a place.
+    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.settings.redis_timeout(), work).await.unwrap_or(Err(StoreError::Timeout))
+    }
+
     fn now_s() -> u64 {
         now_epoch_ms() / 1000
     }
@@ -358,7 +390,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.store.enter(target, user, &candidate).await {
+        match self.bounded(self.store.enter(target, user, &candidate)).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.register_active(target).await;
                 Ok(self.waiting(w))
@@ -366,7 +398,7 @@ impl QueueService {
             Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Err(e) => {
-                self.degraded.record("enter", &e);
+                self.degraded.record("enter", target, &e);
                 Ok(self.direct(target, user))
             }
         }
@@ -378,12 +410,12 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.store.status(target, user, &candidate).await {
+        match self.bounded(self.store.status(target, user, &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
             Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
             Err(e) => {
-                self.degraded.record("poll", &e);
+                self.degraded.record("poll", target, &e);
                 Ok(self.direct(target, user))
             }
         }
@@ -395,8 +427,8 @@ impl QueueService {
             self.degraded.record_skipped();
             return;
         }
-        if let Err(e) = self.store.leave(target, user).await {
-            self.degraded.record("leave", &e);
+        if let Err(e) = self.bounded(self.store.leave(target, user)).await {
+            self.degraded.record("leave", target, &e);
         }
     }
 
@@ -458,58 +490,80 @@ impl QueueService {
             return Ok(GatePass::Verified { claim: None });
         }
         let outcome = match mode {
-            ClaimMode::CheckOnly => match self.store.token_used(target, user, raw).await {
+            ClaimMode::CheckOnly => match self.bounded(self.store.token_used(target, user, raw)).await {
                 Ok(true) => return Err(TokenError::AlreadyUsed),
                 Ok(false) => GatePass::Verified { claim: None },
                 Err(e) => {
-                    self.degraded.record("gate", &e);
+                    self.degraded.record("gate", target, &e);
                     GatePass::Verified { claim: None }
                 }
             },
-            ClaimMode::Claim => match self.store.claim_token(target, user, raw, claims.expires_at - now).await {
-                Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
-                Ok(TokenClaim::Claimed { previous }) => {
-                    GatePass::Verified { claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }) }
+            ClaimMode::Claim => {
+                match self.bounded(self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
+                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
+                    Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
+                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
+                    },
+                    Err(e) => {
+                        // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
+                        self.degraded.record("gate", target, &e);
+                        GatePass::Verified { claim: None }
+                    }
                 }
-                Err(e) => {
-                    // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
-                    self.degraded.record("gate", &e);
-                    GatePass::Verified { claim: None }
-                }
-            },
+            }
         };
         Ok(outcome)
     }
 
-    /// Keeps verified purchases within one batch per tick per target (`gate.pace`). Without
-    /// Redis the purchase goes at once (fail-open; the downstream database is the last line).
+    /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
+    /// place, waits for its tick, and answers [`Pace::Now`] only while that tick lasts. A
+    /// process paused past the reserved tick (a long GC pause, a throttled container) reserves
+    /// again instead of forwarding late. Without Redis the purchase goes at once (fail-open;
+    /// the downstream database is the last line).
     pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
         let gate = &self.settings.gate;
         if !gate.pace || self.degraded.skipping() {
             return Pace::Now;
         }
         let tick_ms = self.settings.queue.tick_ms;
-        match self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks).await {
-            Ok(Some(0)) => Pace::Now,
-            Ok(Some(ms)) => Pace::After(Duration::from_millis(ms)),
-            Ok(None) => Pace::Full,
-            Err(e) => {
-                self.degraded.record("gate pace", &e);
-                Pace::Now
+        for _ in 0..PACE_ATTEMPTS {
+            let asked = tokio::time::Instant::now();
+            match self
+                .bounded(self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
+                .await
+            {
+                Ok(Some(slot)) => {
+                    // Both ends err on the safe side: the start counts from the answer, the
+                    // end from the question (Redis' clock read in between).
+                    let answered = tokio::time::Instant::now();
+                    let starts = answered + Duration::from_millis(slot.starts_in_ms);
+                    let forward_by =
+                        asked + Duration::from_millis(slot.ends_in_ms.saturating_sub(PACE_FORWARD_MARGIN_MS));
+                    tokio::time::sleep_until(starts).await;
+                    if tokio::time::Instant::now() < forward_by {
+                        return Pace::Now;
+                    }
+                }
+                Ok(None) => return Pace::Full,
+                Err(e) => {
+                    self.degraded.record("gate pace", target, &e);
+                    return Pace::Now;
+                }
             }
         }
+        Pace::Full
     }
 
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
     pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
         let result = if purchase_succeeded {
             crate::metrics::token_consumed();
-            self.store.confirm_token_used(claim.target).await
+            self.bounded(self.store.confirm_token_used(claim.target)).await
         } else {
-            self.store.release_token(claim.target, claim.user, &claim.token, claim.previous).await
+            self.bounded(self.store.release_token(claim.target, claim.user, &claim.token, claim.previous)).await
         };
         if let Err(e) = result {
-            self.degraded.record("gate settle", &e);
+            self.degraded.record("gate settle", claim.target, &e);
         }
     }
 
@@ -521,10 +575,10 @@ impl QueueService {
             }
             seen.insert(target, Instant::now());
         }
-        if let Err(e) = self.store.register_active(target).await {
+        if let Err(e) = self.bounded(self.store.register_active(target)).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
-            self.degraded.record("register", &e);
+            self.degraded.record("register", target, &e);
         }
     }
 }

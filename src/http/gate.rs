@@ -176,7 +176,6 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
     if let Some(target) = paced_target {
         match st.service.pace_purchase(target).await {
             Pace::Now => {}
-            Pace::After(wait) => tokio::time::sleep(wait).await,
             Pace::Full => {
                 if let Some(claim) = claim {
                     st.service.settle_claim(claim, false).await;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -27,6 +27,8 @@ struct TargetState {
     last_tick: Option<u64>,
     /// token and its expiry (ms)
     tokens: HashMap<UserId, (String, u64)>,
+    /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
+    used: HashMap<UserId, HashMap<String, u64>>,
     lock: Option<(String, u64)>,
     batch_override: Option<u64>,
     evicted: u64,
@@ -339,10 +341,14 @@ impl QueueStore for MemoryStore {
         let t = inner.targets.entry(target).or_default();
         let used = format!("used:{token}");
         let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
-        if previous.as_deref() == Some(used.as_str()) {
+        let spent = t.used.entry(user).or_default();
+        spent.retain(|_, exp| *exp > now);
+        if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
             return Ok(TokenClaim::AlreadyUsed);
         }
-        t.tokens.insert(user, (used, now + ttl_s.max(1) * 1000));
+        let expires = now + ttl_s.max(1) * 1000;
+        spent.insert(token.to_owned(), expires);
+        t.tokens.insert(user, (used, expires));
         Ok(TokenClaim::Claimed { previous })
     }
 
@@ -355,6 +361,9 @@ impl QueueStore for MemoryStore {
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let Some(t) = inner.targets.get_mut(&target) else { return Ok(()) };
+        if let Some(spent) = t.used.get_mut(&user) {
+            spent.remove(token);
+        }
         let used = format!("used:{token}");
         if t.tokens.get(&user).is_some_and(|(v, _)| *v == used) {
             match previous {
@@ -379,11 +388,9 @@ impl QueueStore for MemoryStore {
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let now = now_ms();
         let inner = self.lock();
-        Ok(inner
-            .targets
-            .get(&target)
-            .and_then(|t| t.tokens.get(&user))
-            .is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
+        let Some(t) = inner.targets.get(&target) else { return Ok(false) };
+        let spent = t.used.get(&user).and_then(|s| s.get(token)).is_some_and(|exp| *exp > now);
+        Ok(spent || t.tokens.get(&user).is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
     }
 
     async fn pace_purchase(
@@ -392,7 +399,7 @@ impl QueueStore for MemoryStore {
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         let now = now_ms();
         let tick_ms = tick_ms.max(1);
         let first = (now + super::redis::PACE_GUARD_MS) / tick_ms;
@@ -403,7 +410,10 @@ impl QueueStore for MemoryStore {
             let n = inner.forwarded.entry((target, tick)).or_default();
             if *n < budget {
                 *n += 1;
-                return Ok(Some((tick * tick_ms).saturating_sub(now)));
+                return Ok(Some(PaceSlot {
+                    starts_in_ms: (tick * tick_ms).saturating_sub(now),
+                    ends_in_ms: ((tick + 1) * tick_ms).saturating_sub(now),
+                }));
             }
         }
         Ok(None)

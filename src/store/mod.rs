@@ -12,7 +12,7 @@ mod redis;
 use std::future::Future;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, keys};
+pub use self::redis::{PACE_GUARD_MS, RedisStore, keys};
 
 use crate::domain::{FlagChange, FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -35,6 +35,66 @@ pub enum StoreError {
     Timeout,
     #[error("unexpected reply from {what}: {detail}")]
     Reply { what: &'static str, detail: String },
+}
+
+/// What a store failure says about the store, which decides how far fail-open reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreErrorKind {
+    /// The store cannot serve anyone now: connection refused, reset or timed out, loading,
+    /// busy with a long script, cluster down, read-only after a failover, out of memory,
+    /// refused credentials. Every target would fail alike.
+    Unavailable,
+    /// The store answered, but this call failed on what it touched: a key of the wrong type
+    /// (a corrupt key), a script error, a reply of the wrong shape. Other targets are fine.
+    Data,
+}
+
+impl StoreErrorKind {
+    pub const ALL: [StoreErrorKind; 2] = [StoreErrorKind::Unavailable, StoreErrorKind::Data];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Data => "data",
+        }
+    }
+}
+
+impl StoreError {
+    /// The command may have reached the store and run there after the caller stopped waiting.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::Timeout => true,
+            StoreError::Redis(e) => e.is_timeout(),
+            StoreError::Reply { .. } => false,
+        }
+    }
+
+    pub fn kind(&self) -> StoreErrorKind {
+        use ::redis::{ErrorKind as K, ServerErrorKind as S};
+        let StoreError::Redis(e) = self else {
+            return match self {
+                StoreError::Timeout => StoreErrorKind::Unavailable,
+                _ => StoreErrorKind::Data,
+            };
+        };
+        let unavailable = e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || matches!(
+                e.kind(),
+                K::Server(
+                    S::BusyLoading | S::ClusterDown | S::MasterDown | S::TryAgain | S::ReadOnly | S::NoPerm
+                ) | K::ClusterConnectionNotFound
+                    | K::AuthenticationFailed
+            )
+            // Codes redis-rs has no kind for: a script running too long, memory full, no
+            // auth, persistence failing.
+            || matches!(e.code(), Some("BUSY" | "OOM" | "NOAUTH" | "MISCONF" | "WRONGPASS"));
+        if unavailable { StoreErrorKind::Unavailable } else { StoreErrorKind::Data }
+    }
 }
 
 /// A user's place while waiting, plus the per-target batch size if one is set at runtime.
@@ -82,6 +142,16 @@ pub enum TokenClaim {
         previous: Option<String>,
     },
     AlreadyUsed,
+}
+
+/// A place reserved for one purchase in a tick (see [`QueueStore::pace_purchase`]), as times
+/// from the moment the store answered, by its clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceSlot {
+    /// Until the reserved tick starts (0 = it has).
+    pub starts_in_ms: u64,
+    /// Until the reserved tick ends: a purchase not forwarded by then must not be.
+    pub ends_in_ms: u64,
 }
 
 /// An instance's acknowledgement of the flag version it applied.
@@ -270,14 +340,13 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Reserves a place for one purchase in the earliest tick (at most `ahead` ticks later)
     /// whose forwarded purchases are still under the batch size; `None` when all are full.
-    /// Returns how long to wait (ms) until the reserved tick starts.
     fn pace_purchase(
         &self,
         target: QueueTarget,
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<PaceSlot>, StoreError>> + Send;
 
     /// Records that `instance` applied flag `version`; the record lives `ttl_ms`.
     fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -374,7 +443,7 @@ impl QueueStore for AnyStore {
         budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         delegate!(self, s => s.pace_purchase(t, budget, tick_ms, ahead))
     }
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
@@ -385,5 +454,21 @@ impl QueueStore for AnyStore {
     }
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unreachable_store_counts_as_unavailable() {
+        let io = |kind| StoreError::Redis(::redis::RedisError::from(std::io::Error::new(kind, "x")));
+        assert_eq!(io(std::io::ErrorKind::ConnectionRefused).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(io(std::io::ErrorKind::ConnectionReset).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(io(std::io::ErrorKind::TimedOut).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(StoreError::Timeout.kind(), StoreErrorKind::Unavailable);
+        let reply = StoreError::Reply { what: "enter.lua", detail: "[]".into() };
+        assert_eq!(reply.kind(), StoreErrorKind::Data);
     }
 }

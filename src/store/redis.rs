@@ -22,8 +22,8 @@ use tokio::sync::oneshot;
 
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, QueueStore, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
 
@@ -56,6 +56,10 @@ pub mod keys {
     }
     pub fn token(target: QueueTarget, user: UserId) -> String {
         format!("queue:{{{target}}}:token:{user}")
+    }
+    /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
+    pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
+        format!("queue:{{{target}}}:used:{user}")
     }
     pub fn admission_lock(target: QueueTarget) -> String {
         format!("queue:admission:{{{target}}}")
@@ -299,10 +303,17 @@ enum Answer {
 }
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
-/// answers each job. A job that already waited longer than a command may take is answered
-/// with a timeout instead (its caller fails open), so a stalled Redis cannot pile them up.
+/// answers each job. A job that already waited longer than a command may take, or whose
+/// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
+/// Redis cannot pile them up.
+///
+/// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
+/// whose answer came too late and gave them a place (or whose call timed out, and so may
+/// still run) are taken out again with `leave.lua`, sent on the same connection after the
+/// call, so Redis runs it after the call whatever the stall was.
 async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
-    let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.queued.elapsed() > timeout);
+    let (stale, jobs): (Vec<Job>, Vec<Job>) =
+        jobs.into_iter().partition(|j| j.queued.elapsed() > timeout || j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
     }
@@ -342,19 +353,50 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
     for job in &jobs {
         cmd.arg(job.user.0);
     }
-    let answers = eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    let answers =
+        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    let mut told_direct = Vec::new();
     match answers {
         Ok(answers) => {
             for (job, answer) in jobs.into_iter().zip(answers) {
-                let _ = job.reply.send(Ok(answer));
+                let holds_place = matches!(answer, Answer::Waiting(_) | Answer::Issue);
+                if job.reply.send(Ok(answer)).is_err() && holds_place {
+                    told_direct.push(job.user);
+                }
             }
         }
         Err(e) => {
+            let may_still_run = e.is_timeout();
             for job in jobs {
+                if may_still_run {
+                    told_direct.push(job.user);
+                }
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
+    if !told_direct.is_empty() {
+        leave_told_direct(conn, limits, target, told_direct).await;
+    }
+}
+
+/// Best effort: takes users told DIRECT_ADMITTED out of the queue (see [`execute`]). One
+/// pipeline of `EVAL` (not EVALSHA: a NOSCRIPT answer would come when nobody waits to load
+/// the script any more), written at once behind the late call.
+async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
+    let mut pipe = redis::pipe();
+    for user in &users {
+        pipe.cmd("EVAL")
+            .arg(include_str!("../../lua/leave.lua"))
+            .arg(3)
+            .arg(keys::of(target, "waiting"))
+            .arg(keys::of(target, "heartbeat"))
+            .arg(keys::of(target, "departed"))
+            .arg(user.0)
+            .arg(limits.key_ttl_s);
+    }
+    let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
+    tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
 }
 
 /// Reads `{mark, batch_override_or_0, then per user: code, a, b}` (see `lua/enter.lua`).
@@ -623,6 +665,7 @@ impl QueueStore for RedisStore {
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
             .key(keys::token(target, user))
+            .key(keys::used_tokens(target, user))
             .arg(token)
             .arg(ttl_s.max(1))
             .invoke_async(&mut self.conn())
@@ -643,6 +686,7 @@ impl QueueStore for RedisStore {
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
             .key(keys::token(target, user))
+            .key(keys::used_tokens(target, user))
             .arg(token)
             .arg(previous.unwrap_or_default())
             .invoke_async(&mut self.conn())
@@ -656,8 +700,13 @@ impl QueueStore for RedisStore {
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
-        let v: Option<String> = self.conn().get(keys::token(target, user)).await?;
-        Ok(v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+        let (v, score): (Option<String>, Option<f64>) = redis::pipe()
+            .get(keys::token(target, user))
+            .zscore(keys::used_tokens(target, user), token)
+            .query_async(&mut self.conn())
+            .await?;
+        // A member past its expiry belongs to an expired token, which verify refused already.
+        Ok(score.is_some() || v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
     }
 
     async fn pace_purchase(
@@ -666,7 +715,7 @@ impl QueueStore for RedisStore {
         default_budget: u64,
         tick_ms: u64,
         ahead: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<PaceSlot>, StoreError> {
         let r: Vec<u64> = GATE_PACE
             .key(keys::of(target, "forwarded"))
             .key(keys::of(target, "batch_size"))
@@ -677,7 +726,9 @@ impl QueueStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         match r.as_slice() {
-            [1, wait] => Ok(Some(*wait)),
+            [1, starts_in_ms, ends_in_ms] => {
+                Ok(Some(PaceSlot { starts_in_ms: *starts_in_ms, ends_in_ms: *ends_in_ms }))
+            }
             [0, _] => Ok(None),
             _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
         }

@@ -372,3 +372,26 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     assert!(snap.waits.sum_ms < 5 * 3000, "each wait is under 3 s: {:?}", snap.waits);
     assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
 }
+
+/// A token that bought stays used whichever other tokens its user claims; releasing one gives
+/// back that one only.
+#[tokio::test]
+async fn every_used_token_stays_used_and_a_release_gives_back_only_its_own() {
+    use vq::store::TokenClaim;
+    with_both(async |s, _| {
+        let (u, ttl) = (UserId(7), 300);
+        let claimed = |c: TokenClaim| matches!(c, TokenClaim::Claimed { .. });
+        assert!(claimed(s.claim_token(t(), u, "A", ttl).await.unwrap()));
+        let b = s.claim_token(t(), u, "B", ttl).await.unwrap();
+        let TokenClaim::Claimed { previous } = b else { panic!("B: {b:?}") };
+        assert_eq!(s.claim_token(t(), u, "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(s.token_used(t(), u, "A").await.unwrap());
+        s.release_token(t(), u, "B", previous).await.unwrap();
+        assert!(!s.token_used(t(), u, "B").await.unwrap());
+        assert_eq!(s.claim_token(t(), u, "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed, "A stays used");
+        assert!(claimed(s.claim_token(t(), u, "B", ttl).await.unwrap()));
+        assert_eq!(s.claim_token(t(), u, "B", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(claimed(s.claim_token(t(), UserId(8), "A", ttl).await.unwrap()), "per user");
+    })
+    .await;
+}

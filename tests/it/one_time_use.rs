@@ -1,0 +1,125 @@
+//! One-time use of entry tokens through the real gate: a token that bought once stays used
+//! until it expires, whichever other valid tokens its user holds.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vq::domain::{QueueTarget, UserId};
+use vq::token::mint;
+
+use crate::gate::spawn_echo;
+use crate::support::{RedisServer, TestApp, flag_on, secret, spawn_app, test_settings};
+
+const ORDER: &str = "/limited-drops/42/orders";
+
+fn target() -> QueueTarget {
+    "LIMITED_DROP:42".parse().expect("target")
+}
+
+async fn gated_app(redis: &RedisServer) -> TestApp {
+    let mut s = test_settings(Some(redis));
+    s.gate.upstream = Some(spawn_echo().await);
+    // Pacing is not what is tested here: every purchase goes at once.
+    s.gate.pace = false;
+    let app = spawn_app(s, false).await;
+    flag_on(redis).await;
+    app
+}
+
+async fn purchase(app: &TestApp, user: u64, token: &str) -> u16 {
+    let r = app
+        .client
+        .post(app.url(ORDER))
+        .header("X-User-Id", user.to_string())
+        .header("X-Entry-Token", token)
+        .send()
+        .await
+        .expect("purchase request");
+    r.status().as_u16()
+}
+
+#[tokio::test]
+async fn alternating_two_valid_tokens_buys_once_with_each() {
+    let redis = RedisServer::spawn();
+    let app = gated_app(&redis).await;
+    let now = vq::service::now_epoch_ms() / 1000;
+    // Two distinct valid tokens of user 7 (minted a second apart), and one of user 8.
+    let a = mint(&secret(), target(), UserId(7), now, 300).raw;
+    let b = mint(&secret(), target(), UserId(7), now - 1, 300).raw;
+    assert_ne!(a, b);
+    let mut forwarded = 0;
+    let mut statuses = Vec::new();
+    for token in [&a, &b, &a, &b, &a, &b] {
+        let s = purchase(&app, 7, token).await;
+        statuses.push(s);
+        forwarded += u32::from(s == 200);
+    }
+    assert_eq!(forwarded, 2, "each token buys once: {statuses:?}");
+    assert_eq!(statuses[2..], [403, 403, 403, 403], "{statuses:?}");
+    // Another user's token is not affected by user 7's.
+    let c = mint(&secret(), target(), UserId(8), now, 300).raw;
+    assert_eq!(purchase(&app, 8, &c).await, 200);
+}
+
+/// A purchase the upstream refuses gives its token back, and only that token.
+#[tokio::test]
+async fn a_failed_purchase_gives_back_its_token_and_no_other() {
+    let redis = RedisServer::spawn();
+    let app = gated_app(&redis).await;
+    let now = vq::service::now_epoch_ms() / 1000;
+    let a = mint(&secret(), target(), UserId(7), now, 300).raw;
+    let b = mint(&secret(), target(), UserId(7), now - 1, 300).raw;
+    assert_eq!(purchase(&app, 7, &a).await, 200);
+    let failed = app
+        .client
+        .post(app.url(ORDER))
+        .header("X-User-Id", "7")
+        .header("X-Entry-Token", &b)
+        .header("x-echo-status", "409")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(failed.status(), 409);
+    assert_eq!(purchase(&app, 7, &a).await, 403, "releasing B does not give A back");
+    assert_eq!(purchase(&app, 7, &b).await, 200, "B is usable again after its failed purchase");
+    assert_eq!(purchase(&app, 7, &b).await, 403);
+}
+
+/// A user polling through a Redis outage collects several DIRECT_ADMITTED tokens; after the
+/// recovery, cycling them buys at most once with each.
+#[tokio::test]
+async fn fail_open_tokens_collected_during_an_outage_buy_once_each() {
+    let mut redis = RedisServer::spawn();
+    let port = redis.port;
+    let app = gated_app(&redis).await;
+    redis.kill();
+    let mut tokens: Vec<String> = Vec::new();
+    while tokens.len() < 3 {
+        let v: Value = app.json(app.enter("limited-drop/42", 5).await).await;
+        assert_eq!(v["status"], "DIRECT_ADMITTED", "{v}");
+        let t = v["entryToken"].as_str().unwrap().to_owned();
+        if !tokens.contains(&t) {
+            tokens.push(t);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let back = RedisServer::spawn_on(port);
+    flag_on(&back).await;
+    // Wait until the instance uses Redis again (a waiting answer for another user).
+    let mut resumed = false;
+    for _ in 0..50 {
+        if app.json(app.enter("limited-drop/42", 999).await).await["status"] == "WAITING" {
+            resumed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(resumed, "queue back without restarting vq");
+    let mut statuses = Vec::new();
+    for i in 0..12 {
+        statuses.push(purchase(&app, 5, &tokens[i % 3]).await);
+    }
+    let forwarded = statuses.iter().filter(|s| **s == 200).count();
+    assert!(forwarded <= 3, "{forwarded} purchases forwarded with 3 tokens: {statuses:?}");
+    assert_eq!(forwarded, 3, "each token buys once: {statuses:?}");
+}

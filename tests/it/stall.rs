@@ -1,0 +1,95 @@
+//! A Redis that stalls (a slow command, a fork, a long script) while enters are in flight:
+//! the requests fail open within `redis.timeout_ms`, and a user told DIRECT_ADMITTED does not
+//! also keep a place in the queue once Redis runs the late calls.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::Value;
+
+use crate::support::{RedisServer, flag_on, spawn_app, test_settings};
+
+/// Blocks the server for `ms` as `DEBUG SLEEP` does (the DEBUG command is disabled on the
+/// test servers): one script busy-waiting on Redis' clock. Returns when it has started.
+async fn stall(redis: &RedisServer, ms: u64) -> tokio::task::JoinHandle<()> {
+    let mut c = redis.conn().await;
+    let mut probe = redis.conn().await;
+    let handle = tokio::spawn(async move {
+        let busy = redis::Script::new(
+            "local function now() local t = redis.call('TIME') return t[1] * 1000 + t[2] / 1000 end
+             local start = now()
+             while now() - start < tonumber(ARGV[1]) do end
+             return 1",
+        );
+        let mut inv = busy.prepare_invoke();
+        inv.arg(ms);
+        // This connection may give up waiting; the script runs on regardless.
+        let _: Result<u64, _> = inv.invoke_async(&mut c).await;
+    });
+    // Running once another connection's PING gets no answer.
+    for _ in 0..100 {
+        let answered = tokio::time::timeout(Duration::from_millis(100), async {
+            let _: Result<String, _> = redis::cmd("PING").query_async(&mut probe).await;
+        })
+        .await
+        .is_ok();
+        if !answered {
+            return handle;
+        }
+    }
+    panic!("the stall did not start");
+}
+
+#[tokio::test]
+async fn enters_during_a_stall_fail_open_and_leave_no_place_behind() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.redis.timeout_ms = 250;
+    let app = std::sync::Arc::new(spawn_app(s, false).await);
+    flag_on(&redis).await;
+    assert_eq!(app.json(app.enter("limited-drop/1", 1).await).await["status"], "WAITING");
+
+    let mut c = redis.conn().await;
+    let mut probe = redis.conn().await;
+    let _stalled = stall(&redis, 2000).await;
+    let mut tasks = Vec::new();
+    for u in 100..128u64 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let v: Value = app.json(app.enter("limited-drop/1", u).await).await;
+            (u, v)
+        }));
+    }
+    let mut direct = Vec::new();
+    for t in tasks {
+        let (u, v) = t.await.unwrap();
+        assert_eq!(v["status"], "DIRECT_ADMITTED", "user {u} during the stall: {v}");
+        direct.push(u);
+    }
+    let still_stalled = tokio::time::timeout(Duration::from_millis(100), async {
+        let _: Result<String, _> = redis::cmd("PING").query_async(&mut probe).await;
+    })
+    .await
+    .is_err();
+    assert!(still_stalled, "every enter answered while Redis was still stalled");
+
+    // Once Redis has run the late calls, none of the users told DIRECT_ADMITTED holds a place.
+    let mut holding = Vec::new();
+    for _ in 0..50 {
+        holding.clear();
+        for u in &direct {
+            // Errors while the stall lasts (this connection gives up waiting) count as holding.
+            let place: Result<Option<u64>, _> = c.zscore("queue:{LIMITED_DROP:1}:waiting", u.to_string()).await;
+            if !matches!(place, Ok(None)) {
+                holding.push(*u);
+            }
+        }
+        if holding.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(holding.is_empty(), "told DIRECT_ADMITTED and still queued: {holding:?}");
+    let waiting: u64 = c.zcard("queue:{LIMITED_DROP:1}:waiting").await.unwrap();
+    assert_eq!(waiting, 1, "user 1, who entered before the stall, keeps their place");
+}
