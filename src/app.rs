@@ -11,6 +11,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Settings, StoreKind};
 use crate::http::gate::Gate;
+use crate::http::page::Page;
 use crate::http::{AppState, router};
 use crate::pump::Pump;
 use crate::service::{QueueService, now_epoch_ms};
@@ -130,7 +131,8 @@ pub async fn run(
     tracker.close();
 
     let gate = Gate::new(&settings.gate).map_err(|e| anyhow::anyhow!("gate.routes: {e}"))?;
-    let app = router(Arc::new(AppState { service, gate }));
+    let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
+    let app = router(Arc::new(AppState { service, gate, page }));
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(cancel.clone().cancelled_owned())

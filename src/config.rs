@@ -46,6 +46,7 @@ pub struct Settings {
     pub flag: FlagSettings,
     pub gate: GateSettings,
     pub log: LogSettings,
+    pub page: PageSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,6 +129,7 @@ impl Default for Settings {
             flag: FlagSettings::default(),
             gate: GateSettings::default(),
             log: LogSettings::default(),
+            page: PageSettings::default(),
         }
     }
 }
@@ -181,6 +183,25 @@ impl Default for GateSettings {
             ],
         }
     }
+}
+
+/// The waiting page at `/waiting-room/{type}/{id}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PageSettings {
+    /// Let `?user=ID` stand in for `X-User-Id` (trials without an authenticating proxy only:
+    /// anyone can then claim any id).
+    pub allow_query_user: bool,
+    /// Where an admitted buyer is sent, e.g. `https://shop.example/drops/{id}/buy?entryToken={token}`
+    /// (`{type}`, `{id}`, `{user}`, `{token}` substituted, URL-encoded). Unset: the page shows
+    /// the token and raises its events only.
+    pub return_url: Option<String>,
+    /// The origin of an app embedding the page in a frame, which receives the token by
+    /// `postMessage` (unset: no message leaves the page).
+    pub embed_origin: Option<String>,
+    /// An HTML file to serve instead of the built-in page; it must hold `{{config}}` and
+    /// `{{script}}` (docs/waiting-page.md).
+    pub template: Option<std::path::PathBuf>,
 }
 
 impl Default for LogSettings {
@@ -265,6 +286,11 @@ impl Settings {
             ));
         }
         crate::gate::GateRoutes::compile(&g.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        for (key, url) in [("page.return_url", &self.page.return_url), ("page.embed_origin", &self.page.embed_origin)] {
+            if let Some(u) = url.as_ref().filter(|u| !(u.starts_with("https://") || u.starts_with("http://"))) {
+                return Err(format!("{key} ({}) must be an http:// or https:// URL, got `{u}`", env_name(key)));
+            }
+        }
         if let Some(u) = g.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
             return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
         }

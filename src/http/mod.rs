@@ -5,6 +5,7 @@ mod error;
 mod extract;
 pub mod gate;
 mod metrics;
+pub mod page;
 mod queue;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::service::QueueService;
 pub struct AppState {
     pub service: Arc<QueueService>,
     pub gate: gate::Gate,
+    pub page: page::Page,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -44,6 +46,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
         .route("/openapi.json", get(openapi))
+        .route("/waiting-room/{kind}/{id}", get(page::waiting_room))
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)

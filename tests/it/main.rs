@@ -1,18 +1,19 @@
 //! The one integration-test binary. Every test starts its own `redis-server`.
 
 mod bounds;
+mod browser;
 mod cli;
 mod cluster;
 mod conformance;
 mod eviction;
 mod failover;
-mod flag;
 mod fault_isolation;
+mod flag;
 pub mod gate;
 mod gate_paths;
 mod loadgen;
-mod openapi;
 mod one_time_use;
+mod openapi;
 mod pacing;
 mod processes;
 mod pump;

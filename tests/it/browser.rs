@@ -1,0 +1,241 @@
+//! The waiting page in a real headless browser: Debian's chromium driven by chromedriver over
+//! the WebDriver protocol. `scripts/test.sh` installs both; where they cannot be installed it
+//! sets `VQ_BROWSER_TESTS=skip` and these tests say so and pass. Anywhere else a missing
+//! browser is a failure.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vq::domain::{QueueTarget, UserId};
+
+use crate::support::{RedisServer, TestApp, flag_on, free_port, secret, spawn_app, test_settings};
+
+const DRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// One chromedriver (its own process group, with the chromium it starts) and one session.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+}
+
+impl Browser {
+    /// `None` when the browser tests are skipped on purpose.
+    async fn start() -> Option<Self> {
+        if !std::path::Path::new(DRIVER).exists() {
+            if std::env::var("VQ_BROWSER_TESTS").as_deref() == Ok("skip") {
+                eprintln!("SKIPPED: chromium-driver is not installed here (VQ_BROWSER_TESTS=skip)");
+                return None;
+            }
+            panic!("{DRIVER} is missing: apt-get install -y chromium chromium-driver (scripts/test.sh does)");
+        }
+        let port = free_port();
+        let driver = Command::new(DRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start chromedriver");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http.get(format!("{base}/status")).send().await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--lang=en-US"]}
+        }}});
+        let mut browser = Self { driver, base, session: String::new(), http };
+        let v = browser.call(reqwest::Method::POST, "/session", caps).await;
+        browser.session = v["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}")).to_owned();
+        Some(browser)
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, url);
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        let r = req.send().await.expect("webdriver request");
+        let v: Value = r.json().await.expect("webdriver json");
+        assert!(v["value"].get("error").is_none(), "webdriver {path}: {v}");
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, &format!("/session/{}/url", self.session), json!({"url": url})).await;
+    }
+
+    async fn url(&self) -> String {
+        let v = self.call(reqwest::Method::GET, &format!("/session/{}/url", self.session), Value::Null).await;
+        v.as_str().unwrap_or_default().to_owned()
+    }
+
+    async fn eval(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/session/{}/execute/sync", self.session),
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    /// The page's state: `data-vq-status`, `data-vq-position` and the message line.
+    async fn state(&self) -> (String, String, String) {
+        let v = self
+            .eval(
+                "var r = document.getElementById('vq-root'); if (!r) return ['', '', ''];
+                 return [r.getAttribute('data-vq-status'), r.getAttribute('data-vq-position'),
+                         document.getElementById('vq-message').textContent];",
+            )
+            .await;
+        let s = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
+        (s(0), s(1), s(2))
+    }
+
+    /// Waits until the page's status is `status` (or the browser left the page for `leaves_to`).
+    async fn wait_status(&self, status: &str, secs: u64) -> (String, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let st = self.state().await;
+            if st.0 == status {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "page never showed {status}; last {st:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_url_starting(&self, prefix: &str, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let url = self.url().await;
+            if url.starts_with(prefix) {
+                return url;
+            }
+            assert!(Instant::now() < deadline, "never sent to {prefix}; at {url}, page state {:?}", self.state().await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // chromedriver and the chromium it started share its process group.
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.driver.id())]).status();
+        let _ = self.driver.wait();
+    }
+}
+
+/// A gated app with a pump, `?user=` allowed, and `return_url` pointing at an echo server.
+async fn page_app(redis: &RedisServer, tweak: impl FnOnce(&mut vq::config::Settings)) -> (TestApp, String) {
+    let shop = crate::gate::spawn_echo().await;
+    let mut s = test_settings(Some(redis));
+    s.queue.batch_size = 1;
+    s.page.allow_query_user = true;
+    s.page.return_url = Some(format!("{shop}/drops/{{id}}/buy?entryToken={{token}}&user={{user}}"));
+    tweak(&mut s);
+    let app = spawn_app(s, true).await;
+    (app, shop)
+}
+
+fn token_in(url: &str) -> String {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    let raw = query.split('&').find_map(|kv| kv.strip_prefix("entryToken=")).expect("entryToken in the return URL");
+    raw.replace("%2E", ".").replace("%2e", ".")
+}
+
+fn verifies(token: &str, user: u64) {
+    let target: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
+    let now = vq::service::now_epoch_ms() / 1000;
+    vq::token::verify(&secret(), token, target, UserId(user), now).expect("the token the page forwarded verifies");
+}
+
+#[tokio::test]
+async fn a_buyer_waits_on_the_page_and_lands_on_the_shop_with_a_token_that_verifies() {
+    let redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let Some(browser) = Browser::start().await else { return };
+    // Two buyers ahead: the page's user waits two ticks, polling as told.
+    for u in [901, 902] {
+        assert_eq!(app.enter("limited-drop/42", u).await.status(), 200);
+    }
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=7")).await;
+    let (_, position, message) = browser.wait_status("WAITING", 20).await;
+    assert_eq!(position, "3", "the page shows the fixed seq");
+    assert!(message.contains("Keep this page open"), "{message}");
+    let eta = browser.eval("return document.getElementById('vq-eta').textContent").await;
+    assert_eq!(eta, "under a minute");
+    let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 30).await;
+    assert!(url.ends_with("&user=7"), "{url}");
+    verifies(&token_in(&url), 7);
+}
+
+#[tokio::test]
+async fn a_full_queue_shows_retrying_then_lets_the_buyer_in() {
+    let redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |s| {
+        s.queue.max_capacity = 1;
+        s.queue.batch_size = 100;
+        s.queue.tick_ms = 60_000;
+    })
+    .await;
+    flag_on(&redis).await;
+    let Some(browser) = Browser::start().await else { return };
+    assert_eq!(app.enter("limited-drop/42", 901).await.status(), 200);
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=8")).await;
+    let (_, _, message) = browser.wait_status("QUEUE_FULL", 20).await;
+    assert!(message.contains("The queue is full"), "{message}");
+    // A place frees up; the page retries after Retry-After and gets it.
+    assert_eq!(app.leave("limited-drop/42", 901).await.status(), 204);
+    let (_, position, _) = browser.wait_status("WAITING", 20).await;
+    assert!(!position.is_empty());
+    drop(shop);
+}
+
+#[tokio::test]
+async fn with_redis_down_the_page_goes_on_direct_admitted() {
+    let mut redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let Some(browser) = Browser::start().await else { return };
+    redis.kill();
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=9")).await;
+    let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 30).await;
+    verifies(&token_in(&url), 9);
+}
+
+#[tokio::test]
+async fn the_page_speaks_korean_or_english_and_trusts_only_the_configured_identity() {
+    let redis = RedisServer::spawn();
+    let (app, _) = page_app(&redis, |s| s.page.allow_query_user = false).await;
+    let get = |lang: &'static str, user: Option<&'static str>, path: &'static str| {
+        let mut r = app.client.get(app.url(path)).header("Accept-Language", lang);
+        if let Some(u) = user {
+            r = r.header("X-User-Id", u);
+        }
+        r.send()
+    };
+    let ko = get("ko-KR,ko;q=0.9,en;q=0.8", Some("5"), "/waiting-room/limited-drop/42").await.unwrap();
+    assert_eq!(ko.status(), 200);
+    assert_eq!(ko.headers()["cache-control"], "no-store");
+    let body = ko.text().await.unwrap();
+    assert!(body.contains("lang=\"ko\"") && body.contains("대기열에 들어와 있습니다"), "{body}");
+    let en = get("en-US", Some("5"), "/waiting-room/limited-drop/42").await.unwrap().text().await.unwrap();
+    assert!(en.contains("You are in the queue"));
+    assert!(!en.contains("{{"), "every placeholder is filled");
+    let query_user = get("en", None, "/waiting-room/limited-drop/42?user=5").await.unwrap();
+    assert_eq!(query_user.status(), 400, "?user= is off by default");
+    let v: Value = query_user.json().await.unwrap();
+    assert!(v["detail"].as_str().unwrap().contains("page.allow_query_user"), "{v}");
+    assert_eq!(get("en", None, "/waiting-room/concert/1").await.unwrap().status(), 400);
+}
