@@ -67,11 +67,29 @@ impl ConfigArg {
     }
 }
 
+/// Log output that never fails: a line that cannot be written (stderr closed, a log
+/// collector that died) is dropped. tracing's fmt layer reports a failed write with
+/// `eprintln!`, which panics on a closed stderr, in whatever task was logging — a request
+/// handler or the signal handler — so the write error must never reach it.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 fn init_tracing(format: &LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| LossyStderr).with_ansi(ansi);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
@@ -98,9 +116,26 @@ fn server_runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(builder.enable_all().build()?)
 }
 
+/// Output closed by its reader (`vq flag status | head -1`): the command is done. `println!`
+/// panics on a closed stdout; this hook turns that panic into a quiet exit 0.
+fn exit_quietly_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload_as_str().is_some_and(|m| m.starts_with("failed printing to stdout") && is_broken_pipe_text(m)) {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
+fn is_broken_pipe_text(message: &str) -> bool {
+    message.contains("Broken pipe") || message.contains("broken pipe")
+}
+
 /// Runs a command; errors are printed as one line on stderr with exit code 1 (commands that
 /// define their own codes, like verify, return them).
 pub fn main(cli: Cli) -> ExitCode {
+    exit_quietly_on_closed_stdout();
     let result = match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Pump(a) => pump::run(a),
