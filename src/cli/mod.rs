@@ -121,7 +121,10 @@ fn server_runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 fn exit_quietly_on_closed_stdout() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if info.payload_as_str().is_some_and(|m| m.starts_with("failed printing to stdout") && is_broken_pipe_text(m)) {
+        let payload = info.payload();
+        let message =
+            payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied());
+        if message.is_some_and(|m| m.starts_with("failed printing to stdout") && is_broken_pipe_text(m)) {
             std::process::exit(0);
         }
         default(info);
