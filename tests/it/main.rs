@@ -11,6 +11,8 @@ mod pump;
 mod queue_api;
 mod readme;
 mod scripts;
+mod secrets;
+mod serve_limits;
 mod stats;
 mod support;
 mod token_format;
