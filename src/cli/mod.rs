@@ -67,21 +67,67 @@ impl ConfigArg {
     }
 }
 
-/// Log output that never fails: a line that cannot be written (stderr closed, a log
-/// collector that died) is dropped. tracing's fmt layer reports a failed write with
-/// `eprintln!`, which panics on a closed stderr, in whatever task was logging — a request
-/// handler or the signal handler — so the write error must never reach it.
+/// Log output that never fails nor blocks: each line goes into a bounded queue that one
+/// thread writes to stderr; a line that does not fit (stderr stalled) or cannot be written
+/// (stderr closed, a log collector that died) is dropped. Writing directly would block every
+/// thread that logs behind a stalled reader, and tracing's fmt layer reports a failed write with
+/// `eprintln!`, which panics on a closed stderr in whatever task was logging — a request
+/// handler or the signal handler.
 struct LossyStderr;
+
+/// Lines waiting for the writer thread.
+const LOG_QUEUE_LINES: usize = 10_000;
+
+struct LogQueue {
+    lines: std::sync::mpsc::SyncSender<Vec<u8>>,
+    /// Lines queued and lines handled (written or dropped), so [`flush_logs`] can wait.
+    queued: std::sync::atomic::AtomicU64,
+    handled: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+static LOG_QUEUE: std::sync::OnceLock<LogQueue> = std::sync::OnceLock::new();
+
+fn log_queue() -> &'static LogQueue {
+    LOG_QUEUE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(LOG_QUEUE_LINES);
+        let handled = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let done = handled.clone();
+        let spawned = std::thread::Builder::new().name("vq-log".into()).spawn(move || {
+            let mut err = std::io::stderr();
+            for line in rx {
+                let _ = std::io::Write::write_all(&mut err, &line);
+                done.fetch_add(1, std::sync::atomic::Ordering::Release);
+            }
+        });
+        if spawned.is_err() {
+            eprintln!("warning: cannot start the log writer thread: logs are dropped");
+        }
+        LogQueue { lines: tx, queued: std::sync::atomic::AtomicU64::new(0), handled }
+    })
+}
 
 impl std::io::Write for LossyStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
+        let q = log_queue();
+        if q.lines.try_send(buf.to_vec()).is_ok() {
+            q.queued.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
         Ok(())
+    }
+}
+
+/// Waits (at most `within`) until the queued log lines are written, so the last lines before
+/// an exit are not lost.
+fn flush_logs(within: std::time::Duration) {
+    let Some(q) = LOG_QUEUE.get() else { return };
+    let deadline = std::time::Instant::now() + within;
+    let queued = q.queued.load(std::sync::atomic::Ordering::Acquire);
+    while q.handled.load(std::sync::atomic::Ordering::Acquire) < queued && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 
@@ -149,6 +195,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Batch(a) => batch::run(a),
         Command::Loadgen(a) => loadgen::run(a),
     };
+    flush_logs(std::time::Duration::from_secs(2));
     match result {
         Ok(code) => code,
         Err(e) => {

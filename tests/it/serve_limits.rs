@@ -218,6 +218,23 @@ async fn closed_stderr_neither_stops_serving_nor_blocks_sigterm() {
     assert!(exit.is_some_and(|s| s.success()), "SIGTERM with stderr closed: {exit:?}");
 }
 
+#[tokio::test]
+async fn stalled_stderr_does_not_block_requests_that_log() {
+    let redis = RedisServer::spawn();
+    let envs = [("VQ_GATE__UPSTREAM", "http://127.0.0.1:1"), ("RUST_LOG", "info")];
+    // stderr is a pipe nobody reads: once its buffer (64 KiB) is full, a write would block.
+    let mut vq = Serve::start(&redis, &envs, Stdio::piped()).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    for i in 0..1500 {
+        let r = client.post(vq.url("/limited-drops/1/orders")).header("X-User-Id", "3").send().await;
+        let status = r.map(|r| r.status().as_u16()).map_err(|e| e.to_string());
+        assert_eq!(status, Ok(502), "request {i} got no answer behind a stalled stderr");
+    }
+    vq.sigterm();
+    let exit = vq.exit_within(Duration::from_secs(30)).await;
+    assert!(exit.is_some_and(|s| s.success()), "SIGTERM with stderr stalled: {exit:?}");
+}
+
 /// Runs `vq args` with stdout a pipe whose reader is already gone.
 async fn with_closed_stdout(redis: &RedisServer, args: &[&str]) -> (Option<ExitStatus>, String) {
     let (reader, writer) = std::io::pipe().expect("pipe");
