@@ -5,11 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Settings, StoreKind};
+use crate::config::{HttpSettings, Settings, StoreKind, redact_credentials};
 use crate::http::gate::Gate;
 use crate::http::page::Page;
 use crate::http::{AppState, router};
@@ -26,7 +30,7 @@ pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
         StoreKind::Redis => match settings.redis_cluster_nodes() {
             Some(nodes) => AnyStore::Redis(
                 RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
-                    .with_context(|| format!("invalid redis.cluster_nodes {}", nodes.join(",")))?,
+                    .with_context(|| format!("invalid redis.cluster_nodes {}", redact_credentials(&nodes.join(","))))?,
             ),
             None => AnyStore::Redis(
                 RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
@@ -100,7 +104,8 @@ pub struct ServeOptions {
     pub flag_on: bool,
 }
 
-/// Serves until `cancel`, then drains: the pump finishes its tick, in-flight requests end.
+/// Serves until `cancel`, then drains: the pump finishes its tick, in-flight requests end
+/// within `http.drain_timeout_ms`.
 pub async fn run(
     listener: TcpListener,
     settings: Arc<Settings>,
@@ -134,15 +139,62 @@ pub async fn run(
     let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
     let app = router(Arc::new(AppState { service, gate, page }));
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(cancel.clone().cancelled_owned())
-        .await
-        .context("http server failed")?;
+    serve_http(listener, app, &settings.http, &cancel).await;
     cancel.cancel();
     if tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.is_err() {
         tracing::warn!("background tasks did not stop within 5 s");
     }
     Ok(())
+}
+
+/// Accepts HTTP/1.1 connections until `cancel`, then drains: in-flight requests finish, idle
+/// connections close at once, and whatever is still open after `http.drain_timeout_ms` is
+/// dropped. A connection that has not sent a complete request head within
+/// `http.header_read_timeout_ms` (of opening, or of its previous response) is closed, so slow
+/// senders and idle keep-alive connections cannot hold the server or its shutdown.
+async fn serve_http(listener: TcpListener, app: axum::Router, http: &HttpSettings, cancel: &CancellationToken) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(http.header_read_timeout()).keep_alive(true);
+    let service = TowerToHyperService::new(app);
+    let graceful = GracefulShutdown::new();
+    // One task per connection, kept here so the drain can wait for them and then drop them.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let conn = builder.serve_connection(TokioIo::new(stream), service.clone());
+                    let conn = graceful.watch(conn);
+                    conns.spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "connection closed with an error");
+                        }
+                    });
+                }
+                // Out of file descriptors or a connection reset before accept: keep serving.
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let open = conns.len();
+    if tokio::time::timeout(http.drain_timeout(), graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            open = conns.len(),
+            drain_ms = http.drain_timeout_ms,
+            "connections still open after the drain time: dropping them"
+        );
+    } else if open > 0 {
+        tracing::info!(connections = open, "drained");
+    }
+    conns.shutdown().await;
 }
 
 /// Cancels `cancel` on SIGTERM or Ctrl-C.

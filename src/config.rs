@@ -47,17 +47,111 @@ pub struct Settings {
     pub gate: GateSettings,
     pub log: LogSettings,
     pub page: PageSettings,
+    pub http: HttpSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    pub url: String,
+    /// Shown redacted wherever it is formatted (it may carry a password).
+    pub url: RedisUrl,
     /// Comma-separated `redis://host:port`; set = Redis Cluster mode.
     pub cluster_nodes: Option<String>,
     /// Bound on all of a request's Redis work (and on each command), so a dead or stalled
     /// Redis cannot hang requests: past it, enter and poll fail open.
     pub timeout_ms: u64,
+}
+
+/// A Redis URL that may carry credentials (`redis://user:password@host`). Its `Display` and
+/// `Debug` print them as `***`, so every message, log line and screen that formats the URL
+/// shows it redacted; the connection code reads the raw text through `Deref<Target = str>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RedisUrl(String);
+
+impl std::ops::Deref for RedisUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for RedisUrl {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
+}
+
+impl PartialEq<&str> for RedisUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_credentials(&self.0))
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", redact_credentials(&self.0))
+    }
+}
+
+/// Replaces the password of every URL in `text` (one URL or a comma-separated list) by `***`:
+/// `redis://user:pw@host` → `redis://user:***@host`, `redis://pw@host` → `redis://***@host`
+/// (a lone user part is often a password), and `pass=`/`password=` query values likewise.
+pub fn redact_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, item) in text.split(',').enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&redact_one(item));
+    }
+    out
+}
+
+fn redact_one(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let (head, rest) = url.split_at(start);
+    // The last `@` ends the user info: a password may hold `@`, `/` or `?` unencoded.
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            let (info, host) = rest.split_at(at);
+            match info.split_once(':') {
+                Some((user, _)) => format!("{user}:***{host}"),
+                None => format!("***{host}"),
+            }
+        }
+        None => rest.to_owned(),
+    };
+    let rest = match rest.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") => {
+                        format!("{k}=***")
+                    }
+                    _ => p.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => rest,
+    };
+    format!("{head}{rest}")
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -110,6 +204,33 @@ pub struct GateRoute {
     pub target: String,
 }
 
+/// Limits of the HTTP server, so misbehaving clients cannot hold connections or the shutdown.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// A connection must send a complete request head within this time of opening or of its
+    /// previous response, else it is closed: bounds slow senders and idle keep-alive alike.
+    pub header_read_timeout_ms: u64,
+    /// After SIGTERM, how long in-flight requests may run before their connections are dropped.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000 }
+    }
+}
+
+impl HttpSettings {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSettings {
@@ -130,6 +251,7 @@ impl Default for Settings {
             gate: GateSettings::default(),
             log: LogSettings::default(),
             page: PageSettings::default(),
+            http: HttpSettings::default(),
         }
     }
 }
@@ -228,7 +350,8 @@ pub fn env_name(key: &str) -> String {
 const MAX_EVICT_PER_TICK: u64 = 10_000_000;
 
 /// Environment variables with the `VQ_` prefix that are not configuration keys.
-const NOT_KEYS: [&str; 3] = ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "URL"];
+const NOT_KEYS: [&str; 5] =
+    ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "TOKEN_SECRET_PREVIOUS", "TOKEN_SECRET_PREVIOUS_FILE", "URL"];
 
 /// Settings from the command line that win over every other source.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -255,7 +378,7 @@ impl Settings {
 
     fn check(&self) -> Result<(), String> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&str, u64, RangeInclusive<u64>); 12] = [
+        let bounded: [(&str, u64, RangeInclusive<u64>); 14] = [
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
@@ -268,6 +391,8 @@ impl Settings {
             ("flag.refresh_ms", self.flag.refresh_ms, 1..=1000),
             ("gate.timeout_ms", g.timeout_ms, 100..=600_000),
             ("gate.pace_max_ticks", g.pace_max_ticks, 0..=60),
+            ("http.header_read_timeout_ms", self.http.header_read_timeout_ms, 100..=600_000),
+            ("http.drain_timeout_ms", self.http.drain_timeout_ms, 0..=600_000),
         ];
         for (key, value, range) in bounded {
             if !range.contains(&value) {
@@ -339,24 +464,38 @@ impl Settings {
     }
 }
 
-/// Reads the secret from `VQ_TOKEN_SECRET`, or the file named by `VQ_TOKEN_SECRET_FILE`
-/// (trailing newline dropped). The value never appears in an error.
+/// Reads the signing secret from `VQ_TOKEN_SECRET`, or the file named by
+/// `VQ_TOKEN_SECRET_FILE` (trailing newline dropped), and the secret being retired from
+/// `VQ_TOKEN_SECRET_PREVIOUS` / `VQ_TOKEN_SECRET_PREVIOUS_FILE` when set. Both must pass
+/// [`Secret::from_source`]. An error names the variable or file, never the value.
 pub fn secret_from_env() -> Result<Secret, SecretError> {
-    let raw = match std::env::var("VQ_TOKEN_SECRET") {
-        Ok(v) if !v.is_empty() => v.into_bytes(),
-        _ => match std::env::var("VQ_TOKEN_SECRET_FILE") {
-            Ok(path) => std::fs::read(&path)
-                .map(|mut b| {
-                    while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-                        b.pop();
-                    }
-                    b
-                })
-                .map_err(|_| SecretError::Missing)?,
-            Err(_) => return Err(SecretError::Missing),
-        },
+    let current = secret_source("VQ_TOKEN_SECRET", "VQ_TOKEN_SECRET_FILE")?.ok_or(SecretError::Missing)?;
+    match secret_source("VQ_TOKEN_SECRET_PREVIOUS", "VQ_TOKEN_SECRET_PREVIOUS_FILE")? {
+        Some(previous) => current.with_previous(previous),
+        None => Ok(current),
+    }
+}
+
+/// The secret in `var`, else in the file named by `file_var`; `None` when neither is set.
+fn secret_source(var: &'static str, file_var: &'static str) -> Result<Option<Secret>, SecretError> {
+    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+        let bytes = v.into_string().map_err(|_| SecretError::NotUtf8 { origin: var.into() })?.into_bytes();
+        return Secret::from_source(bytes, var).map(Some);
+    }
+    let Some(path) = std::env::var_os(file_var).filter(|p| !p.is_empty()) else {
+        return Ok(None);
     };
-    Secret::new(raw)
+    let path = Path::new(&path);
+    let shown = path.display().to_string();
+    let mut bytes = std::fs::read(path).map_err(|e| SecretError::Unreadable {
+        var: file_var,
+        path: shown.clone(),
+        error: e.to_string(),
+    })?;
+    while bytes.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+        bytes.pop();
+    }
+    Secret::from_source(bytes, &format!("the file {shown} ({file_var})")).map(Some)
 }
 
 #[cfg(test)]
@@ -446,6 +585,25 @@ mod tests {
     }
 
     #[test]
+    fn credentials_in_redis_urls_are_redacted() {
+        for (raw, shown) in [
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://user:hunter2@10.0.0.1:6379/0", "redis://user:***@10.0.0.1:6379/0"),
+            ("redis://:hunter2@h:1", "redis://:***@h:1"),
+            ("rediss://hunter2@h:1", "rediss://***@h:1"),
+            ("redis://u:hun@ter/2?@h:1", "redis://u:***@h:1"),
+            ("redis+unix:///tmp/r.sock?db=1&pass=hunter2", "redis+unix:///tmp/r.sock?db=1&pass=***"),
+            ("redis://:a@h:1, redis://:b@g:2", "redis://:***@h:1, redis://:***@g:2"),
+        ] {
+            assert_eq!(redact_credentials(raw), shown);
+            let url = RedisUrl::from(raw);
+            assert_eq!(url.to_string(), shown);
+            assert!(!format!("{url:?}").contains("hunter2"));
+            assert_eq!(&*url, raw, "the connection code sees the raw URL");
+        }
+    }
+
+    #[test]
     fn secret_must_be_long_enough_and_is_never_echoed() {
         Jail::expect_with(|jail| {
             jail.set_env("VQ_TOKEN_SECRET", "hunter2");
@@ -453,7 +611,56 @@ mod tests {
             assert!(!err.to_string().contains("hunter2"));
             assert!(err.to_string().contains("32 bytes"));
             jail.set_env("VQ_TOKEN_SECRET", "x".repeat(32));
+            assert!(secret_from_env().unwrap_err().to_string().contains("distinct"));
+            jail.set_env("VQ_TOKEN_SECRET", " ".repeat(33));
+            assert!(secret_from_env().unwrap_err().to_string().contains("only whitespace"));
+            jail.set_env("VQ_TOKEN_SECRET", "0123456789abcdef0123456789abcdef");
             assert!(secret_from_env().is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn secret_file_errors_name_the_file_and_the_read_error() {
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_TOKEN_SECRET_FILE", "/nonexistent/vq-secret");
+            let err = secret_from_env().unwrap_err().to_string();
+            assert!(
+                err.contains("VQ_TOKEN_SECRET_FILE=/nonexistent/vq-secret") && err.contains("No such file"),
+                "{err}"
+            );
+            jail.create_file("short", "hunter2\n")?;
+            jail.set_env("VQ_TOKEN_SECRET_FILE", "short");
+            let err = secret_from_env().unwrap_err().to_string();
+            assert!(
+                err.contains("the file short (VQ_TOKEN_SECRET_FILE) is 7 bytes") && !err.contains("hunter2"),
+                "{err}"
+            );
+            jail.create_file("good", "0123456789abcdef0123456789abcdef\n")?;
+            jail.set_env("VQ_TOKEN_SECRET_FILE", "good");
+            assert!(secret_from_env().is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn previous_secret_is_checked_like_the_current_one() {
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_TOKEN_SECRET", "0123456789abcdef0123456789abcdef");
+            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", " ".repeat(40));
+            let err = secret_from_env().unwrap_err().to_string();
+            assert!(err.contains("VQ_TOKEN_SECRET_PREVIOUS is only whitespace"), "{err}");
+            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", "0123456789abcdef0123456789abcdef");
+            assert_eq!(secret_from_env().unwrap_err(), SecretError::PreviousIsCurrent);
+            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", "");
+            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS_FILE", "/nonexistent/old");
+            let err = secret_from_env().unwrap_err().to_string();
+            assert!(err.contains("VQ_TOKEN_SECRET_PREVIOUS_FILE=/nonexistent/old"), "{err}");
+            jail.create_file("old", "an-old-secret-that-was-random-enough\n")?;
+            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS_FILE", "old");
+            assert!(secret_from_env().unwrap().has_previous());
+            // Not mistaken for configuration keys.
+            assert!(Settings::load(None, &Overrides::default()).is_ok());
             Ok(())
         });
     }

@@ -91,7 +91,7 @@ fn alerts_of(s: &QueueStats) -> Vec<&'static str> {
 
 /// Reads everything the dashboard shows, in one pass.
 pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTarget>) -> anyhow::Result<Report> {
-    let url = settings.redis.url.clone();
+    let url = settings.redis.url.to_string();
     let started = Instant::now();
     store.ping().await.map_err(|e| anyhow::anyhow!("redis at {url} is unreachable: {e}"))?;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -207,7 +207,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Err(e) if colour => println!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)"),
                 Err(e) => eprintln!("error: {e:#}"),
             }
-            std::io::stdout().flush()?;
+            match std::io::stdout().flush() {
+                // The reader is gone (`vq stats --watch | head -1`): nothing left to show.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
+                other => other?,
+            }
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
                 () = tokio::time::sleep(every) => {}

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use crate::config::secret_from_env;
 use crate::domain::{QueueTarget, UserId};
 use crate::service::now_epoch_ms;
-use crate::token::{self, TokenError, iso8601};
+use crate::token::{self, KeyUsed, SecretError, TokenError, iso8601};
 
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  VQ_TOKEN_SECRET=… vq mint --target limited-drop:42 --user 7 --json")]
@@ -64,25 +64,34 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
     let now = now_epoch_ms() / 1000;
     let claims = match token::decode(&a.token) {
         Ok((c, _, _)) => c,
-        Err(e) => return Ok(report(&a, None, Some(e), false)),
+        Err(e) => return Ok(report(&a, None, Some(e), false, None)),
     };
-    let secret = secret_from_env().ok();
+    // No secret at all: decode and explain. A secret that is set but unusable is an error.
+    let secret = match secret_from_env() {
+        Ok(s) => Some(s),
+        Err(SecretError::Missing) => None,
+        Err(e) => return Err(e.into()),
+    };
     let checked = secret.is_some();
-    let verdict = match &secret {
-        Some(s) => token::verify_signature(s, &a.token).err(),
-        None => None,
-    }
-    .or_else(|| (claims.expires_at <= now).then_some(TokenError::Expired { at: claims.expires_at }))
-    .or_else(|| {
-        let t = a.target?;
-        if t.kind != claims.target.kind {
-            Some(TokenError::WrongType { expected: t.kind, actual: claims.target.kind })
-        } else {
-            (t != claims.target).then_some(TokenError::WrongTarget { expected: t, actual: claims.target })
-        }
-    })
-    .or_else(|| (a.user.is_some_and(|u| u != claims.user)).then_some(TokenError::WrongUser));
-    Ok(report(&a, Some(claims), verdict, checked))
+    let (key, signature_error) = match &secret {
+        Some(s) => match token::verify_signature_with_key(s, &a.token) {
+            Ok((_, used)) => (Some(used), None),
+            Err(e) => (None, Some(e)),
+        },
+        None => (None, None),
+    };
+    let verdict = signature_error
+        .or_else(|| (claims.expires_at <= now).then_some(TokenError::Expired { at: claims.expires_at }))
+        .or_else(|| {
+            let t = a.target?;
+            if t.kind != claims.target.kind {
+                Some(TokenError::WrongType { expected: t.kind, actual: claims.target.kind })
+            } else {
+                (t != claims.target).then_some(TokenError::WrongTarget { expected: t, actual: claims.target })
+            }
+        })
+        .or_else(|| (a.user.is_some_and(|u| u != claims.user)).then_some(TokenError::WrongUser));
+    Ok(report(&a, Some(claims), verdict, checked, key))
 }
 
 /// Without the secret a token is decoded and explained, but never called valid.
@@ -95,10 +104,14 @@ fn report(
     claims: Option<token::TokenClaims>,
     err: Option<TokenError>,
     signature_checked: bool,
+    key: Option<KeyUsed>,
 ) -> ExitCode {
     let valid = proven(err.as_ref(), signature_checked);
     if a.json {
         let mut v = serde_json::json!({ "valid": valid, "signatureChecked": signature_checked });
+        if let Some(k) = key {
+            v["key"] = k.as_str().into();
+        }
         if let Some(c) = claims {
             v["targetType"] = c.target.kind.as_str().into();
             v["targetId"] = c.target.id.into();
@@ -118,6 +131,11 @@ fn report(
         }
         if !signature_checked && claims.is_some() {
             println!("signature: NOT CHECKED (VQ_TOKEN_SECRET is not set)");
+        }
+        match key {
+            Some(KeyUsed::Current) => println!("signed:  with the current key (VQ_TOKEN_SECRET)"),
+            Some(KeyUsed::Previous) => println!("signed:  with the previous key (VQ_TOKEN_SECRET_PREVIOUS)"),
+            None => {}
         }
         match &err {
             None if valid => println!("valid"),

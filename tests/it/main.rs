@@ -21,6 +21,8 @@ mod queue_api;
 mod readme;
 mod scripts;
 mod stall;
+mod secrets;
+mod serve_limits;
 mod stats;
 mod support;
 mod token_format;

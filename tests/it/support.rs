@@ -228,7 +228,7 @@ pub fn cluster_settings(cluster: &RedisCluster) -> Settings {
 pub fn test_settings(redis: Option<&RedisServer>) -> Settings {
     let mut s = Settings::load(None, &Overrides::default()).expect("default settings");
     match redis {
-        Some(r) => s.redis.url = r.url(),
+        Some(r) => s.redis.url = r.url().into(),
         None => s.store = StoreKind::Memory,
     }
     s.queue.tick_ms = 500;
