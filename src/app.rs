@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{HttpSettings, Settings, StoreKind, redact_credentials};
+use crate::http::cors::Cors;
 use crate::http::gate::Gate;
 use crate::http::page::Page;
 use crate::http::{AppState, router};
@@ -137,7 +138,8 @@ pub async fn run(
 
     let gate = Gate::new(&settings.gate).map_err(|e| anyhow::anyhow!("gate.routes: {e}"))?;
     let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
-    let app = router(Arc::new(AppState { service, gate, page }));
+    let cors = Cors::new(settings.http.cors_origin_list().map_err(|e| anyhow::anyhow!(e))?);
+    let app = router(Arc::new(AppState { service, gate, page }), cors);
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
     serve_http(listener, app, &settings.http, &cancel).await;
     cancel.cancel();

@@ -213,15 +213,38 @@ pub struct HttpSettings {
     pub header_read_timeout_ms: u64,
     /// After SIGTERM, how long in-flight requests may run before their connections are dropped.
     pub drain_timeout_ms: u64,
+    /// Comma-separated origins (`https://shop.example`) whose web apps may call the queue API
+    /// from the browser (CORS); unset: same-origin only.
+    pub cors_origins: Option<String>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000 }
+        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000, cors_origins: None }
     }
 }
 
 impl HttpSettings {
+    /// The origins of `cors_origins`, each `http(s)://host[:port]`, or why one is not.
+    pub fn cors_origin_list(&self) -> Result<Vec<String>, String> {
+        let Some(list) = &self.cors_origins else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        for origin in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let rest = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://"));
+            match rest {
+                Some(host) if !host.is_empty() && !host.contains('/') && !host.contains('*') => {
+                    out.push(origin.to_ascii_lowercase());
+                }
+                _ => {
+                    return Err(format!(
+                        "http.cors_origins (VQ_HTTP__CORS_ORIGINS): `{origin}` is not an origin such as https://shop.example (scheme and host, no path, no wildcard)"
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }
@@ -411,6 +434,7 @@ impl Settings {
             ));
         }
         crate::gate::GateRoutes::compile(&g.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        self.http.cors_origin_list()?;
         for (key, url) in [("page.return_url", &self.page.return_url), ("page.embed_origin", &self.page.embed_origin)] {
             if let Some(u) = url.as_ref().filter(|u| !(u.starts_with("https://") || u.starts_with("http://"))) {
                 return Err(format!("{key} ({}) must be an http:// or https:// URL, got `{u}`", env_name(key)));

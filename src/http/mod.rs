@@ -1,6 +1,7 @@
 //! The HTTP API: routes, extractors that parse once, and [`ApiError`], the only place that
 //! knows status codes. Handlers call the service and shape JSON; nothing else.
 
+pub mod cors;
 mod error;
 mod extract;
 pub mod gate;
@@ -34,22 +35,24 @@ async fn openapi() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
-pub fn router(state: SharedState) -> Router {
+/// The routes; `cors` lists the origins whose web apps may call the queue API.
+pub fn router(state: SharedState, cors: Arc<cors::Cors>) -> Router {
     let queue = Router::new()
         .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
         .route("/virtual-queues/{kind}/{id}/entries/me", get(queue::poll).delete(queue::leave))
         .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
+        .route("/openapi.json", get(openapi))
         .route_layer(axum::middleware::map_response(queue::no_store));
     Router::new()
         .merge(queue)
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
-        .route("/openapi.json", get(openapi))
         .route("/waiting-room/{kind}/{id}", get(page::waiting_room))
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(cors, cors::layer))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }

@@ -239,3 +239,35 @@ async fn the_page_speaks_korean_or_english_and_trusts_only_the_configured_identi
     assert!(v["detail"].as_str().unwrap().contains("page.allow_query_user"), "{v}");
     assert_eq!(get("en", None, "/waiting-room/concert/1").await.unwrap().status(), 400);
 }
+
+/// A web app served from another origin calls vq from a real browser: allowed with
+/// `http.cors_origins`, refused by the browser without it.
+#[tokio::test]
+async fn a_web_app_on_another_origin_can_call_the_queue_api_only_when_allowed() {
+    async fn app_page() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let html = "<!doctype html><title>shop</title><p>shop</p>";
+        tokio::spawn(async move {
+            axum::serve(listener, axum::Router::new().fallback(move || async move { axum::response::Html(html) })).await
+        });
+        addr
+    }
+    let redis = RedisServer::spawn();
+    let shop = app_page().await;
+    let allowed = shop.clone();
+    let (vq, _) = page_app(&redis, |s| s.http.cors_origins = Some(allowed)).await;
+    let (closed, _) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&format!("{shop}/")).await;
+    let call = |base: String| {
+        format!(
+            "return fetch('{base}/virtual-queues/limited-drop/42/entries', {{method: 'POST', headers: {{'X-User-Id': '11'}}}})
+               .then(r => r.json()).then(b => b.status).catch(e => 'refused: ' + e.name);"
+        )
+    };
+    assert_eq!(browser.eval(&call(vq.addr.clone())).await, "WAITING");
+    let refused = browser.eval(&call(closed.addr.clone())).await;
+    assert!(refused.as_str().unwrap().starts_with("refused"), "{refused}");
+}

@@ -305,3 +305,52 @@ async fn admitted_answers_carry_no_poll_pacing_and_redis_down_stats_say_when_to_
     assert_eq!(stats.status(), 503);
     assert!(stats.headers().get("retry-after").is_some(), "{:?}", stats.headers());
 }
+
+/// A web app on an allowed origin may call the queue API from the browser: its preflight
+/// (X-User-Id makes every call non-simple) is answered, and the answers name its origin.
+/// Other origins get no CORS headers.
+#[tokio::test]
+async fn cors_lets_the_configured_origins_call_the_queue_api_and_no_other() {
+    let redis = RedisServer::spawn();
+    let app =
+        app_with_queue_on(&redis, |s| s.http.cors_origins = Some("https://shop.example, http://127.0.0.1:3000".into()))
+            .await;
+    let url = app.url("/virtual-queues/limited-drop/42/entries");
+    let preflight = |origin: &'static str| {
+        app.client
+            .request(reqwest::Method::OPTIONS, &url)
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .header("Access-Control-Request-Headers", "x-user-id")
+            .send()
+    };
+    let ok = preflight("https://shop.example").await.unwrap();
+    assert_eq!(ok.status(), 204);
+    let h = ok.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://shop.example");
+    assert!(h["access-control-allow-headers"].to_str().unwrap().contains("X-User-Id"));
+    assert!(h["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+    let other = preflight("https://evil.example").await.unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none(), "{:?}", other.headers());
+    assert_ne!(other.status(), 204);
+
+    let r =
+        app.client.post(&url).header("Origin", "http://127.0.0.1:3000").header("X-User-Id", "1").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], "http://127.0.0.1:3000");
+    assert!(r.headers()["access-control-expose-headers"].to_str().unwrap().contains("Retry-After"));
+    assert!(r.headers().get_all("vary").iter().any(|v| v == "Origin"));
+    let r =
+        app.client.post(&url).header("Origin", "https://evil.example").header("X-User-Id", "2").send().await.unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+#[test]
+fn cors_origins_must_be_plain_origins() {
+    for bad in ["shop.example", "https://*.shop.example", "https://shop.example/app", "*"] {
+        let mut s = test_settings(None);
+        s.http.cors_origins = Some(bad.into());
+        let err = s.http.cors_origin_list().unwrap_err();
+        assert!(err.contains("http.cors_origins") && err.contains(bad), "{bad}: {err}");
+    }
+}

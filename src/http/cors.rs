@@ -1,0 +1,65 @@
+//! CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
+//! the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
+//! preflight `OPTIONS`, answered here; other origins get no CORS headers (the browser then
+//! refuses to hand the answer to the page).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// The allowed origins, lower-case.
+pub struct Cors(Vec<String>);
+
+impl Cors {
+    pub fn new(origins: Vec<String>) -> Arc<Self> {
+        Arc::new(Self(origins))
+    }
+
+    fn allowed(&self, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
+        let o = origin?;
+        let text = o.to_str().ok()?.to_ascii_lowercase();
+        self.0.contains(&text).then(|| o.clone())
+    }
+}
+
+/// Browsers cache a preflight answer this long.
+const MAX_AGE_S: u32 = 600;
+
+/// Whether CORS applies to this path: the queue API and its document, nothing the gate
+/// forwards (the purchase API answers for itself).
+fn is_api(path: &str) -> bool {
+    path.starts_with("/virtual-queues/") || path == "/openapi.json"
+}
+
+pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
+    if !is_api(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let origin = cors.allowed(req.headers().get(header::ORIGIN));
+    let preflight =
+        req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut resp = match (&origin, preflight) {
+        (Some(_), true) => {
+            let mut r = StatusCode::NO_CONTENT.into_response();
+            let h = r.headers_mut();
+            h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static("X-User-Id, X-Entry-Token, Content-Type"),
+            );
+            h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
+            r
+        }
+        _ => next.run(req).await,
+    };
+    let h = resp.headers_mut();
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    if let Some(o) = origin {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
+        h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static("Retry-After"));
+    }
+    resp
+}
