@@ -121,11 +121,11 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 const IDENTITY_HEADERS: [&str; 2] = ["x-user-id", "x-entry-token"];
 
 /// The identity header sent more than once, if any.
-fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
+pub(super) fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
     IDENTITY_HEADERS.into_iter().find(|name| headers.get_all(*name).iter().nth(1).is_some())
 }
 
-fn repeated_detail(name: &str) -> String {
+pub(super) fn repeated_detail(name: &str) -> String {
     format!("{} sent more than once: send it once", if name == "x-user-id" { "X-User-Id" } else { "X-Entry-Token" })
 }
 

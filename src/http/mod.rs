@@ -35,6 +35,22 @@ async fn openapi() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
+/// `X-User-Id` or `X-Entry-Token` sent twice is refused on every route (400): servers behind
+/// vq read one value or join them, and vq must not decide on another than they use.
+/// `/gate/verify` answers 403 for it itself (nginx turns a 400 into a 500).
+async fn refuse_repeated_identity(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match gate::repeated_identity(req.headers()) {
+        Some(name) if req.uri().path() != "/gate/verify" => {
+            ApiError::invalid(gate::repeated_detail(name)).into_response()
+        }
+        _ => next.run(req).await,
+    }
+}
+
 /// The routes; `cors` lists the origins whose web apps may call the queue API.
 pub fn router(state: SharedState, cors: Arc<cors::Cors>) -> Router {
     let queue = Router::new()
@@ -52,6 +68,7 @@ pub fn router(state: SharedState, cors: Arc<cors::Cors>) -> Router {
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
+        .layer(axum::middleware::from_fn(refuse_repeated_identity))
         .layer(axum::middleware::from_fn_with_state(cors, cors::layer))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)

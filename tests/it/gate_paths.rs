@@ -227,6 +227,12 @@ async fn a_repeated_identity_header_is_refused_on_every_route() {
         ("DELETE", "/virtual-queues/limited-drop/1/entries/me"),
         ("POST", "/limited-drops/1/orders"),
         ("GET", "/products/1"),
+        ("GET", "/virtual-queues/limited-drop/1/stats"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("GET", "/waiting-room/limited-drop/1"),
     ] {
         let (status, text) = send_raw(rig.vq(), method, target, &[twice[0], twice[1], ("X-Entry-Token", &t)]).await;
         assert_eq!(status, 400, "{method} {target}: {text}");
