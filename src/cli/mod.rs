@@ -165,15 +165,21 @@ fn server_runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Output closed by its reader (`vq flag status | head -1`): the command is done. `println!`
-/// panics on a closed stdout; this hook turns that panic into a quiet exit 0.
+/// panics on a closed stdout; this hook turns that panic into a quiet exit 0 (and the same
+/// panic of `eprintln!` on a closed stderr into exit 1: the command was reporting an error).
 fn exit_quietly_on_closed_stdout() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let payload = info.payload();
         let message =
             payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied());
-        if message.is_some_and(|m| m.starts_with("failed printing to stdout") && is_broken_pipe_text(m)) {
-            std::process::exit(0);
+        if let Some(m) = message.filter(|m| is_broken_pipe_text(m)) {
+            if m.starts_with("failed printing to stdout") {
+                std::process::exit(0);
+            }
+            if m.starts_with("failed printing to stderr") {
+                std::process::exit(1);
+            }
         }
         default(info);
     }));

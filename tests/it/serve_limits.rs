@@ -264,3 +264,27 @@ async fn cli_output_into_a_closed_pipe_exits_quietly() {
         assert!(!stderr.contains("panicked"), "vq {args:?}: {stderr}");
     }
 }
+
+/// A command reporting an error into a closed stderr (a dead log collector) exits 1, not 101
+/// with a panic.
+#[tokio::test]
+async fn cli_errors_into_a_closed_stderr_exit_one() {
+    let mut redis = RedisServer::spawn();
+    let url = redis.url();
+    redis.kill();
+    for args in [&["stats"][..], &["stats", "--watch"], &["flag", "status"], &["batch", "show"]] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let mut child = Command::new(vq_bin())
+            .args(args)
+            .env("VQ_REDIS__URL", &url)
+            .stdout(std::process::Stdio::null())
+            .stderr(writer)
+            .spawn()
+            .expect("spawn vq");
+        let status = wait_exit(&mut child, Duration::from_secs(30)).await;
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(status.and_then(|s| s.code()), Some(1), "vq {args:?}");
+    }
+}
