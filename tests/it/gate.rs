@@ -301,15 +301,7 @@ async fn redis_down_keeps_the_gate_shut_for_tokenless_requests_and_open_for_fail
     assert!(statuses.iter().all(|s| *s < 500), "no 5xx while Redis is down: {statuses:?}");
     let back = RedisServer::spawn_on(port);
     flag_on(&back).await;
-    let mut resumed = false;
-    for _ in 0..50 {
-        if app.json(app.enter("limited-drop/42", 999).await).await["status"] == "WAITING" {
-            resumed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(resumed, "queue back without restarting vq");
+    app.wait_until_queued("limited-drop/42", 999).await;
 }
 
 /// A burst of purchases (admitted users learning it at once) reaches the purchase API at most

@@ -105,16 +105,7 @@ async fn fail_open_tokens_collected_during_an_outage_buy_once_each() {
     }
     let back = RedisServer::spawn_on(port);
     flag_on(&back).await;
-    // Wait until the instance uses Redis again (a waiting answer for another user).
-    let mut resumed = false;
-    for _ in 0..50 {
-        if app.json(app.enter("limited-drop/42", 999).await).await["status"] == "WAITING" {
-            resumed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(resumed, "queue back without restarting vq");
+    app.wait_until_queued("limited-drop/42", 999).await;
     let mut statuses = Vec::new();
     for i in 0..12 {
         statuses.push(purchase(&app, 5, &tokens[i % 3]).await);

@@ -308,6 +308,18 @@ impl TestApp {
             .expect("leave request")
     }
 
+    /// Waits (5 s at most) until `user` entering `target` is queued (`WAITING`): the instance
+    /// uses Redis again after an outage, without a restart.
+    pub async fn wait_until_queued(&self, target: &str, user: u64) {
+        for _ in 0..50 {
+            if self.json(self.enter(target, user).await).await["status"] == "WAITING" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the queue did not come back without restarting vq");
+    }
+
     pub async fn json(&self, resp: reqwest::Response) -> serde_json::Value {
         resp.json().await.expect("json body")
     }
