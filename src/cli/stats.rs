@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::QueueTarget;
+use crate::domain::{FlagState, QueueTarget};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::{AnyStore, QueueStore};
 
@@ -89,13 +89,23 @@ fn alerts_of(s: &QueueStats) -> Vec<&'static str> {
     out
 }
 
+/// What the flag columns say while the flag hash is missing from Redis.
+const MISSING_FLAG: &str = "MISSING (instances keep their last known flag: vq flag status)";
+
 /// Reads everything the dashboard shows, in one pass.
 pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTarget>) -> anyhow::Result<Report> {
     let url = settings.redis.url.to_string();
     let started = Instant::now();
     store.ping().await.map_err(|e| anyhow::anyhow!("redis at {url} is unreachable: {e}"))?;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let flag = store.read_flag().await?;
+    // A lost flag hash is not "off": instances that had read it keep it (`vq flag status`).
+    let stored = store.read_stored_flag().await?;
+    let kept = stored.is_none() && store.flag_acks().await?.iter().any(|a| a.kept_missing);
+    let describe = |t: Option<QueueTarget>| match &stored {
+        Some(f) => f.describe(t),
+        None if kept => MISSING_FLAG.to_owned(),
+        None => FlagState::default().describe(t),
+    };
     let mut targets = match only {
         Some(t) => vec![t],
         None => store.active_targets().await?,
@@ -106,7 +116,7 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         let (snap, stats) = read_target_stats(store, t, &settings.queue).await?;
         rows.push(TargetRow {
             target: t.to_string(),
-            flag: flag.describe(Some(t)),
+            flag: describe(Some(t)),
             lock_holder: snap.lock_holder,
             capacity_percent: if stats.max_capacity == 0 {
                 0.0
@@ -119,8 +129,8 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     }
     Ok(Report {
         redis: RedisHealth { url, ok: true, latency_ms },
-        flag: flag.describe(None),
-        flag_version: flag.version,
+        flag: describe(None),
+        flag_version: stored.as_ref().map_or(0, |f| f.version),
         tick_ms: settings.queue.tick_ms,
         targets: rows,
     })

@@ -169,6 +169,16 @@ async fn a_flushed_flag_keeps_the_gate_closed_until_the_operator_writes_it_again
     let text = out(&status);
     assert!(text.contains("MISSING") && text.contains("vq-a") && text.contains("KEEPS LAST KNOWN"), "{text}");
     assert!(text.contains("on 100%"), "status names what instances keep: {text}");
+    let stats = std::process::Command::new(crate::support::vq_bin())
+        .args(["stats"])
+        .env("VQ_REDIS__URL", redis.url())
+        .output()
+        .expect("vq stats");
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(
+        text.contains("flag MISSING") && !text.contains("flag off"),
+        "vq stats does not call a lost flag off: {text}"
+    );
     let v: serde_json::Value =
         serde_json::from_slice(&vq_flag(&redis.url(), &["status", "--json"]).stdout).expect("status --json");
     assert_eq!((v["flag"].is_null(), v["missing"].as_bool()), (true, Some(true)), "{v}");
