@@ -91,7 +91,7 @@ fn register_at_zero() {
 }
 
 /// The `event` label values of [`TOKENS_TOTAL`].
-const TOKEN_EVENTS: [&str; 3] = ["issued", "consumed", "expired"];
+const TOKEN_EVENTS: [&str; 4] = ["issued", "consumed", "consumed_direct", "expired"];
 
 /// Renders the Prometheus text of this process.
 pub fn render() -> String {
@@ -144,9 +144,12 @@ pub fn token_issued() {
     counter!(TOKENS_TOTAL, "event" => "issued").increment(1);
 }
 
-/// The gate passed a purchase with this token and the downstream answered 2xx.
-pub fn token_consumed() {
-    counter!(TOKENS_TOTAL, "event" => "consumed").increment(1);
+/// The gate passed a purchase with this token and the downstream answered 2xx: `consumed`
+/// for a token the queue issued, `consumed_direct` for a stateless one (minted while the queue
+/// was off for the user or Redis was down), so issued and consumed compare like with like.
+pub fn token_consumed(through_queue: bool) {
+    let event = if through_queue { "consumed" } else { "consumed_direct" };
+    counter!(TOKENS_TOTAL, "event" => event).increment(1);
 }
 
 /// The gate saw a token past its expiry.
@@ -215,7 +218,7 @@ mod tests {
         set_queue_state(t, 7, 50.0);
         admitted(t, 3);
         wait_observed(1500);
-        token_consumed();
+        token_consumed(true);
         bypass_attempt();
         http_request("/virtual-queues/{kind}/{id}/entries", 200, Duration::from_micros(300));
         http_request("/virtual-queues/{kind}/{id}/entries", 200, Duration::from_micros(300));

@@ -67,6 +67,8 @@ pub struct QueueStats {
     pub max_capacity: u64,
     pub tokens_issued: u64,
     pub tokens_used: u64,
+    /// Purchases with stateless (DIRECT_ADMITTED or minted) tokens, never issued by the queue.
+    pub direct_tokens_used: u64,
 }
 
 impl QueueStats {
@@ -87,6 +89,7 @@ impl QueueStats {
             max_capacity: queue.max_capacity,
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
+            direct_tokens_used: snap.direct_tokens_used,
         }
     }
 }
@@ -557,8 +560,10 @@ impl QueueService {
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
     pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
         let result = if purchase_succeeded {
-            crate::metrics::token_consumed();
-            self.bounded(self.store.confirm_token_used(claim.target)).await
+            // The queue's own token is what the claim found stored for the user.
+            let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
+            crate::metrics::token_consumed(through_queue);
+            self.bounded(self.store.confirm_token_used(claim.target, through_queue)).await
         } else {
             self.bounded(self.store.release_token(claim.target, claim.user, &claim.token, claim.previous)).await
         };

@@ -155,7 +155,7 @@ pub fn render(report: &Report, colour: bool) -> String {
         "avg wait",
         "p95 wait",
         "evicted",
-        "tokens iss/used",
+        "tokens iss/used +direct",
         "flag",
         "lock holder",
         "alert",
@@ -175,7 +175,8 @@ pub fn render(report: &Report, colour: bool) -> String {
             Cell::new(secs(s.avg_wait_seconds)).set_alignment(CellAlignment::Right),
             Cell::new(secs(s.p95_wait_seconds)).set_alignment(CellAlignment::Right),
             Cell::new(s.evicted_count).set_alignment(CellAlignment::Right),
-            Cell::new(format!("{}/{}", s.tokens_issued, s.tokens_used)).set_alignment(CellAlignment::Right),
+            Cell::new(format!("{}/{} +{}", s.tokens_issued, s.tokens_used, s.direct_tokens_used))
+                .set_alignment(CellAlignment::Right),
             Cell::new(&r.flag),
             Cell::new(r.lock_holder.as_deref().unwrap_or("-")),
             red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
@@ -266,6 +267,7 @@ mod tests {
             max_capacity: 1000,
             tokens_issued: 0,
             tokens_used: 0,
+            direct_tokens_used: 0,
         }
     }
 

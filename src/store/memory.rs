@@ -38,6 +38,7 @@ struct TargetState {
     admitted_total: u64,
     tokens_issued: u64,
     tokens_used: u64,
+    direct_tokens_used: u64,
     /// Last time any of the target's state was written (ms): the sliding key TTL.
     touched: u64,
 }
@@ -325,6 +326,7 @@ impl QueueStore for MemoryStore {
             admitted_total: t.admitted_total,
             tokens_issued: t.tokens_issued,
             tokens_used: t.tokens_used,
+            direct_tokens_used: t.direct_tokens_used,
             waits: t.waits.clone(),
         })
     }
@@ -380,8 +382,14 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn confirm_token_used(&self, target: QueueTarget) -> Result<(), StoreError> {
-        self.lock().targets.entry(target).or_default().tokens_used += 1;
+    async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let t = state.targets.entry(target).or_default();
+        if through_queue {
+            t.tokens_used += 1;
+        } else {
+            t.direct_tokens_used += 1;
+        }
         Ok(())
     }
 

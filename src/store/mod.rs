@@ -199,9 +199,12 @@ pub struct TargetSnapshot {
     pub admissions: Vec<(u64, u64)>,
     /// Users admitted since the target's keys were created.
     pub admitted_total: u64,
-    /// Tokens issued through the queue (not DIRECT_ADMITTED ones) and marked used by the gate.
+    /// Tokens issued through the queue (not DIRECT_ADMITTED ones), and of those the ones a
+    /// purchase used; `direct_tokens_used` counts purchases with stateless tokens (minted while
+    /// the queue was off for the user or Redis was down), which were never issued here.
     pub tokens_issued: u64,
     pub tokens_used: u64,
+    pub direct_tokens_used: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
 }
@@ -327,8 +330,12 @@ pub trait QueueStore: Send + Sync + 'static {
         previous: Option<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Counts a token consumed by a successful purchase.
-    fn confirm_token_used(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Counts a token consumed by a successful purchase: one the queue issued, or a stateless one.
+    fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        through_queue: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether this token was already used (read-only, for `/gate/verify`).
     fn token_used(
@@ -431,8 +438,8 @@ impl QueueStore for AnyStore {
     ) -> Result<(), StoreError> {
         delegate!(self, s => s.release_token(t, u, tok, prev))
     }
-    async fn confirm_token_used(&self, t: QueueTarget) -> Result<(), StoreError> {
-        delegate!(self, s => s.confirm_token_used(t))
+    async fn confirm_token_used(&self, t: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+        delegate!(self, s => s.confirm_token_used(t, through_queue))
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))

@@ -648,6 +648,7 @@ impl QueueStore for RedisStore {
             admitted_total: waits.get("admitted").copied().unwrap_or(0),
             tokens_issued: waits.get("tokens_issued").copied().unwrap_or(0),
             tokens_used: waits.get("tokens_used").copied().unwrap_or(0),
+            direct_tokens_used: waits.get("direct_tokens_used").copied().unwrap_or(0),
             waits: WaitHistogram {
                 buckets: waits.iter().filter_map(|(k, v)| Some((k.strip_prefix("b:")?.parse().ok()?, *v))).collect(),
                 count: waits.get("count").copied().unwrap_or(0),
@@ -694,8 +695,9 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
-    async fn confirm_token_used(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let _: u64 = self.conn().hincr(keys::of(target, "waits"), "tokens_used", 1).await?;
+    async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+        let field = if through_queue { "tokens_used" } else { "direct_tokens_used" };
+        let _: u64 = self.conn().hincr(keys::of(target, "waits"), field, 1).await?;
         Ok(())
     }
 

@@ -135,9 +135,15 @@ async fn valid_token_forwards_the_request_unchanged() {
     assert_eq!(v["headers"]["x-entry-token"], token.as_str());
     assert_eq!(v["headers"]["content-type"], "application/json");
     let mut c = redis.conn().await;
-    let used: u64 =
-        redis::cmd("HGET").arg("queue:{LIMITED_DROP:42}:waits").arg("tokens_used").query_async(&mut c).await.unwrap();
-    assert_eq!(used, 1);
+    // A minted token was never issued by the queue: it counts as a direct one.
+    let (used, direct): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg("queue:{LIMITED_DROP:42}:waits")
+        .arg("tokens_used")
+        .arg("direct_tokens_used")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!((used, direct), (None, Some(1)));
 }
 
 #[tokio::test]
@@ -175,6 +181,15 @@ async fn queue_token_from_a_poll_opens_the_gate_once() {
     // The user still sees the same token (ADMITTED), which the gate will not take again.
     let v = app.json(app.poll("limited-drop/42", 5).await).await;
     assert_eq!((v["status"].as_str(), v["entryToken"].as_str()), (Some("ADMITTED"), Some(token.as_str())));
+    // Issued through the queue, used once; a stateless token of another user counts apart.
+    let other = token_for(target(), 6);
+    assert_eq!(purchase(&app, Some(6), Some(&other)).await.status(), 200);
+    let stats = app.json(app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap()).await;
+    assert_eq!(
+        (stats["tokensIssued"].as_u64(), stats["tokensUsed"].as_u64(), stats["directTokensUsed"].as_u64()),
+        (Some(1), Some(1), Some(1)),
+        "{stats}"
+    );
 }
 
 #[tokio::test]
