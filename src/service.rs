@@ -86,7 +86,7 @@ impl QueueStats {
             batch_size,
             tick_ms: queue.tick_ms,
             target_rate_per_sec: batch_size as f64 * 1000.0 / queue.tick_ms.max(1) as f64,
-            max_capacity: queue.max_capacity,
+            max_capacity: snap.capacity.unwrap_or(queue.max_capacity),
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
@@ -580,7 +580,11 @@ impl QueueService {
             }
             seen.insert(target, Instant::now());
         }
-        if let Err(e) = self.bounded(self.store.register_active(target)).await {
+        let register = async {
+            self.store.register_active(target).await?;
+            self.store.publish_capacity(target).await
+        };
+        if let Err(e) = self.bounded(register).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
             self.degraded.record("register", target, &e);

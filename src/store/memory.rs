@@ -267,6 +267,11 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
+    async fn publish_capacity(&self, _target: QueueTarget) -> Result<(), StoreError> {
+        // One instance holds the embedded store: its own capacity is the one in force.
+        Ok(())
+    }
+
     async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         Ok(self.lock().active.iter().copied().collect())
     }
@@ -321,6 +326,7 @@ impl QueueStore for MemoryStore {
             seq: t.seq,
             evicted: t.evicted,
             batch_override: t.batch_override,
+            capacity: Some(self.limits.max_capacity),
             lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
             admissions: t.admissions.clone(),
             admitted_total: t.admitted_total,

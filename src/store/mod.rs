@@ -193,6 +193,8 @@ pub struct TargetSnapshot {
     pub seq: u64,
     pub evicted: u64,
     pub batch_override: Option<u64>,
+    /// The capacity in force, as published by the instances serving the target.
+    pub capacity: Option<u64>,
     /// Instance holding the admission lock now, if any.
     pub lock_holder: Option<String>,
     /// (tick, users admitted) for the last ticks, newest first.
@@ -273,6 +275,11 @@ pub trait QueueStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     fn register_active(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records this instance's `queue.max_capacity` as the capacity in force for `target`, so
+    /// every instance's stats and `vq stats` show the capacity enter is checked against, not
+    /// the reader's own configuration. Expires with the target's keys.
+    fn publish_capacity(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn active_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
 
@@ -401,6 +408,9 @@ impl QueueStore for AnyStore {
     }
     async fn register_active(&self, t: QueueTarget) -> Result<(), StoreError> {
         delegate!(self, s => s.register_active(t))
+    }
+    async fn publish_capacity(&self, t: QueueTarget) -> Result<(), StoreError> {
+        delegate!(self, s => s.publish_capacity(t))
     }
     async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         delegate!(self, s => s.active_targets())

@@ -560,6 +560,12 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
+    async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let key = keys::of(target, "capacity");
+        let _: () = self.conn().set_ex(key, self.limits.max_capacity, self.limits.key_ttl_s).await?;
+        Ok(())
+    }
+
     async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
         // A member that does not parse was written by hand; skip it rather than stop the pump.
@@ -611,7 +617,8 @@ impl QueueStore for RedisStore {
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
-        let (mark, seq, evicted, batch, lock, admissions, waits): (
+        let (mark, seq, evicted, batch, capacity, lock, admissions, waits): (
+            Option<u64>,
             Option<u64>,
             Option<u64>,
             Option<u64>,
@@ -624,6 +631,7 @@ impl QueueStore for RedisStore {
             .get(keys::of(target, "seq"))
             .get(keys::of(target, "evicted"))
             .get(keys::of(target, "batch_size"))
+            .get(keys::of(target, "capacity"))
             .get(keys::admission_lock(target))
             .lrange(keys::of(target, "admissions"), 0, -1)
             .hgetall(keys::of(target, "waits"))
@@ -637,6 +645,7 @@ impl QueueStore for RedisStore {
             seq: seq.unwrap_or(0),
             evicted: evicted.unwrap_or(0),
             batch_override: batch,
+            capacity,
             lock_holder: lock,
             admissions: admissions
                 .iter()

@@ -248,3 +248,32 @@ async fn gated_purchases_are_labelled_by_their_route_template() {
     assert_eq!(count("unmatched", 200).as_deref(), Some("1"), "{text}");
     assert!(!text.contains("limited-drops/42") && !text.contains("products/9"), "no raw paths in labels");
 }
+
+/// The capacity in force is the serving instances', not the reader's: `vq stats` run without
+/// the servers' configuration shows it and raises OVER_CAPACITY_90 against it.
+#[tokio::test]
+async fn capacity_in_force_comes_from_the_instances_serving_the_target() {
+    let redis = RedisServer::spawn();
+    flag_on(&redis).await;
+    let vq = VqProcess::serve(
+        &redis,
+        &[("VQ_QUEUE__MAX_CAPACITY", "2".to_owned()), ("VQ_QUEUE__TICK_MS", "60000".to_owned())],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for u in [1, 2] {
+        let r = client
+            .post(format!("{}/virtual-queues/limited-drop/5/entries", vq.addr))
+            .header("X-User-Id", u.to_string())
+            .send()
+            .await
+            .expect("enter");
+        assert_eq!(r.json::<serde_json::Value>().await.expect("json")["status"], "WAITING");
+    }
+    let out =
+        Command::new(vq_bin()).args(["stats", "--json"]).env("VQ_REDIS__URL", redis.url()).output().expect("vq stats");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let row = &v["targets"][0];
+    assert_eq!(row["stats"]["maxCapacity"], 2, "{v}");
+    assert!(row["alerts"].to_string().contains("OVER_CAPACITY_90"), "{v}");
+}
