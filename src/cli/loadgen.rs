@@ -83,6 +83,10 @@ pub struct Args {
     poll_max_ms: u64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Poll after the server's pollAfterSeconds (as the waiting page does) instead of every
+    /// --poll-min-ms..--poll-max-ms
+    #[arg(long)]
+    follow_poll_after: bool,
     /// One short round per batch size, set at runtime on the target through Redis
     #[arg(long, value_name = "N,N,…", value_delimiter = ',')]
     sweep_batch: Vec<u64>,
@@ -149,6 +153,7 @@ impl Args {
             batch_size: server.map_or(settings.queue.batch_size, |f| f.batch_size),
             tick_ms: server.map_or(settings.queue.tick_ms, |f| f.tick_ms),
             seed: self.seed,
+            follow_poll_after: self.follow_poll_after,
         }
     }
 }
@@ -334,6 +339,14 @@ fn print_report(r: &Report, with_sink: bool) {
     row("arrival", format!("{} up to {:.0} enters/s, {:.0} s run", r.arrival, r.requested_enter_rate, r.duration_secs));
     row("elapsed s (start to last answer)", format!("{:.1}", r.elapsed_secs));
     row("users scheduled / asked", format!("{} / {}", r.users_scheduled, r.users));
+    row(
+        "polls/s (clients)",
+        format!(
+            "{:.0} ({})",
+            r.poll_rate_per_sec,
+            if r.follow_poll_after { "follow pollAfterSeconds" } else { "fixed interval" }
+        ),
+    );
     row("enters/s scheduled", format!("{:.0}", r.scheduled_enter_rate));
     row("enters/s offered (sent)", format!("{:.0}", r.offered_enter_rate));
     row("enters/s achieved (answered)", format!("{:.0}", r.achieved_enter_rate));

@@ -74,6 +74,9 @@ pub struct Options {
     pub batch_size: u64,
     pub tick_ms: u64,
     pub seed: u64,
+    /// Poll when the server says (`pollAfterSeconds`), as the waiting page does, instead of
+    /// every `[poll_min, poll_max]` whatever it says.
+    pub follow_poll_after: bool,
 }
 
 impl Options {
@@ -236,6 +239,8 @@ struct StatusReply {
     eta_seconds: Option<u64>,
     #[serde(default)]
     entry_token: Option<String>,
+    #[serde(default)]
+    poll_after_seconds: Option<u64>,
 }
 
 fn parse_reply(body: &[u8]) -> Option<StatusReply> {
@@ -417,6 +422,7 @@ async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
         _ => {}
     }
     let eta_ms = reply.eta_seconds.map(|s| s * 1000);
+    let mut told = reply.poll_after_seconds;
     ctx.live.waiting.fetch_add(1, Ordering::Relaxed);
     let stop_waiting = || ctx.live.waiting.fetch_sub(1, Ordering::Relaxed);
     let mut last = entered_at;
@@ -429,7 +435,11 @@ async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
             ctx.leave_at_deadline(user).await;
             return;
         }
-        let next = last + rng.between(ctx.opts.poll_min, ctx.opts.poll_max);
+        let next = match told.filter(|_| ctx.opts.follow_poll_after) {
+            // The server's interval, spread over a quarter of a second as browsers would be.
+            Some(s) => last + Duration::from_secs(s) + rng.between(Duration::ZERO, Duration::from_millis(250)),
+            None => last + rng.between(ctx.opts.poll_min, ctx.opts.poll_max),
+        };
         if next >= ctx.deadline {
             ctx.rec.still_waiting.fetch_add(1, Ordering::Relaxed);
             stop_waiting();
@@ -454,7 +464,8 @@ async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
                     ctx.purchase(user, r.entry_token.as_deref()).await;
                     return;
                 }
-                _ => {}
+                Some(r) => told = r.poll_after_seconds,
+                None => {}
             },
             Answer::Http(404, _) => {
                 ctx.rec.evicted_seen.fetch_add(1, Ordering::Relaxed);
@@ -655,6 +666,8 @@ fn build_report(
         rate_shortfall,
         enter: latency(Kind::Enter),
         poll: latency(Kind::Poll),
+        poll_rate_per_sec: ctx.live.polls_sent.load(Ordering::Relaxed) as f64 / elapsed_secs.max(1e-3),
+        follow_poll_after: o.follow_poll_after,
         purchase: latency(Kind::Purchase),
         status_counts,
         status_counts_by_kind: by_kind,

@@ -115,6 +115,9 @@ pub struct Report {
     pub rate_shortfall: Option<String>,
     pub enter: LatencySummary,
     pub poll: LatencySummary,
+    /// Polls sent per second over the run, and whether users followed `pollAfterSeconds`.
+    pub poll_rate_per_sec: f64,
+    pub follow_poll_after: bool,
     pub purchase: LatencySummary,
     /// Every request by HTTP status, plus `transportError`.
     pub status_counts: BTreeMap<String, u64>,

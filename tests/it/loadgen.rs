@@ -317,6 +317,7 @@ fn options(url: String, target: &str) -> Options {
         batch_size: 100,
         tick_ms: 2000,
         seed: 1,
+        follow_poll_after: false,
     }
 }
 
@@ -417,4 +418,57 @@ async fn a_run_with_requests_that_got_no_http_answer_fails() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("got no HTTP answer"), "{stderr}");
+}
+
+/// With --follow-poll-after, simulated users poll when the server says (here every second: a
+/// 4 s heartbeat caps it at 1 s) instead of every 100–150 ms: several times fewer polls.
+#[tokio::test]
+async fn following_poll_after_polls_at_the_servers_pace() {
+    let redis = RedisServer::spawn();
+    let envs = [
+        ("VQ_QUEUE__TICK_MS", "500".to_owned()),
+        ("VQ_QUEUE__BATCH_SIZE", "1".to_owned()),
+        ("VQ_QUEUE__HEARTBEAT_TIMEOUT_S", "4".to_owned()),
+        ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
+    ];
+    let server = VqProcess::serve(&redis, &envs).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |json: &std::path::Path, first: &str, follow: bool| {
+        let mut args = vec![
+            "loadgen",
+            "--url",
+            &server.addr,
+            "--target",
+            "limited-drop:8",
+            "--users",
+            "100",
+            "--rate",
+            "1000",
+            "--arrival",
+            "constant",
+            "--duration",
+            "3",
+            "--poll-min-ms",
+            "100",
+            "--poll-max-ms",
+            "150",
+            "--first-user",
+            first,
+            "--quiet",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        if follow {
+            args.push("--follow-poll-after");
+        }
+        let out = Command::new(vq_bin()).args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("loadgen");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        read_json(json)
+    };
+    let fixed = run(&dir.path().join("fixed.json"), "1", false);
+    let paced = run(&dir.path().join("paced.json"), "1001", true);
+    assert_eq!(paced["followPollAfter"], true);
+    let (f, p) = (fixed["poll"]["count"].as_u64().unwrap(), paced["poll"]["count"].as_u64().unwrap());
+    assert!(p > 0 && p * 4 < f, "polls: fixed {f}, following pollAfterSeconds {p}: {paced}");
 }
