@@ -81,7 +81,7 @@ profile="${DEV_PROFILE:-release}"
 if [ -x "target/$profile/vq" ]; then
   say "building vq ($profile): only what changed since the last build"
 else
-  say "building vq ($profile) for the first time: cargo compiles ~250 crates, which takes several minutes on 2 cores; later runs take seconds"
+  say "building vq ($profile) for the first time: cargo compiles ~200 crates, which takes about 4 minutes on 2 cores; later runs take seconds"
 fi
 if [ "$profile" = "release" ]; then cargo build --release; else cargo build; fi
 vq="target/$profile/vq"
