@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{HttpSettings, Settings, StoreKind, redact_credentials};
-use crate::http::cors::Cors;
+use crate::http::edge::Cors;
 use crate::http::gate::Gate;
 use crate::http::page::Page;
 use crate::http::{AppState, router};

@@ -1,7 +1,7 @@
 //! The HTTP API: routes, extractors that parse once, and [`ApiError`], the only place that
 //! knows status codes. Handlers call the service and shape JSON; nothing else.
 
-pub mod cors;
+pub mod edge;
 mod error;
 mod extract;
 pub mod gate;
@@ -35,32 +35,13 @@ async fn openapi() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
-/// `X-User-Id` or `X-Entry-Token` sent twice is refused on every route (400): servers behind
-/// vq read one value or join them, and vq must not decide on another than they use.
-/// `/gate/verify` answers 403 for it itself (nginx turns a 400 into a 500).
-async fn refuse_repeated_identity(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match gate::repeated_identity(req.headers()) {
-        Some(name) if req.uri().path() != "/gate/verify" => {
-            ApiError::invalid(gate::repeated_detail(name)).into_response()
-        }
-        _ => next.run(req).await,
-    }
-}
-
 /// The routes; `cors` lists the origins whose web apps may call the queue API.
-pub fn router(state: SharedState, cors: Arc<cors::Cors>) -> Router {
-    let queue = Router::new()
+pub fn router(state: SharedState, cors: Arc<edge::Cors>) -> Router {
+    Router::new()
         .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
         .route("/virtual-queues/{kind}/{id}/entries/me", get(queue::poll).delete(queue::leave))
         .route("/virtual-queues/{kind}/{id}/stats", get(queue::stats))
         .route("/openapi.json", get(openapi))
-        .route_layer(axum::middleware::map_response(queue::no_store));
-    Router::new()
-        .merge(queue)
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
@@ -68,8 +49,7 @@ pub fn router(state: SharedState, cors: Arc<cors::Cors>) -> Router {
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(axum::middleware::from_fn(refuse_repeated_identity))
-        .layer(axum::middleware::from_fn_with_state(cors, cors::layer))
+        .layer(axum::middleware::from_fn_with_state(cors, edge::layer))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -88,13 +88,6 @@ pub async fn poll(
     User(u): User,
 ) -> Result<Response, ApiError> {
     Ok(answer(&st, st.service.status(t, u).await?))
-}
-
-/// Queue answers are per user and change every tick: no cache (browser, CDN, proxy) may keep
-/// or share one.
-pub async fn no_store(mut resp: Response) -> Response {
-    resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
 }
 
 pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {

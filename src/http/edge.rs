@@ -1,7 +1,13 @@
-//! CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
-//! the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
-//! preflight `OPTIONS`, answered here; other origins get no CORS headers (the browser then
-//! refuses to hand the answer to the page).
+//! What every request meets first, in one layer (each layer costs allocations per request):
+//!
+//! - `X-User-Id` or `X-Entry-Token` sent twice is refused on every route (400): servers behind
+//!   vq read one value or join them, and vq must not decide on another than they use.
+//!   `/gate/verify` answers 403 for it itself (nginx turns a 400 into a 500).
+//! - Queue API answers are per user and change every tick: `Cache-Control: no-store`.
+//! - CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
+//!   the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
+//!   preflight `OPTIONS`, answered here; other origins get no CORS headers (the browser then
+//!   refuses to hand the answer to the page).
 
 use std::sync::Arc;
 
@@ -9,6 +15,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
 
 /// The allowed origins, lower-case.
 pub struct Cors(Vec<String>);
@@ -28,14 +36,20 @@ impl Cors {
 /// Browsers cache a preflight answer this long.
 const MAX_AGE_S: u32 = 600;
 
-/// Whether CORS applies to this path: the queue API and its document, nothing the gate
-/// forwards (the purchase API answers for itself).
+/// Whether this is the queue API or its document (CORS and no-store apply), not something the
+/// gate forwards (the purchase API answers for itself).
 fn is_api(path: &str) -> bool {
     path.starts_with("/virtual-queues/") || path == "/openapi.json"
 }
 
 pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
-    if !is_api(req.uri().path()) {
+    let path = req.uri().path();
+    if let Some(name) = super::gate::repeated_identity(req.headers())
+        && path != "/gate/verify"
+    {
+        return ApiError::invalid(super::gate::repeated_detail(name)).into_response();
+    }
+    if !is_api(path) {
         return next.run(req).await;
     }
     let origin = cors.allowed(req.headers().get(header::ORIGIN));
@@ -56,6 +70,7 @@ pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> R
         _ => next.run(req).await,
     };
     let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.append(header::VARY, HeaderValue::from_static("Origin"));
     if let Some(o) = origin {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
