@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §10): one small named function per thing counted, so callers
+//! Prometheus metrics: one small named function per thing counted, so callers
 //! (service, pump, store, gate) never spell metric names or labels themselves.
 //!
 //! Two kinds of series, and how to add them up across instances:

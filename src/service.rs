@@ -2,7 +2,7 @@
 //! this and nothing else; it knows no status codes.
 //!
 //! A store error never reaches a client: enter and poll answer DIRECT_ADMITTED with a
-//! stateless token (SPEC §9), the error is counted and logged at most once per interval.
+//! stateless token, the error is counted and logged at most once per interval.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,7 +47,7 @@ pub enum QueueError {
     NotInQueue(QueueTarget),
 }
 
-/// Cluster-wide figures of one target (SPEC §5.4), computed from the store's snapshot only,
+/// Cluster-wide figures of one target, computed from the store's snapshot only,
 /// so every instance and `vq stats` answer the same.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -375,7 +375,7 @@ impl QueueService {
     }
 
     /// DIRECT_ADMITTED without asking the store: the queue is off for this user and target,
-    /// or Redis failed moments ago (fail-open, SPEC §9).
+    /// or Redis failed moments ago (fail-open).
     fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
         if !self.queue_applies(target, user) {
             return Some(self.direct(target, user));
@@ -449,7 +449,7 @@ impl QueueService {
         Ok(())
     }
 
-    /// The gate's decision for a request to a gated route of `target` (SPEC §6): with the flag
+    /// The gate's decision for a request to a gated route of `target`: with the flag
     /// applying to this user, the token must be well-formed, signed, unexpired, for this type,
     /// target and user, and not used yet (when Redis answers).
     pub async fn gate_check(
@@ -508,7 +508,7 @@ impl QueueService {
                         claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
                     },
                     Err(e) => {
-                        // Best effort: without Redis, HMAC and expiry still hold (SPEC §6).
+                        // Best effort: without Redis, HMAC and expiry still hold.
                         self.degraded.record("gate", target, &e);
                         GatePass::Verified { claim: None }
                     }

@@ -1,7 +1,7 @@
 //! Entry tokens: `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`, no padding,
 //! payload `TYPE|id|user|expiresAtEpochSec`. Pure: the caller passes the time.
 //!
-//! The format is a public contract (SPEC §6): gates written in other languages verify it.
+//! The format is a public contract: gates written in other languages verify it.
 
 use std::fmt;
 
@@ -220,7 +220,7 @@ pub fn verify_signature_with_key(secret: &Secret, raw: &str) -> Result<(TokenCla
     Ok((claims, used))
 }
 
-/// Every check of SPEC §6: well-formed, signature, expiry, type, target, user.
+/// Every check of a token: well-formed, signature, expiry, type, target, user.
 pub fn verify(
     secret: &Secret,
     raw: &str,

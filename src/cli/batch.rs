@@ -1,5 +1,5 @@
 //! `vq batch set N [--target T] | clear [--target T] | show [--target T]`: the runtime batch
-//! size (SPEC §7), tuned without a redeploy. The pump reads it every tick.
+//! size, tuned without a redeploy. The pump reads it every tick.
 
 use std::process::ExitCode;
 

@@ -21,9 +21,9 @@ use crate::domain::{FlagState, QueueTarget};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::{AnyStore, QueueStore};
 
-/// Share of capacity above which a row is flagged (SPEC §10).
+/// Share of capacity above which a row is flagged.
 const CAPACITY_ALERT: f64 = 0.9;
-/// Share of the target admission rate below which a row is flagged (SPEC §10).
+/// Share of the target admission rate below which a row is flagged.
 const RATE_ALERT: f64 = 0.5;
 
 #[derive(clap::Args)]

@@ -1,4 +1,4 @@
-//! Handlers of the queue API (SPEC §5.1–5.4) and the health probes.
+//! Handlers of the queue API and the health probes.
 
 use axum::Json;
 use axum::extract::State;

@@ -1,5 +1,5 @@
 //! `vq loadgen`: a flash sale, simulated the way the mobile app behaves, against a running
-//! `vq serve` (SPEC §0, issue 5).
+//! `vq serve`.
 //!
 //! Users arrive along an [`ArrivalCurve`]; each polls every 2–3 s with jitter until admitted,
 //! a share abandons (stops polling), and admitted users may call the gated purchase route

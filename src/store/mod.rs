@@ -1,7 +1,7 @@
 //! Where queue state lives, behind one trait in domain words.
 //!
 //! [`RedisStore`] is production: every multi-key change is one Lua script from `lua/`, and
-//! the key layout is the contract of SPEC §3. [`MemoryStore`] has the same semantics in one
+//! the key layout is a contract (README, Redis). [`MemoryStore`] has the same semantics in one
 //! process, for trial runs of a single instance. Both pass the conformance suite in
 //! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`.
 

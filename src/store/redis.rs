@@ -1,4 +1,4 @@
-//! The Redis store: the key contract of SPEC §3 and one Lua script per atomic operation.
+//! The Redis store: the key contract (README, Redis) and one Lua script per atomic operation.
 //!
 //! Every key of a target carries the hash tag `{TYPE:id}`, so each script touches one slot.
 //! `queue:active`, the flag and the global batch size are outside any target's slot and are
