@@ -5,7 +5,7 @@ use std::time::Duration;
 use vq::domain::{QueueTarget, UserId};
 use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
 
-use crate::support::{RedisServer, open_store, test_settings};
+use crate::support::{RedisServer, next_tick, open_store, test_settings};
 
 fn t() -> QueueTarget {
     "limited-drop:42".parse().expect("target")
@@ -26,12 +26,6 @@ fn seq(o: EnterOutcome) -> u64 {
         EnterOutcome::Waiting(w) => w.seq,
         other => panic!("expected waiting, got {other:?}"),
     }
-}
-
-/// Waits until the store's clock is in a new tick, so an admit call is sure to advance.
-async fn next_tick(tick_ms: u64) {
-    let now = vq::service::now_epoch_ms();
-    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
 }
 
 #[tokio::test]

@@ -2,19 +2,13 @@
 //! ticks, in bounded slices, so Redis never blocks on one call.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::AsyncCommands;
 use vq::pump::{EVICT_SLICE, Pump};
 
-use crate::support::{RedisServer, open_store, test_settings};
+use crate::support::{RedisServer, next_tick, open_store, test_settings};
 
 const STALE: u64 = 60_000;
-
-async fn next_tick(tick_ms: u64) {
-    let now = vq::service::now_epoch_ms();
-    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
-}
 
 /// Puts `n` users in target 1's queue whose last poll was long ago, 2000 per script call.
 async fn load_stale_users(redis: &RedisServer, n: u64) {

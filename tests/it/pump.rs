@@ -6,12 +6,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use vq::pump::Pump;
 
-use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings};
-
-async fn next_tick(tick_ms: u64) {
-    let now = vq::service::now_epoch_ms();
-    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
-}
+use crate::support::{RedisServer, flag_on, next_tick, open_store, spawn_app, test_settings};
 
 #[tokio::test]
 async fn two_pumps_in_one_tick_admit_one_batch_even_without_the_lock() {

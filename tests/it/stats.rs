@@ -2,19 +2,16 @@
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vq::config::Settings;
 use vq::pump::Pump;
 
-use crate::support::{RedisServer, TestApp, VqProcess, flag_on, open_store, spawn_app, test_settings, vq_bin};
+use crate::support::{
+    RedisServer, TestApp, VqProcess, flag_on, next_tick, open_store, spawn_app, test_settings, vq_bin,
+};
 
 const T: &str = "limited-drop/5";
-
-async fn next_tick(tick_ms: u64) {
-    let now = vq::service::now_epoch_ms();
-    tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
-}
 
 /// Settings with batches of 2, so 2 users are admitted per tick.
 fn settings(redis: &RedisServer) -> Settings {
