@@ -342,8 +342,22 @@ impl Drop for TestApp {
 pub async fn flag_on(redis: &RedisServer) {
     let mut c = redis.conn().await;
     let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.expect("hset");
-    let _: i64 = c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr");
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let version: u64 = c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr");
+    // Wait for the acknowledgements, not for time. With no instance acknowledging within
+    // half a second there is none yet: an instance reads the flag when it starts.
+    let store = open_store(&test_settings(Some(redis)));
+    let started = Instant::now();
+    loop {
+        let acks = vq::store::QueueStore::flag_acks(&store).await.unwrap_or_default();
+        if !acks.is_empty() && acks.iter().all(|a| a.version >= version) {
+            return;
+        }
+        if acks.is_empty() && started.elapsed() >= Duration::from_millis(500) {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "instances did not apply flag version {version}: {acks:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Path of the vq binary built for the integration tests.
