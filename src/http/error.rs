@@ -12,10 +12,57 @@ use crate::service::QueueError;
 /// ticks at a time; sooner retries only add load.
 const QUEUE_FULL_RETRY_AFTER_S: u64 = 5;
 
+/// Every error code vq answers with, and its HTTP status: the one place that pairs them.
+/// 4xx codes are stable (clients and docs/openapi.json name them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidRequest,
+    NotInQueue,
+    QueueFull,
+    StoreUnavailable,
+    QueueBypassDenied,
+    DownstreamBusy,
+    UpstreamUnavailable,
+    UpstreamTimeout,
+    NotFound,
+    MethodNotAllowed,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "INVALID_REQUEST",
+            Self::NotInQueue => "NOT_IN_QUEUE",
+            Self::QueueFull => "QUEUE_FULL",
+            Self::StoreUnavailable => "STORE_UNAVAILABLE",
+            Self::QueueBypassDenied => "QUEUE_BYPASS_DENIED",
+            Self::DownstreamBusy => "DOWNSTREAM_BUSY",
+            Self::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
+            Self::UpstreamTimeout => "UPSTREAM_TIMEOUT",
+            Self::NotFound => "NOT_FOUND",
+            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::NotInQueue => StatusCode::NOT_FOUND,
+            Self::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueueBypassDenied => StatusCode::FORBIDDEN,
+            Self::DownstreamBusy => StatusCode::TOO_MANY_REQUESTS,
+            Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub detail: String,
     /// Seconds for `Retry-After`, on answers a client should retry later (429, 503).
     pub retry_after_s: Option<u64>,
@@ -28,8 +75,8 @@ struct Body<'a> {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
-        Self { status, code, detail: detail.into(), retry_after_s: None }
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
+        Self { code, detail: detail.into(), retry_after_s: None }
     }
 
     pub fn retry_after(mut self, seconds: u64) -> Self {
@@ -38,13 +85,14 @@ impl ApiError {
     }
 
     pub fn invalid(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail)
+        Self::new(ErrorCode::InvalidRequest, detail)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, Json(Body { code: self.code, detail: &self.detail })).into_response();
+        let mut resp =
+            (self.code.status(), Json(Body { code: self.code.as_str(), detail: &self.detail })).into_response();
         if let Some(s) = self.retry_after_s {
             resp.headers_mut().insert(header::RETRY_AFTER, s.into());
         }
@@ -55,13 +103,12 @@ impl IntoResponse for ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         match e {
-            QueueError::Full(_) => Self::new(StatusCode::TOO_MANY_REQUESTS, "QUEUE_FULL", e.to_string())
-                .retry_after(QUEUE_FULL_RETRY_AFTER_S),
-            QueueError::NotInQueue(_) => Self::new(StatusCode::NOT_FOUND, "NOT_IN_QUEUE", e.to_string()),
+            QueueError::Full(_) => Self::new(ErrorCode::QueueFull, e.to_string()).retry_after(QUEUE_FULL_RETRY_AFTER_S),
+            QueueError::NotInQueue(_) => Self::new(ErrorCode::NotInQueue, e.to_string()),
         }
     }
 }
 
 pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "this route does not take that method")
+    ApiError::new(ErrorCode::MethodNotAllowed, "this route does not take that method")
 }

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::{ApiError, SharedState};
+use super::{ApiError, ErrorCode, SharedState};
 use crate::config::GateSettings;
 use crate::gate::{CanonicalPath, GateRoutes};
 use crate::service::{ClaimMode, GatePass, Pace};
@@ -55,8 +55,7 @@ impl Gate {
     async fn forward(&self, mut parts: Parts, path: &CanonicalPath, body: Body) -> Result<Response, ApiError> {
         let Some(base) = &self.upstream else {
             return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "UPSTREAM_UNAVAILABLE",
+                ErrorCode::UpstreamUnavailable,
                 "no purchase API behind the gate: set gate.upstream (VQ_GATE__UPSTREAM)",
             ));
         };
@@ -68,13 +67,12 @@ impl Gate {
         let req = Request::from_parts(parts, body);
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) => Err(ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "UPSTREAM_TIMEOUT",
+                ErrorCode::UpstreamTimeout,
                 format!("the purchase API did not answer within {} ms", self.timeout.as_millis()),
             )),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, upstream = %base, "purchase API unreachable");
-                Err(ApiError::new(StatusCode::BAD_GATEWAY, "UPSTREAM_UNAVAILABLE", "the purchase API is unreachable"))
+                Err(ApiError::new(ErrorCode::UpstreamUnavailable, "the purchase API is unreachable"))
             }
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
@@ -134,13 +132,13 @@ pub(super) fn repeated_detail(name: &str) -> String {
 fn busy(tick_ms: u64) -> Response {
     let retry_s = tick_ms.div_ceil(1000).max(1);
     let detail = "the purchase API takes one batch per tick and the next ticks are full: retry shortly (your entry token is still valid)";
-    let mut resp = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "DOWNSTREAM_BUSY", detail).into_response();
+    let mut resp = ApiError::new(ErrorCode::DownstreamBusy, detail).into_response();
     resp.headers_mut().insert(header::RETRY_AFTER, retry_s.into());
     resp
 }
 
 fn denied(e: &TokenError) -> ApiError {
-    ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", e.to_string())
+    ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
 }
 
 /// Everything that is not one of vq's own routes.
@@ -156,7 +154,7 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
     let mut paced_target = None;
     let claim = match st.gate.routes.match_path(&path) {
         None if path.is_queue_api() || st.gate.upstream.is_none() => {
-            return ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route").into_response();
+            return ApiError::new(ErrorCode::NotFound, "no such route").into_response();
         }
         None => None,
         Some(Err(e)) => return ApiError::invalid(e.to_string()).into_response(),
@@ -199,7 +197,7 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
 /// The check is read-only: nginx does not tell vq whether the purchase succeeded, so one-time
 /// use is enforced only for tokens the proxy gate has consumed.
 pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Response {
-    let refuse = |detail: String| ApiError::new(StatusCode::FORBIDDEN, "QUEUE_BYPASS_DENIED", detail).into_response();
+    let refuse = |detail: String| ApiError::new(ErrorCode::QueueBypassDenied, detail).into_response();
     let Some(raw_uri) = headers.get("x-original-uri") else {
         tracing::warn!(
             "/gate/verify without X-Original-URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"

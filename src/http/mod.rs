@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 
-pub use error::ApiError;
+pub use error::{ApiError, ErrorCode};
 pub use extract::{TargetPath, User};
 
 use crate::service::QueueService;

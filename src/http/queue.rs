@@ -6,7 +6,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{ApiError, AppState, SharedState, TargetPath, User};
+use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::poll_after_seconds;
 use crate::service::{QueueStats, QueueStatus};
 use crate::store::QueueStore;
@@ -98,12 +98,8 @@ pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, Use
 pub async fn stats(State(st): State<SharedState>, TargetPath(t): TargetPath) -> Result<Json<QueueStats>, ApiError> {
     st.service.stats(t).await.map(Json).map_err(|e| {
         tracing::warn!(error = %e, "stats unavailable");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "STORE_UNAVAILABLE",
-            "queue figures are unavailable while Redis is unreachable",
-        )
-        .retry_after(STORE_RETRY_AFTER_S)
+        ApiError::new(ErrorCode::StoreUnavailable, "queue figures are unavailable while Redis is unreachable")
+            .retry_after(STORE_RETRY_AFTER_S)
     })
 }
 
