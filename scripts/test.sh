@@ -23,7 +23,7 @@ if ! [ -x /usr/bin/chromedriver ]; then
   echo "installing: chromium chromium-driver (waiting page tests)"
   if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null; }; then
     echo "WARNING: chromium could not be installed: the browser tests are SKIPPED"
-    export VQ_BROWSER_TESTS=skip
+    export BROWSER_TESTS=skip
   fi
 fi
 

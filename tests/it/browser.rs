@@ -1,6 +1,6 @@
 //! The waiting page in a real headless browser: Debian's chromium driven by chromedriver over
 //! the WebDriver protocol. `scripts/test.sh` installs both; where they cannot be installed it
-//! sets `VQ_BROWSER_TESTS=skip` and these tests say so and pass. Anywhere else a missing
+//! sets `BROWSER_TESTS=skip` and these tests say so and pass. Anywhere else a missing
 //! browser is a failure.
 
 use std::os::unix::process::CommandExt;
@@ -27,8 +27,8 @@ impl Browser {
     /// `None` when the browser tests are skipped on purpose.
     async fn start() -> Option<Self> {
         if !std::path::Path::new(DRIVER).exists() {
-            if std::env::var("VQ_BROWSER_TESTS").as_deref() == Ok("skip") {
-                eprintln!("SKIPPED: chromium-driver is not installed here (VQ_BROWSER_TESTS=skip)");
+            if std::env::var("BROWSER_TESTS").as_deref() == Ok("skip") {
+                eprintln!("SKIPPED: chromium-driver is not installed here (BROWSER_TESTS=skip)");
                 return None;
             }
             panic!("{DRIVER} is missing: apt-get install -y chromium chromium-driver (scripts/test.sh does)");
