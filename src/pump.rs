@@ -53,10 +53,8 @@ impl Pump {
         let started = Instant::now();
         let targets = self.store.active_targets().await?;
         // The operator's runtime batch size, read each tick; config is the fallback.
-        let batch = match self.store.global_batch_size().await {
-            Ok(b) => b.unwrap_or(self.settings.queue.batch_size),
-            Err(_) => self.settings.queue.batch_size,
-        };
+        let global = self.store.global_batch_size().await.ok().flatten();
+        let batch = crate::domain::batch_in_force(None, global, self.settings.queue.batch_size);
         let mut out = Vec::with_capacity(targets.len());
         for target in targets {
             out.push(self.admit_target(target, batch).await.map_err(|e| (target, e)));

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::{QueueSettings, Settings};
-use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec};
+use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec, batch_in_force};
 use crate::store::{
     AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreErrorKind, TargetSnapshot, TokenClaim, Waiting,
 };
@@ -75,7 +75,7 @@ impl QueueStats {
     /// The one computation behind the stats endpoint, `/metrics` gauges and `vq stats`.
     /// `global_batch` is the operator's runtime batch size for every target, if set.
     pub fn from_snapshot(snap: &TargetSnapshot, global_batch: Option<u64>, queue: &QueueSettings, now_ms: u64) -> Self {
-        let batch_size = snap.batch_override.or(global_batch).unwrap_or(queue.batch_size);
+        let batch_size = batch_in_force(snap.batch_override, global_batch, queue.batch_size);
         Self {
             waiting_count: snap.waiting,
             admitted_count: snap.admitted_total,
@@ -321,12 +321,11 @@ impl QueueService {
 
     /// The batch size in force: the target's runtime value, else the global one, else config.
     pub fn batch_size(&self, target_override: Option<u64>) -> u64 {
-        target_override
-            .or(match self.global_batch.load(Ordering::Relaxed) {
-                0 => None,
-                b => Some(b),
-            })
-            .unwrap_or(self.settings.queue.batch_size)
+        let global = match self.global_batch.load(Ordering::Relaxed) {
+            0 => None,
+            b => Some(b),
+        };
+        batch_in_force(target_override, global, self.settings.queue.batch_size)
     }
 
     /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many

@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let configured = settings.queue.batch_size;
         println!("queue.batch_size (config default): {configured}");
         println!("global runtime batch size: {}", global.map_or_else(|| "not set".to_owned(), |b| b.to_string()));
-        let mut in_force = global.unwrap_or(configured);
+        let mut in_force = crate::domain::batch_in_force(None, global, configured);
         if shown.is_none() {
             let targets = store
                 .active_targets()
@@ -109,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "{t} runtime batch size: {}",
                 snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
             );
-            in_force = snap.batch_override.unwrap_or(in_force);
+            in_force = crate::domain::batch_in_force(snap.batch_override, global, configured);
         }
         println!(
             "in force{}: {in_force} per {} ms tick",

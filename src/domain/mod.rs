@@ -9,6 +9,6 @@ mod stats;
 mod target;
 
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
-pub use position::{QueuePosition, eta_seconds, poll_after_seconds};
+pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use stats::{WaitHistogram, admission_rate_per_sec, wait_bucket};
 pub use target::{ParseError, QueueTarget, QueueTargetType, UserId};

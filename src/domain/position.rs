@@ -1,5 +1,13 @@
 //! Where a waiting user stands: admitted or not, users ahead, ETA.
 
+/// The batch size in force for a target, the one rule for it: the target's runtime value,
+/// else the global runtime value, else `queue.batch_size`. (`admit.lua` applies the same
+/// rule inside Redis: the pump passes it the global-or-configured value and the script reads
+/// the target's own key.)
+pub fn batch_in_force(target: Option<u64>, global: Option<u64>, configured: u64) -> u64 {
+    target.or(global).unwrap_or(configured)
+}
+
 /// Seconds until a user with `ahead` users before them is admitted: the ticks needed to let
 /// them and the user through, times the tick length.
 pub fn eta_seconds(ahead: u64, batch_size: u64, tick_ms: u64) -> u64 {
@@ -78,6 +86,14 @@ mod tests {
         let per_sec: f64 =
             (0..100_000u64).map(|ahead| 1.0 / poll_after_seconds(eta_seconds(ahead, 100, 2000), 2000, 60) as f64).sum();
         assert!((6_000.0..7_500.0).contains(&per_sec), "{per_sec:.0} polls/s");
+    }
+
+    #[test]
+    fn the_batch_in_force_is_the_targets_then_the_global_then_the_configured() {
+        assert_eq!(batch_in_force(Some(5), Some(50), 100), 5);
+        assert_eq!(batch_in_force(None, Some(50), 100), 50);
+        assert_eq!(batch_in_force(None, None, 100), 100);
+        assert_eq!(batch_in_force(Some(5), None, 100), 5);
     }
 
     #[test]

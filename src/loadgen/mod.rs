@@ -534,7 +534,7 @@ pub async fn probe(url: &str, target: QueueTarget) -> Result<Option<ServerFacts>
 pub async fn batch_in_force(store: &RedisStore, target: QueueTarget, configured: u64) -> Option<u64> {
     let snap = store.snapshot(target).await.ok()?;
     let global = store.global_batch_size().await.ok()?;
-    Some(snap.batch_override.or(global).unwrap_or(configured))
+    Some(crate::domain::batch_in_force(snap.batch_override, global, configured))
 }
 
 fn build_client(concurrency: usize) -> HttpClient {
