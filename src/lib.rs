@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod gate;

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_epoch_ms;
 use crate::config::Settings;
 use crate::domain::QueueTarget;
-use crate::service::now_epoch_ms;
 use crate::store::{AdmitOutcome, AnyStore, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.

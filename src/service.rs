@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::config::{QueueSettings, Settings};
 use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec, batch_in_force};
@@ -22,9 +22,7 @@ const REGISTER_EVERY: Duration = Duration::from_secs(5);
 /// At most one log line per this interval for Redis failures on the request path.
 const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub fn now_epoch_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::clock::now_epoch_ms;
 
 /// What a user is told by enter and poll.
 #[derive(Debug, Clone, PartialEq, Eq)]

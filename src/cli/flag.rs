@@ -9,9 +9,9 @@ use comfy_table::Table;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
+use crate::clock::now_epoch_ms;
 use crate::config::Settings;
 use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
-use crate::service::now_epoch_ms;
 use crate::store::{AnyStore, FlagAck, QueueStore};
 
 #[derive(clap::Args)]

@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
+use crate::clock::now_epoch_ms;
 use crate::config::secret_from_env;
 use crate::domain::{QueueTarget, UserId};
-use crate::service::now_epoch_ms;
 use crate::token::{self, KeyUsed, SecretError, TokenError, iso8601};
 
 #[derive(clap::Args)]

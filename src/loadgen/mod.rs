@@ -17,7 +17,7 @@ mod sink;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
@@ -135,9 +135,7 @@ fn micros_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("static histogram bounds are valid")
 }
 
-fn epoch_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+use crate::clock::now_epoch_ms as epoch_ms;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

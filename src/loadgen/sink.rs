@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::State;
@@ -38,9 +37,7 @@ pub struct SinkFigures {
     pub rate_per_sec: f64,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+use crate::clock::now_epoch_ms as now_ms;
 
 async fn count(State((counts, tick_ms)): State<(Arc<Mutex<Counts>>, u64)>) -> &'static str {
     let window = now_ms() / tick_ms;

@@ -320,7 +320,7 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
     if jobs.is_empty() {
         return;
     }
-    let now = crate::service::now_epoch_ms();
+    let now = crate::clock::now_epoch_ms();
     let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
         Op::Enter => (
             &ENTER,
