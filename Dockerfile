@@ -11,6 +11,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY lua ./lua
+# Compiled in: the waiting page (assets/) and the OpenAPI document (docs/openapi.json).
+COPY assets ./assets
+COPY docs/openapi.json ./docs/openapi.json
 COPY tests ./tests
 COPY scripts ./scripts
 RUN scripts/build-release.sh /out
