@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -33,6 +33,19 @@ impl Cors {
     }
 }
 
+/// The identity headers, which the gate and the purchase API must read alike: sent twice,
+/// one would check the first value and the other see both.
+const IDENTITY_HEADERS: [&str; 2] = ["x-user-id", "x-entry-token"];
+
+/// The identity header sent more than once, if any.
+pub(super) fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
+    IDENTITY_HEADERS.into_iter().find(|name| headers.get_all(*name).iter().nth(1).is_some())
+}
+
+pub(super) fn repeated_detail(name: &str) -> String {
+    format!("{} sent more than once: send it once", if name == "x-user-id" { "X-User-Id" } else { "X-Entry-Token" })
+}
+
 /// Browsers cache a preflight answer this long.
 const MAX_AGE_S: u32 = 600;
 
@@ -44,10 +57,10 @@ fn is_api(path: &str) -> bool {
 
 pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if let Some(name) = super::gate::repeated_identity(req.headers())
+    if let Some(name) = repeated_identity(req.headers())
         && path != "/gate/verify"
     {
-        return ApiError::invalid(super::gate::repeated_detail(name)).into_response();
+        return ApiError::invalid(repeated_detail(name)).into_response();
     }
     if !is_api(path) {
         return next.run(req).await;
@@ -71,7 +84,10 @@ pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> R
     };
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    if !cors.0.is_empty() {
+        // Answers differ by Origin only where some origin is allowed.
+        h.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
     if let Some(o) = origin {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
         h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static("Retry-After"));

@@ -21,19 +21,15 @@ impl<S: Send + Sync> FromRequestParts<S> for TargetPath {
     }
 }
 
-/// The `X-User-Id` header: a positive 64-bit integer, sent once (twice, a proxy in between
-/// might read the other value).
+/// The `X-User-Id` header: a positive 64-bit integer (sent twice, the edge layer has already
+/// refused the request).
 pub struct User(pub UserId);
 
 impl<S: Send + Sync> FromRequestParts<S> for User {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let mut values = parts.headers.get_all("x-user-id").iter();
-        let raw = values.next().ok_or_else(|| ApiError::invalid("missing X-User-Id header"))?;
-        if values.next().is_some() {
-            return Err(ApiError::invalid("X-User-Id sent more than once: send it once"));
-        }
+        let raw = parts.headers.get("x-user-id").ok_or_else(|| ApiError::invalid("missing X-User-Id header"))?;
         let text = raw.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
         text.parse::<UserId>().map(User).map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
     }

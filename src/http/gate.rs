@@ -114,19 +114,6 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The identity headers, which the gate and the purchase API must read alike: sent twice,
-/// one would check the first value and the other see both.
-const IDENTITY_HEADERS: [&str; 2] = ["x-user-id", "x-entry-token"];
-
-/// The identity header sent more than once, if any.
-pub(super) fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
-    IDENTITY_HEADERS.into_iter().find(|name| headers.get_all(*name).iter().nth(1).is_some())
-}
-
-pub(super) fn repeated_detail(name: &str) -> String {
-    format!("{} sent more than once: send it once", if name == "x-user-id" { "X-User-Id" } else { "X-Entry-Token" })
-}
-
 /// 429 when the purchase API's budget is taken for every tick the gate may wait for; the token
 /// stays usable.
 fn busy(tick_ms: u64) -> Response {
@@ -143,10 +130,8 @@ fn denied(e: &TokenError) -> ApiError {
 
 /// Everything that is not one of vq's own routes.
 pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
+    // A repeated X-User-Id or X-Entry-Token never gets here: the edge layer refuses it.
     let (parts, body) = req.into_parts();
-    if let Some(name) = repeated_identity(&parts.headers) {
-        return ApiError::invalid(repeated_detail(name)).into_response();
-    }
     let path = match CanonicalPath::parse(parts.uri.path()) {
         Ok(p) => p,
         Err(e) => return ApiError::invalid(e.to_string()).into_response(),
@@ -207,8 +192,8 @@ pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Respon
     let Ok(uri) = raw_uri.to_str() else {
         return refuse("the original URI holds bytes outside visible ASCII".into());
     };
-    if let Some(name) = repeated_identity(&headers) {
-        return refuse(repeated_detail(name));
+    if let Some(name) = super::edge::repeated_identity(&headers) {
+        return refuse(super::edge::repeated_detail(name));
     }
     let path = match CanonicalPath::parse(original_path(uri)) {
         Ok(p) => p,

@@ -110,17 +110,15 @@ fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
-/// The user the page is for: `X-User-Id` (set by the authenticating proxy), or `?user=` when
-/// `page.allow_query_user` is on.
+/// The user the page is for: `X-User-Id` (set by the authenticating proxy; sent twice, the
+/// edge layer has refused the request), or `?user=` when `page.allow_query_user` is on.
 fn user(headers: &HeaderMap, query: &HashMap<String, String>, settings: &PageSettings) -> Result<UserId, ApiError> {
-    let mut values = headers.get_all("x-user-id").iter();
-    match (values.next(), values.next()) {
-        (Some(_), Some(_)) => Err(ApiError::invalid("X-User-Id sent more than once: send it once")),
-        (Some(v), None) => {
+    match headers.get("x-user-id") {
+        Some(v) => {
             let text = v.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
             text.parse().map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
         }
-        (None, _) => match query.get("user") {
+        None => match query.get("user") {
             Some(u) if settings.allow_query_user => u.parse().map_err(|e| ApiError::invalid(format!("?user: {e}"))),
             Some(_) => Err(ApiError::invalid(
                 "?user= is off (page.allow_query_user = false): the page takes the user from X-User-Id, set by the authenticating proxy",
