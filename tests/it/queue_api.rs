@@ -20,7 +20,9 @@ async fn app_with_queue_on(redis: &RedisServer, tweak: impl FnOnce(&mut vq::conf
 #[tokio::test]
 async fn thousand_concurrent_enters_get_seqs_one_to_thousand() {
     let redis = RedisServer::spawn();
-    let app = Arc::new(app_with_queue_on(&redis, |_| {}).await);
+    // redis.timeout_ms bounds each request from its arrival, so on a loaded machine some of a
+    // burst of 1000 may fail open after 250 ms; this test is about numbering, not fail-open.
+    let app = Arc::new(app_with_queue_on(&redis, |s| s.redis.timeout_ms = 5000).await);
     let mut tasks = Vec::new();
     for u in 1..=1000u64 {
         let app = app.clone();
@@ -43,7 +45,7 @@ async fn thousand_concurrent_enters_get_seqs_one_to_thousand() {
 #[tokio::test]
 async fn hundred_concurrent_enters_of_one_user_get_one_seq() {
     let redis = RedisServer::spawn();
-    let app = Arc::new(app_with_queue_on(&redis, |_| {}).await);
+    let app = Arc::new(app_with_queue_on(&redis, |s| s.redis.timeout_ms = 5000).await);
     app.enter(T, 1).await;
     let mut tasks = Vec::new();
     for _ in 0..100 {
