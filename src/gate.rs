@@ -11,6 +11,8 @@
 //! with [`PathError`] instead of guessed at. Every method is gated: a route's `method` says what
 //! the upstream takes, and any other method on that path needs a token too.
 
+use std::sync::Arc;
+
 use crate::config::GateRoute;
 use crate::domain::{ParseError, QueueTarget, QueueTargetType};
 
@@ -165,7 +167,7 @@ enum Segment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Compiled {
     /// The path as configured, e.g. `/limited-drops/{dropId}/orders`: the metrics label.
-    template: String,
+    template: Arc<str>,
     segments: Vec<Segment>,
     kind: QueueTargetType,
 }
@@ -195,7 +197,7 @@ impl GateRoutes {
             if segments.iter().filter(|s| **s == Segment::Id).count() != 1 {
                 return Err(format!("path `{}` needs exactly one {{id}} segment", r.path));
             }
-            out.push(Compiled { template: r.path.clone(), segments, kind });
+            out.push(Compiled { template: r.path.as_str().into(), segments, kind });
         }
         Ok(Self(out))
     }
@@ -209,8 +211,8 @@ impl GateRoutes {
 
     /// The configured path of the gated route `path` matches, e.g.
     /// `/limited-drops/{dropId}/orders`: what metrics label it by, never the raw path.
-    pub fn template(&self, path: &CanonicalPath) -> Option<&str> {
-        self.find(path).map(|(route, _)| route.template.as_str())
+    pub fn template(&self, path: &CanonicalPath) -> Option<&Arc<str>> {
+        self.find(path).map(|(route, _)| &route.template)
     }
 
     /// The route `path` matches and the id segment as sent.

@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::metrics::RouteLabel;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::GateSettings;
 use crate::gate::{CanonicalPath, GateRoutes};
@@ -36,10 +37,6 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn routes(&self) -> &GateRoutes {
-        &self.routes
-    }
-
     pub fn new(settings: &GateSettings) -> Result<Self, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -136,6 +133,17 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
         Ok(p) => p,
         Err(e) => return ApiError::invalid(e.to_string()).into_response(),
     };
+    // The metrics label of a gated purchase is its route's template, whatever the spelling.
+    let label = st.gate.routes.template(&path).cloned();
+    let mut resp = gate_and_forward(&st, parts, path, body).await;
+    if let Some(template) = label {
+        resp.extensions_mut().insert(RouteLabel(template));
+    }
+    resp
+}
+
+/// The gate's decision on a canonical path, then the purchase API's answer.
+async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, body: Body) -> Response {
     let mut paced_target = None;
     let claim = match st.gate.routes.match_path(&path) {
         None if path.is_queue_api() || st.gate.upstream.is_none() => {

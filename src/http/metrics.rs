@@ -3,6 +3,7 @@
 //! The queue-length gauges are read from Redis at scrape time, so every instance reports the
 //! cluster's figures; a Redis failure leaves the last values and still renders the rest.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -11,22 +12,21 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::SharedState;
-use crate::gate::CanonicalPath;
 use crate::metrics;
+
+/// The route template of a gated purchase, set on its response by the gate, which has matched
+/// the canonical path already.
+#[derive(Clone)]
+pub struct RouteLabel(pub Arc<str>);
 
 /// Times a request; the label is the matched route template (vq's own routes, or the gated
 /// route from `gate.routes`), never the raw path. Other forwarded paths are `unmatched`.
-pub async fn track(State(st): State<SharedState>, req: Request, next: Next) -> Response {
+pub async fn track(req: Request, next: Next) -> Response {
     let started = Instant::now();
     let matched = req.extensions().get::<MatchedPath>().cloned();
-    let gated = match matched {
-        Some(_) => None,
-        None => {
-            CanonicalPath::parse(req.uri().path()).ok().and_then(|p| st.gate.routes().template(&p).map(str::to_owned))
-        }
-    };
     let resp = next.run(req).await;
-    let route = matched.as_ref().map(MatchedPath::as_str).or(gated.as_deref()).unwrap_or("unmatched");
+    let gated = resp.extensions().get::<RouteLabel>();
+    let route = matched.as_ref().map(MatchedPath::as_str).or(gated.map(|l| &*l.0)).unwrap_or("unmatched");
     metrics::http_request(route, resp.status().as_u16(), started.elapsed());
     resp
 }
