@@ -24,6 +24,7 @@ pub(super) static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(incl
 pub(super) static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/flag_ack.lua")));
 pub(super) static FLAG_ACKS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/flag_acks.lua")));
+pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/view.lua")));
 
 /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
 /// script and runs it again.
