@@ -94,6 +94,7 @@ wait_http() { # url secs [pid]
 
 # shellcheck disable=SC2034 # read by the scripts
 REDIS_PORT="" REDIS_URL="" REDIS_PID=""
+# shellcheck disable=SC2120 # the arguments are optional
 start_redis() { # redis-server args (later ones override the defaults)...
   use_work_dir
   REDIS_PORT=$(free_port)
