@@ -23,7 +23,8 @@
 #                                   REDIS_PORT, REDIS_URL, REDIS_PID
 #   wait_until SECS CMD...          runs CMD every 0.1 s until it succeeds; fails after SECS
 #   wait_http URL SECS [PID]        wait_until for an HTTP 2xx, failing early when PID ends
-#   stop_pid PID                    SIGTERM, then SIGKILL after 10 s; waits for it
+#   stop_pid PID                    SIGTERM, then SIGKILL after 10 s; waits for it (and no
+#                                   longer stops it on exit)
 #
 # On exit (normal, error, Ctrl-C or SIGTERM) every process started with `spawn` is stopped by
 # its PID, the last started first, then the script's own `on_exit` runs if it defines one;
@@ -110,6 +111,9 @@ start_redis() { # redis-server args (later ones override the defaults)...
 }
 
 stop_pid() { # pid
+  local i
+  for i in "${!STARTED[@]}"; do [ "${STARTED[i]}" != "$1" ] || unset 'STARTED[i]'; done
+  STARTED=("${STARTED[@]}")
   kill -TERM "$1" 2>/dev/null || return 0
   local deadline=$((SECONDS + 10))
   while kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
@@ -118,13 +122,16 @@ stop_pid() { # pid
 }
 
 stop_started() {
-  local code=$? i
+  local code=$?
   trap - EXIT
   # A child signalled between its fork and its exec still runs this trap: only the script
   # itself stops what it started.
   [ "$BASHPID" = "$$" ] || exit "$code"
-  for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do stop_pid "${STARTED[i]}"; done
+  while [ ${#STARTED[@]} -gt 0 ]; do stop_pid "${STARTED[-1]}"; done
   if declare -F on_exit >/dev/null; then on_exit || true; fi
+  if [ -n "$WORK" ]; then
+    rmdir "$WORK" 2>/dev/null && WORK=""
+  fi
   if [ -n "$WORK" ]; then
     case "$code:${KEEP_WORK:-}" in
       0: | 130: | 143:) rm -rf "$WORK" ;;
