@@ -153,8 +153,9 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
   [ "$follow" = 0 ] || flags+=(--follow-poll-after)
   local r0 v0 r1 v1
   r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "$vq_pid"); window_start
+  # --foreground: a Ctrl-C in the terminal reaches loadgen too.
   # shellcheck disable=SC2086 # EXTRA is words
-  timed "loadgen-$round" timeout --signal=INT --kill-after=10 "$((duration + 60))" \
+  timed "loadgen-$round" timeout --foreground --signal=INT --kill-after=10 "$((duration + 60))" \
     "$vq" loadgen "${flags[@]}" $extra "$@"
   r1=$(ticks_of "$REDIS_PID"); v1=$(ticks_of "$vq_pid")
   local machine_now; machine_now=$(window_end)
