@@ -72,12 +72,13 @@ ticks_of() { # pid -> utime + stime of that process, in clock ticks
   stat=${stat##*) }   # the command name may hold spaces
   awk '{print $12 + $13}' <<<"$stat"
 }
-machine() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+# The machine's steal and total CPU time (user nice system idle iowait irq softirq steal), ticks.
+machine() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 steal0="" total0=""
-window_start() { read -r _ steal0 total0 < <(machine); }
+window_start() { read -r steal0 total0 < <(machine); }
 window_end() { # -> "steal-% load1" of the window
   local steal1 total1
-  read -r _ steal1 total1 < <(machine)
+  read -r steal1 total1 < <(machine)
   awk -v s=$((steal1 - steal0)) -v t=$((total1 - total0)) -v l="$(cut -d' ' -f1 /proc/loadavg)" \
     'BEGIN {printf "%.1f %s", (t > 0 ? 100 * s / t : 0), l}'
 }

@@ -30,7 +30,6 @@ if [ "${VQ_STORE:-redis}" = "redis" ]; then
     redis_answers "$VQ_REDIS__URL" || die "VQ_REDIS__URL=$VQ_REDIS__URL does not answer; start it or unset VQ_REDIS__URL"
     say "using the Redis at $VQ_REDIS__URL (VQ_REDIS__URL)"
   else
-    command -v redis-server >/dev/null 2>&1 || say "redis-server is missing: installing the Debian package"
     install_missing redis-server || true
     if command -v redis-server >/dev/null 2>&1; then
       start_redis --maxmemory 512mb --maxmemory-policy noeviction

@@ -26,6 +26,8 @@
 #   stop_pid PID                    SIGTERM, then SIGKILL after 10 s; waits for it (and no
 #                                   longer stops it on exit)
 #
+# Check the scripts with `shellcheck -x scripts/*.sh` (-x follows this file).
+#
 # On exit (normal, error, Ctrl-C or SIGTERM) every process started with `spawn` is stopped by
 # its PID, the last started first, then the script's own `on_exit` runs if it defines one;
 # nothing is ever stopped by name.
