@@ -12,6 +12,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::gate::GateRoute;
 use crate::store::StoreLimits;
 use crate::token::{Secret, SecretError};
 
@@ -191,17 +192,6 @@ pub struct GateSettings {
     pub pace: bool,
     /// How many ticks a purchase may wait for room; past that it gets 429 DOWNSTREAM_BUSY.
     pub pace_max_ticks: u64,
-}
-
-/// One gated route: `POST /limited-drops/{id}/orders` → target `LIMITED_DROP:{id}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GateRoute {
-    pub method: String,
-    /// Path with exactly one `{…}` segment holding the target id.
-    pub path: String,
-    /// `LIMITED_DROP` or `TICKETING_EVENT` (slugs accepted).
-    pub target: String,
 }
 
 /// Limits of the HTTP server, so misbehaving clients cannot hold connections or the shutdown.
@@ -539,6 +529,10 @@ mod tests {
             assert_eq!(s.token.ttl_s, 300);
             assert_eq!(s.lock_ttl_ms(), 1900);
             assert_eq!(s.threads, 0, "one worker per core unless told otherwise");
+            let routes = crate::gate::GateRoutes::compile(&s.gate.routes).unwrap();
+            let gated = |p: &str| routes.match_path(&crate::gate::CanonicalPath::parse(p).unwrap());
+            assert_eq!(gated("/limited-drops/42/orders"), Some(Ok("LIMITED_DROP:42".parse().unwrap())));
+            assert_eq!(gated("/events/7/seats/select"), Some(Ok("TICKETING_EVENT:7".parse().unwrap())));
             Ok(())
         });
     }
