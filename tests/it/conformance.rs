@@ -1,9 +1,10 @@
 //! One suite, two stores: the embedded store must behave like the Redis scripts, or it goes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use vq::config::Settings;
 use vq::domain::{QueueTarget, UserId};
-use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
+use vq::store::{AnyStore, EnterOutcome, FlagAck, QueueStore, StatusOutcome, TokenClaim};
 
 use crate::support::{RedisServer, next_tick, open_store, test_settings};
 
@@ -12,13 +13,36 @@ fn t() -> QueueTarget {
 }
 
 async fn with_both(check: impl AsyncFn(AnyStore, u64)) {
+    with_both_configured(|_| {}, check).await;
+}
+
+/// Runs `check` on a Redis store, then on the embedded one, both configured alike (capacity 5,
+/// then `configure`); the store under test is printed first, so a failure names it.
+async fn with_both_configured(configure: impl Fn(&mut Settings), check: impl AsyncFn(AnyStore, u64)) {
     let redis = RedisServer::spawn();
-    let mut s = test_settings(Some(&redis));
-    s.queue.max_capacity = 5;
-    check(open_store(&s), 500).await;
-    let mut m = test_settings(None);
-    m.queue.max_capacity = 5;
-    check(open_store(&m), 500).await;
+    for mut s in [test_settings(Some(&redis)), test_settings(None)] {
+        s.queue.max_capacity = 5;
+        configure(&mut s);
+        eprintln!("conformance: {:?} store", s.store);
+        check(open_store(&s), 500).await;
+    }
+}
+
+/// Target keys live 1 s after their last refresh, so expiry is seen within a test.
+fn short_key_ttl(s: &mut Settings) {
+    s.queue.key_ttl_s = 1;
+}
+
+/// Waits (bounded, 10 s) until `done` holds; false if it never did.
+async fn eventually(done: impl AsyncFn() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 fn seq(o: EnterOutcome) -> u64 {
@@ -386,6 +410,228 @@ async fn every_used_token_stays_used_and_a_release_gives_back_only_its_own() {
         assert!(claimed(s.claim_token(t(), u, "B", ttl).await.unwrap()));
         assert_eq!(s.claim_token(t(), u, "B", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
         assert!(claimed(s.claim_token(t(), UserId(8), "A", ttl).await.unwrap()), "per user");
+    })
+    .await;
+}
+
+/// Redis forgets a target through its keys' TTL, which `admit.lua` refreshes only while
+/// someone waits: the pump ticking over an empty queue does not keep it alive.
+#[tokio::test]
+async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
+    let configure = |s: &mut Settings| {
+        short_key_ttl(s);
+        s.queue.max_capacity = 8;
+    };
+    with_both_configured(configure, async |s, _| {
+        // Ticks of 250 ms, well inside the key TTL (1 s) even on a loaded machine.
+        let tick_ms = 250;
+        s.register_active(t()).await.unwrap();
+        for u in 1..=8 {
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
+        }
+        // Eight ticks of one admission each: 2 s, twice the key TTL, with someone waiting.
+        for _ in 1..=8 {
+            next_tick(tick_ms).await;
+            let a = s.admit(t(), 1, tick_ms).await.unwrap();
+            assert_eq!(a.admitted, 1);
+            for u in 1..=8 {
+                s.status(t(), UserId(u), &"tok").await.unwrap();
+            }
+            assert!(!s.forget_if_expired(t()).await.unwrap(), "users waited until this tick");
+        }
+        assert_eq!(s.snapshot(t()).await.unwrap().waiting, 0);
+        // Nobody waits now: ticking on does not keep the target.
+        let forgotten = eventually(async || {
+            next_tick(tick_ms).await;
+            s.admit(t(), 1, tick_ms).await.unwrap();
+            s.forget_if_expired(t()).await.unwrap()
+        })
+        .await;
+        assert!(forgotten, "an idle target is forgotten although the pump ticks");
+        assert!(s.active_targets().await.unwrap().is_empty());
+    })
+    .await;
+}
+
+/// An idle target's queue keys expire by themselves, forgotten or not: it starts again at
+/// seq 1, and those who waited in it are no longer in the queue.
+#[tokio::test]
+async fn an_idle_target_starts_again_at_seq_1_once_its_keys_expire() {
+    with_both_configured(short_key_ttl, async |s, _| {
+        for u in 1..=3 {
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
+        }
+        assert!(eventually(async || s.snapshot(t()).await.unwrap().seq == 0).await, "the keys never expired");
+        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(seq(s.enter(t(), UserId(3), &"tok").await.unwrap()), 1);
+        assert_eq!(s.snapshot(t()).await.unwrap().waiting, 1);
+    })
+    .await;
+}
+
+/// Forgetting a target drops its queue, not what lives in keys of their own: stored tokens
+/// and used marks (the token's lifetime), the runtime batch size (no expiry), the lock.
+#[tokio::test]
+async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
+    with_both_configured(short_key_ttl, async |s, tick_ms| {
+        s.register_active(t()).await.unwrap();
+        s.set_batch_size(Some(t()), Some(3)).await.unwrap();
+        s.enter(t(), UserId(1), &"tok1").await.unwrap();
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 10, tick_ms).await.unwrap().batch, 3);
+        assert_eq!(s.status(t(), UserId(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
+        assert!(matches!(s.claim_token(t(), UserId(2), "B", 300).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert!(eventually(async || s.forget_if_expired(t()).await.unwrap()).await, "never forgotten");
+        assert!(s.try_lock_admission(t(), "a", 60_000).await.unwrap());
+        assert_eq!(s.enter(t(), UserId(1), &"other").await.unwrap(), EnterOutcome::Admitted("tok1".into()));
+        assert_eq!(s.claim_token(t(), UserId(2), "B", 300).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(s.token_used(t(), UserId(2), "B").await.unwrap());
+        assert_eq!(s.snapshot(t()).await.unwrap().batch_override, Some(3));
+        assert!(s.forget_if_expired(t()).await.unwrap(), "tokens do not keep the queue");
+        assert!(!s.try_lock_admission(t(), "b", 60_000).await.unwrap(), "the lock outlives the queue");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_capacity_in_force_is_known_once_published_and_expires_with_the_target() {
+    with_both_configured(short_key_ttl, async |s, _| {
+        assert_eq!(s.snapshot(t()).await.unwrap().capacity, None, "no instance published one");
+        s.publish_capacity(t()).await.unwrap();
+        assert_eq!(s.snapshot(t()).await.unwrap().capacity, Some(5));
+        assert!(eventually(async || s.snapshot(t()).await.unwrap().capacity.is_none()).await, "never expired");
+    })
+    .await;
+}
+
+/// The claim/release cycle around one purchase, with the token the queue issued.
+#[tokio::test]
+async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
+    with_both(async |s, tick_ms| {
+        let u = UserId(1);
+        s.enter(t(), u, &"tok").await.unwrap();
+        next_tick(tick_ms).await;
+        s.admit(t(), 1, tick_ms).await.unwrap();
+        assert_eq!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert!(!s.token_used(t(), u, "tok").await.unwrap());
+        let claim = s.claim_token(t(), u, "tok", 300).await.unwrap();
+        assert_eq!(claim, TokenClaim::Claimed { previous: Some("tok".into()) });
+        assert!(s.token_used(t(), u, "tok").await.unwrap());
+        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()), "used, still theirs");
+        assert_eq!(s.enter(t(), u, &"x").await.unwrap(), EnterOutcome::Admitted("tok".into()));
+        s.release_token(t(), u, "tok", Some("tok".into())).await.unwrap();
+        assert!(!s.token_used(t(), u, "tok").await.unwrap());
+        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert_eq!(
+            s.claim_token(t(), u, "tok", 300).await.unwrap(),
+            TokenClaim::Claimed { previous: Some("tok".into()) }
+        );
+        // A stateless token (no stored one): released, nothing is left behind.
+        let claim = s.claim_token(t(), UserId(2), "direct", 300).await.unwrap();
+        assert_eq!(claim, TokenClaim::Claimed { previous: None });
+        s.release_token(t(), UserId(2), "direct", None).await.unwrap();
+        assert!(!s.token_used(t(), UserId(2), "direct").await.unwrap());
+        assert_eq!(s.status(t(), UserId(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        s.confirm_token_used(t(), true).await.unwrap();
+        s.confirm_token_used(t(), true).await.unwrap();
+        s.confirm_token_used(t(), false).await.unwrap();
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!((snap.tokens_issued, snap.tokens_used, snap.direct_tokens_used), (1, 2, 1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_used_mark_lives_as_long_as_its_token() {
+    with_both(async |s, _| {
+        let u = UserId(3);
+        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert_eq!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(eventually(async || !s.token_used(t(), u, "short").await.unwrap()).await, "the mark never expired");
+        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+    })
+    .await;
+}
+
+/// The gate's pacing: a tick holds one batch of purchases, the next ones wait for a later
+/// tick up to `ahead` ticks, then there is no room.
+#[tokio::test]
+async fn pace_purchase_fills_the_current_tick_then_the_next_then_refuses() {
+    with_both(async |s, _| {
+        let tick_ms = 1000;
+        next_tick(tick_ms).await;
+        for _ in 0..2 {
+            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room now");
+            assert_eq!(slot.starts_in_ms, 0, "{slot:?}");
+            assert!(slot.ends_in_ms > 0 && slot.ends_in_ms <= tick_ms, "{slot:?}");
+        }
+        for _ in 0..2 {
+            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room next tick");
+            assert!(slot.starts_in_ms > 0 && slot.starts_in_ms <= tick_ms, "{slot:?}");
+            assert_eq!(slot.ends_in_ms - slot.starts_in_ms, tick_ms, "{slot:?}");
+        }
+        assert_eq!(s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap(), None, "both ticks full");
+        // The target's runtime batch size is its budget.
+        let other: QueueTarget = "ticketing-event:7".parse().unwrap();
+        s.set_batch_size(Some(other), Some(1)).await.unwrap();
+        assert!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap().is_some());
+        assert_eq!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap(), None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn flag_acknowledgements_are_listed_by_instance_until_they_expire() {
+    with_both(async |s, _| {
+        let ack = |instance: &str, version, ms: u64| FlagAck {
+            instance: instance.into(),
+            version,
+            applied_at_ms: ms,
+            kept_missing: instance == "b",
+            state: "on 40%: a:b".into(),
+        };
+        assert!(s.flag_acks().await.unwrap().is_empty());
+        // (Redis expires the whole hash with the last acknowledgement written, so the longer
+        // lived one goes last; instances all write with one lifetime.)
+        s.ack_flag(ack("a", 3, 1), 300).await.unwrap();
+        s.ack_flag(ack("b", 41, 2), 60_000).await.unwrap();
+        let acks = s.flag_acks().await.unwrap();
+        assert_eq!(acks.len(), 2);
+        assert_eq!(acks[0], FlagAck { state: "on 40%  a b".into(), ..ack("a", 3, 1) }, "':' cannot be stored");
+        assert_eq!(acks[1], FlagAck { state: "on 40%  a b".into(), ..ack("b", 41, 2) });
+        assert!(eventually(async || s.flag_acks().await.unwrap().len() == 1).await, "a's never expired");
+        assert_eq!(s.flag_acks().await.unwrap()[0].instance, "b");
+        s.ack_flag(ack("b", 42, 3), 60_000).await.unwrap();
+        assert_eq!(s.flag_acks().await.unwrap()[0].version, 42, "one acknowledgement per instance");
+        assert_eq!(s.write_flag(vec![("enabled".into(), "1".into())], vec![]).await.unwrap(), 43, "above every ack");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn batch_sizes_are_set_and_cleared_globally_and_per_target() {
+    with_both(async |s, tick_ms| {
+        assert_eq!(s.global_batch_size().await.unwrap(), None);
+        s.set_batch_size(None, Some(7)).await.unwrap();
+        assert_eq!(s.global_batch_size().await.unwrap(), Some(7));
+        s.set_batch_size(None, None).await.unwrap();
+        assert_eq!(s.global_batch_size().await.unwrap(), None);
+        s.set_batch_size(Some(t()), Some(2)).await.unwrap();
+        match s.enter(t(), UserId(1), &"tok").await.unwrap() {
+            EnterOutcome::Waiting(w) => assert_eq!(w.batch_override, Some(2)),
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(s.snapshot(t()).await.unwrap().batch_override, Some(2));
+        s.set_batch_size(Some(t()), None).await.unwrap();
+        match s.status(t(), UserId(1), &"tok").await.unwrap() {
+            StatusOutcome::Waiting(w) => assert_eq!(w.batch_override, None),
+            o => panic!("{o:?}"),
+        }
+        next_tick(tick_ms).await;
+        let a = s.admit(t(), 4, tick_ms).await.unwrap();
+        assert_eq!((a.batch, a.admitted), (4, 1));
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!((snap.batch_override, snap.admissions.first().copied()), (None, Some((a.tick, 1))));
     })
     .await;
 }
