@@ -5,14 +5,14 @@
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::gate::GateRoute;
+use crate::gate::{GateRoute, RouteError};
 use crate::store::StoreLimits;
 use crate::token::{Secret, SecretError};
 
@@ -216,7 +216,7 @@ impl Default for HttpSettings {
 
 impl HttpSettings {
     /// The origins of `cors_origins`, each `http(s)://host[:port]`, or why one is not.
-    pub fn cors_origin_list(&self) -> Result<Vec<String>, String> {
+    pub fn cors_origin_list(&self) -> Result<Vec<String>, SettingError> {
         let Some(list) = &self.cors_origins else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         for origin in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
@@ -225,11 +225,7 @@ impl HttpSettings {
                 Some(host) if !host.is_empty() && !host.contains('/') && !host.contains('*') => {
                     out.push(origin.to_ascii_lowercase());
                 }
-                _ => {
-                    return Err(format!(
-                        "http.cors_origins (VQ_HTTP__CORS_ORIGINS): `{origin}` is not an origin such as https://shop.example (scheme and host, no path, no wildcard)"
-                    ));
-                }
+                _ => return Err(SettingError::CorsOrigin(origin.to_owned())),
             }
         }
         Ok(out)
@@ -373,25 +369,56 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
 }
 
+/// Why the configuration cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {} does not exist", .0.display())]
+    MissingFile(PathBuf),
+    /// An unknown key or a value of the wrong type, with where it came from.
+    #[error(transparent)]
+    Parse(Box<figment::Error>),
+    #[error(transparent)]
+    Invalid(#[from] SettingError),
+}
+
+/// A setting that parses but is out of its bounds or does not fit with another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("{key} ({}) must be between {min} and {max}, got {value}", env_name(.key))]
+    OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("queue.key_ttl_s ({key_ttl_s}) must be longer than queue.heartbeat_timeout_s ({heartbeat_timeout_s})")]
+    KeyTtlNotAboveHeartbeat { key_ttl_s: u64, heartbeat_timeout_s: u64 },
+    #[error("gate.routes: {0}")]
+    GateRoute(#[from] RouteError),
+    #[error(
+        "http.cors_origins (VQ_HTTP__CORS_ORIGINS): `{0}` is not an origin such as https://shop.example (scheme and host, no path, no wildcard)"
+    )]
+    CorsOrigin(String),
+    #[error("{key} ({}) must be an http:// or https:// URL, got `{value}`", env_name(.key))]
+    NotWebUrl { key: &'static str, value: String },
+    #[error("gate.upstream must be an http:// URL, got `{0}`")]
+    UpstreamNotHttp(String),
+}
+
 impl Settings {
     /// Loads defaults ← `file` (when given, it must exist) ← `VQ_…` env ← `overrides`.
-    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, Box<figment::Error>> {
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(path) = file {
             if !path.exists() {
-                return Err(Box::new(figment::Error::from(format!("config file {} does not exist", path.display()))));
+                return Err(ConfigError::MissingFile(path.to_owned()));
             }
             fig = fig.merge(Toml::file_exact(path));
         }
         fig = fig.merge(Env::prefixed("VQ_").split("__").ignore(&NOT_KEYS)).merge(Serialized::defaults(overrides));
-        let settings: Settings = fig.extract().map_err(Box::new)?;
-        settings.check().map_err(|e| Box::new(figment::Error::from(e)))?;
+        let settings: Settings = fig.extract().map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        settings.check()?;
         Ok(settings)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&str, u64, RangeInclusive<u64>); 14] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 14] = [
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
@@ -409,29 +436,24 @@ impl Settings {
         ];
         for (key, value, range) in bounded {
             if !range.contains(&value) {
-                return Err(format!(
-                    "{key} ({}) must be between {} and {}, got {value}",
-                    env_name(key),
-                    range.start(),
-                    range.end()
-                ));
+                return Err(SettingError::OutOfRange { key, min: *range.start(), max: *range.end(), value });
             }
         }
         if q.key_ttl_s <= q.heartbeat_timeout_s {
-            return Err(format!(
-                "queue.key_ttl_s ({}) must be longer than queue.heartbeat_timeout_s ({})",
-                q.key_ttl_s, q.heartbeat_timeout_s
-            ));
+            return Err(SettingError::KeyTtlNotAboveHeartbeat {
+                key_ttl_s: q.key_ttl_s,
+                heartbeat_timeout_s: q.heartbeat_timeout_s,
+            });
         }
-        crate::gate::GateRoutes::compile(&g.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        crate::gate::GateRoutes::compile(&g.routes)?;
         self.http.cors_origin_list()?;
         for (key, url) in [("page.return_url", &self.page.return_url), ("page.embed_origin", &self.page.embed_origin)] {
             if let Some(u) = url.as_ref().filter(|u| !(u.starts_with("https://") || u.starts_with("http://"))) {
-                return Err(format!("{key} ({}) must be an http:// or https:// URL, got `{u}`", env_name(key)));
+                return Err(SettingError::NotWebUrl { key, value: u.clone() });
             }
         }
         if let Some(u) = g.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
-            return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
+            return Err(SettingError::UpstreamNotHttp(u.clone()));
         }
         Ok(())
     }
@@ -582,6 +604,29 @@ mod tests {
             assert!(err.to_string().contains("threads (VQ_THREADS) must be between 0 and 1024"), "{err}");
             jail.set_env("VQ_THREADS", "two");
             assert!(Settings::load(None, &Overrides::default()).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_value_that_parses_but_breaks_a_rule_says_which() {
+        Jail::expect_with(|jail| {
+            let load = || Settings::load(None, &Overrides::default()).unwrap_err();
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "60");
+            jail.set_env("VQ_QUEUE__HEARTBEAT_TIMEOUT_S", "60");
+            let err = load();
+            assert!(matches!(err, ConfigError::Invalid(SettingError::KeyTtlNotAboveHeartbeat { .. })), "{err:?}");
+            assert_eq!(err.to_string(), "queue.key_ttl_s (60) must be longer than queue.heartbeat_timeout_s (60)");
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "10");
+            let err = load();
+            let range = SettingError::OutOfRange { key: "queue.key_ttl_s", min: 60, max: 604_800, value: 10 };
+            assert!(matches!(&err, ConfigError::Invalid(e) if *e == range), "{err:?}");
+            assert_eq!(err.to_string(), "queue.key_ttl_s (VQ_QUEUE__KEY_TTL_S) must be between 60 and 604800, got 10");
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "120");
+            jail.set_env("VQ_GATE__UPSTREAM", "https://shop");
+            assert!(matches!(load(), ConfigError::Invalid(SettingError::UpstreamNotHttp(_))));
+            let missing = Settings::load(Some(Path::new("nope.toml")), &Overrides::default()).unwrap_err();
+            assert_eq!(missing.to_string(), "config file nope.toml does not exist");
             Ok(())
         });
     }
