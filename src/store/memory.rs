@@ -374,15 +374,16 @@ impl QueueStore for MemoryStore {
         let now = now_ms();
         let mut inner = self.lock();
         // Redis asks whether the `seq` key still exists.
-        let (expired, gone) = match inner.existing(target, now) {
-            Some(t) => (t.queue.seq == 0, t.is_gone(now)),
-            None => (true, false),
-        };
+        let expired = inner.existing(target, now).is_none_or(|t| t.queue.seq == 0);
         if expired {
             inner.active.remove(&target);
-        }
-        if gone {
-            inner.targets.remove(&target);
+            // What outlives a target's queue (tokens, used marks, the lock) is kept until it
+            // expires too; targets out of the active set are not asked again, so sweep here.
+            let Inner { targets, active, .. } = &mut *inner;
+            targets.retain(|target, t| {
+                t.expire(now);
+                active.contains(target) || !t.is_gone(now)
+            });
         }
         Ok(expired)
     }
@@ -551,5 +552,30 @@ impl QueueStore for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_forgotten_target_is_dropped_once_nothing_of_it_lives() {
+        let s = MemoryStore::new(StoreLimits { max_capacity: 5, key_ttl_s: 1, token_ttl_s: 1 });
+        let t: QueueTarget = "limited-drop:1".parse().expect("target");
+        s.register_active(t).await.expect("register");
+        s.claim_token(t, UserId(1), "A", 1).await.expect("claim");
+        assert!(s.forget_if_expired(t).await.expect("forget"), "no queue, nothing keeps it active");
+        assert_eq!(s.lock().targets.len(), 1, "the used mark outlives the queue");
+        // The pump no longer asks about `t`, only about the targets still active.
+        let other: QueueTarget = "limited-drop:2".parse().expect("target");
+        let started = Instant::now();
+        while s.lock().targets.contains_key(&t) {
+            assert!(started.elapsed() < Duration::from_secs(5), "the state of a forgotten target is never dropped");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s.forget_if_expired(other).await.expect("forget");
+        }
     }
 }
