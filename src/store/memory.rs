@@ -6,6 +6,9 @@
 //! the last refresh `admit.lua` or `enter.lua` would make, tokens and used marks with the
 //! token, the lock with its lease. Redis is the reference: `tests/it/conformance.rs` runs
 //! every operation on both, and a difference is fixed here.
+//!
+//! One file (over 400 lines): its state model and each operation are read side by side with the
+//! script that operation mirrors.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
