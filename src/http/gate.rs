@@ -24,7 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use super::metrics::RouteLabel;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::GateSettings;
-use crate::gate::{CanonicalPath, GateRoutes};
+use crate::gate::{CanonicalPath, GateRoutes, RouteError};
 use crate::service::{ClaimMode, GatePass, Pace};
 use crate::token::TokenError;
 
@@ -37,7 +37,7 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub fn new(settings: &GateSettings) -> Result<Self, String> {
+    pub fn new(settings: &GateSettings) -> Result<Self, RouteError> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
