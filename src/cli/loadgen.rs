@@ -351,6 +351,15 @@ fn print_report(r: &Report, with_sink: bool) {
     row("enters/s offered (sent)", format!("{:.0}", r.offered_enter_rate));
     row("enters/s achieved (answered)", format!("{:.0}", r.achieved_enter_rate));
     row("enter send lag p99 ms", ms(r.enter_send_lag_p99_ms));
+    row(
+        "loadgen CPU cores used / available",
+        format!(
+            "{} / {}",
+            r.client.cpu_cores.map_or_else(|| "-".to_owned(), |c| format!("{c:.2}")),
+            r.client.cores_available
+        ),
+    );
+    row("loadgen timer lag p99 ms", ms(r.client.timer_lag_p99_ms));
     row("batch size / tick ms", format!("{} / {}", r.batch_size, r.tick_ms));
     row("entered / queue full", format!("{} / {}", r.entered, r.queue_full));
     row("admitted / direct", format!("{} / {}", r.admitted, r.direct_admitted));
@@ -395,6 +404,9 @@ fn print_report(r: &Report, with_sink: bool) {
     if let Some(msg) = &r.rate_shortfall {
         println!("WARNING: {msg}");
     }
+    if let Some(msg) = &r.client_limit {
+        println!("WARNING: {msg}");
+    }
     if let Some(n) = r.status_counts.get("transportError") {
         println!("WARNING: {n} requests got no HTTP answer (connection refused, reset or timed out after 10 s)");
     }
@@ -436,7 +448,7 @@ fn print_sweep(reports: &[Report]) {
     }
     println!("{t}");
     for r in reports {
-        if let Some(msg) = &r.rate_shortfall {
+        for msg in [&r.rate_shortfall, &r.client_limit].into_iter().flatten() {
             println!("WARNING (batch {}): {msg}", r.batch_size);
         }
     }

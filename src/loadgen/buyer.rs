@@ -1,42 +1,39 @@
 //! One simulated buyer (enter, poll until admitted or gone, maybe purchase) and the HTTP
 //! exchange every request goes through.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::{Method, Request};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::http::{Exchange, Pool};
 use super::recorder::{Kind, Recorder};
-use super::{Live, MAX_STATUS, Options, REQUEST_TIMEOUT};
+use super::{Live, MAX_STATUS, Options};
 
 pub(super) enum Answer {
-    Http(u16, Bytes),
+    Http(u16, Vec<u8>),
     Failed,
 }
 
-/// The fields of the queue API's answer the simulation needs.
+/// The fields of the queue API's answer the simulation needs, borrowed from the body (the
+/// fields it ignores are skipped, not copied).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct StatusReply {
-    pub(super) status: String,
+struct StatusReply<'a> {
+    #[serde(borrow)]
+    status: Cow<'a, str>,
     #[serde(default)]
     eta_seconds: Option<u64>,
-    #[serde(default)]
-    entry_token: Option<String>,
+    #[serde(default, borrow)]
+    entry_token: Option<Cow<'a, str>>,
     #[serde(default)]
     poll_after_seconds: Option<u64>,
 }
 
-fn parse_reply(body: &[u8]) -> Option<StatusReply> {
+fn parse_reply(body: &[u8]) -> Option<StatusReply<'_>> {
     serde_json::from_slice(body).ok()
 }
 
@@ -59,17 +56,16 @@ impl Rng {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
 pub(super) struct Ctx {
     pub(super) opts: Options,
-    pub(super) client: HttpClient,
-    pub(super) permits: Semaphore,
+    /// The connections, and the `--concurrency` bound on requests in flight.
+    pub(super) pool: Pool,
     pub(super) start: Instant,
     pub(super) deadline: Instant,
-    pub(super) enter_uri: String,
-    pub(super) me_uri: String,
-    pub(super) purchase_uri: String,
+    /// Paths on the server (`url` holds no path).
+    pub(super) enter_path: String,
+    pub(super) me_path: String,
+    pub(super) purchase_path: String,
     pub(super) rec: Recorder,
     pub(super) live: Arc<Live>,
 }
@@ -84,61 +80,56 @@ impl Ctx {
     pub(super) async fn send(
         &self,
         kind: Kind,
-        method: Method,
-        uri: &str,
+        method: &str,
+        path: &str,
         user: u64,
         token: Option<&str>,
         scheduled: Instant,
     ) -> Answer {
         let stats = &self.rec.kinds[kind as usize];
-        let mut builder = Request::builder().method(method).uri(uri).header("x-user-id", user);
-        if let Some(t) = token {
-            builder = builder.header("x-entry-token", t);
-        }
-        let Ok(req) = builder.body(Full::new(Bytes::new())) else {
-            stats.transport_errors.fetch_add(1, Ordering::Relaxed);
-            return Answer::Failed;
+        let mut digits = itoa_buf();
+        let user = format_u64(user, &mut digits);
+        let with_token;
+        let headers: &[(&str, &str)] = match token {
+            Some(t) => {
+                with_token = [("x-user-id", user), ("x-entry-token", t)];
+                &with_token
+            }
+            None => &[("x-user-id", user)][..],
         };
-        let _permit = self.permits.acquire().await.ok();
+        if self.pool.all_busy() {
+            self.rec.waited_for_slot.fetch_add(1, Ordering::Relaxed);
+        }
+        let _slot = self.pool.slot().await;
         let sent = Instant::now();
+        let lag_us = sent.saturating_duration_since(scheduled).as_micros() as u64;
         match kind {
             Kind::Enter => {
                 self.live.enters_sent.fetch_add(1, Ordering::Relaxed);
                 let at = self.since_start_us(sent);
                 self.rec.first_enter_sent.fetch_min(at, Ordering::Relaxed);
                 self.rec.last_enter_sent.fetch_max(at, Ordering::Relaxed);
-                if let Ok(mut h) = self.rec.enter_lag_us.lock() {
-                    h.saturating_record(sent.saturating_duration_since(scheduled).as_micros() as u64);
-                }
+                self.rec.enter_lag_us.record(lag_us);
             }
             Kind::Poll => {
                 self.live.polls_sent.fetch_add(1, Ordering::Relaxed);
+                self.rec.poll_lag_us.record(lag_us);
             }
             Kind::Purchase | Kind::Leave => {}
         }
-        let exchange = Box::pin(async {
-            let resp = self.client.request(req).await.ok()?;
-            let status = resp.status().as_u16();
-            let body = resp.into_body().collect().await.ok()?.to_bytes();
-            Some((status, body))
-        });
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.ok().flatten();
+        let result = self.pool.request(method, path, headers).await;
         let done = Instant::now();
         let latency_us = done.saturating_duration_since(scheduled).as_micros() as u64;
-        if let Ok(mut h) = stats.latency_us.lock() {
-            h.saturating_record(latency_us);
-        }
-        if kind == Kind::Poll
-            && let Ok(mut h) = self.live.recent_poll.lock()
-        {
-            h.saturating_record(latency_us);
+        stats.latency_us.record(latency_us);
+        if kind == Kind::Poll {
+            self.live.recent_poll.record(latency_us);
         }
         if kind == Kind::Enter {
-            self.rec.enters_answered.fetch_add(u64::from(result.is_some()), Ordering::Relaxed);
+            self.rec.enters_answered.fetch_add(u64::from(matches!(result, Exchange::Answered(..))), Ordering::Relaxed);
             self.rec.last_enter_answered.fetch_max(self.since_start_us(done), Ordering::Relaxed);
         }
         match result {
-            Some((status, body)) if usize::from(status) < MAX_STATUS => {
+            Exchange::Answered(status, body) if usize::from(status) < MAX_STATUS => {
                 stats.statuses[usize::from(status)].fetch_add(1, Ordering::Relaxed);
                 Answer::Http(status, body)
             }
@@ -154,7 +145,7 @@ impl Ctx {
             return;
         }
         self.rec.purchase_attempts.fetch_add(1, Ordering::Relaxed);
-        let answer = self.send(Kind::Purchase, Method::POST, &self.purchase_uri, user, token, Instant::now()).await;
+        let answer = self.send(Kind::Purchase, "POST", &self.purchase_path, user, token, Instant::now()).await;
         if let Answer::Http(s, _) = answer
             && (200..300).contains(&s)
         {
@@ -166,7 +157,7 @@ impl Ctx {
     async fn leave_at_deadline(&self, user: u64) {
         if self.opts.leave_at_end {
             tokio::time::sleep_until(self.deadline).await;
-            self.send(Kind::Leave, Method::DELETE, &self.me_uri, user, None, Instant::now()).await;
+            self.send(Kind::Leave, "DELETE", &self.me_path, user, None, Instant::now()).await;
         }
     }
 
@@ -190,18 +181,18 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
     let user = ctx.opts.first_user + idx;
     let mut rng = Rng(ctx.opts.seed ^ idx.wrapping_mul(0xD6E8_FEB8_6659_FD93));
     let abandon_after = (rng.unit() < ctx.opts.abandon).then(|| rng.next() % 3);
-    let reply = match ctx.send(Kind::Enter, Method::POST, &ctx.enter_uri, user, None, scheduled).await {
-        Answer::Http(200, body) => parse_reply(&body),
+    let body = match ctx.send(Kind::Enter, "POST", &ctx.enter_path, user, None, scheduled).await {
+        Answer::Http(200, body) => body,
         Answer::Http(429, _) => {
             ctx.rec.queue_full.fetch_add(1, Ordering::Relaxed);
             return;
         }
         _ => return,
     };
-    let Some(reply) = reply else { return };
+    let Some(reply) = parse_reply(&body) else { return };
     ctx.live.entered.fetch_add(1, Ordering::Relaxed);
     let entered_at = Instant::now();
-    match reply.status.as_str() {
+    match reply.status.as_ref() {
         "DIRECT_ADMITTED" => {
             ctx.rec.direct_admitted.fetch_add(1, Ordering::Relaxed);
             ctx.purchase(user, reply.entry_token.as_deref()).await;
@@ -240,7 +231,8 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
             return;
         }
         tokio::time::sleep_until(next).await;
-        let answer = ctx.send(Kind::Poll, Method::GET, &ctx.me_uri, user, None, next).await;
+        ctx.rec.timer_lag_us.record(Instant::now().saturating_duration_since(next).as_micros() as u64);
+        let answer = ctx.send(Kind::Poll, "GET", &ctx.me_path, user, None, next).await;
         polls += 1;
         last = Instant::now();
         match answer {
@@ -271,12 +263,40 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
     }
 }
 
-pub(super) fn build_client(concurrency: usize) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_keepalive(Some(Duration::from_secs(30)));
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(concurrency)
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+fn itoa_buf() -> [u8; 20] {
+    [0; 20]
+}
+
+/// `n` in decimal, written into `buf` (no allocation per request).
+fn format_u64(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).expect("ascii digits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_ids_are_written_in_decimal() {
+        let mut b = itoa_buf();
+        assert_eq!(format_u64(0, &mut b), "0");
+        assert_eq!(format_u64(42, &mut b), "42");
+        assert_eq!(format_u64(u64::MAX, &mut b), u64::MAX.to_string());
+    }
+
+    #[test]
+    fn replies_are_read_with_escaped_strings_too() {
+        let r = parse_reply(br#"{"status":"ADMITTED","position":null,"entryToken":"a\/b","x":[1,{"y":2}]}"#).unwrap();
+        assert_eq!(r.status, "ADMITTED");
+        assert_eq!(r.entry_token.as_deref(), Some("a/b"));
+    }
 }

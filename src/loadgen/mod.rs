@@ -17,26 +17,28 @@
 
 mod arrival;
 mod buyer;
+mod http;
 mod recorder;
 mod report;
 mod server;
 mod sink;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use self::arrival::{ArrivalCurve, Arrivals};
-use self::buyer::{Ctx, build_client, simulate_user};
-use self::recorder::{KINDS, Kind, Recorder, micros_histogram};
-pub use self::report::{Bounds, EtaError, FailedBound, LatencySummary, Report, WaitSummary, check_bounds};
+use self::buyer::{Ctx, simulate_user};
+use self::http::Pool;
+use self::recorder::{KINDS, Kind, Recorder, ShardedHistogram};
+pub use self::report::{
+    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, Report, WaitSummary, check_bounds, client_limit,
+};
 pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};
 pub use self::sink::{Sink, SinkFigures};
@@ -102,7 +104,7 @@ pub struct Live {
     pub enters_sent: AtomicU64,
     pub polls_sent: AtomicU64,
     /// Poll latencies since the last [`Live::take_recent_poll_p95_ms`].
-    recent_poll: Mutex<Histogram<u64>>,
+    recent_poll: ShardedHistogram,
 }
 
 impl Default for Live {
@@ -114,7 +116,7 @@ impl Default for Live {
             purchased: AtomicU64::new(0),
             enters_sent: AtomicU64::new(0),
             polls_sent: AtomicU64::new(0),
-            recent_poll: Mutex::new(micros_histogram()),
+            recent_poll: ShardedHistogram::micros(),
         }
     }
 }
@@ -122,10 +124,8 @@ impl Default for Live {
 impl Live {
     /// p95 of the polls answered since the previous call, in ms, and resets the window.
     pub fn take_recent_poll_p95_ms(&self) -> Option<f64> {
-        let mut h = self.recent_poll.lock().ok()?;
-        let p95 = (!h.is_empty()).then(|| h.value_at_quantile(0.95) as f64 / 1000.0);
-        h.reset();
-        p95
+        let h = self.recent_poll.merged(true);
+        (!h.is_empty()).then(|| h.value_at_quantile(0.95) as f64 / 1000.0)
     }
 
     fn reset(&self) {
@@ -137,6 +137,28 @@ impl Live {
 }
 
 use crate::clock::now_epoch_ms as epoch_ms;
+
+/// `host:port` of a base URL `http://host[:port]` (port 80 when it names none).
+fn authority(base: &str) -> String {
+    let rest = base.strip_prefix("http://").unwrap_or(base);
+    let host = rest.split('/').next().unwrap_or(rest);
+    // A port is what follows the last colon, unless that colon is inside an IPv6 literal.
+    if host.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) { host.to_owned() } else { format!("{host}:80") }
+}
+
+/// CPU seconds (user + system) this process has used so far, from `/proc/self/stat`; `None`
+/// where there is no procfs.
+fn own_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name, in parentheses, may hold spaces: fields are counted after it.
+    let after = stat.rsplit_once(')')?.1;
+    let mut fields = after.split_whitespace();
+    // utime and stime are fields 14 and 15 of the line, 12th and 13th after the name.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // The kernel reports them in USER_HZ, which is 100 on Linux.
+    Some((utime + stime) as f64 / 100.0)
+}
 
 /// Runs one simulation to its end and reports. `redis`, when given, is used for the batch
 /// size in force and the memory figure; `sink` for the downstream figures.
@@ -154,18 +176,18 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
     };
     let start = Instant::now() + Duration::from_millis(20);
     let ctx = Arc::new(Ctx {
-        client: build_client(opts.concurrency),
-        permits: Semaphore::new(opts.concurrency.max(1)),
+        pool: Pool::new(authority(&base), opts.concurrency, REQUEST_TIMEOUT),
         start,
         deadline: start + opts.duration,
-        enter_uri: format!("{base}/virtual-queues/{slug}/{id}/entries"),
-        me_uri: format!("{base}/virtual-queues/{slug}/{id}/entries/me"),
-        purchase_uri: format!("{base}{}", opts.purchase_path()),
+        enter_path: format!("/virtual-queues/{slug}/{id}/entries"),
+        me_path: format!("/virtual-queues/{slug}/{id}/entries/me"),
+        purchase_path: opts.purchase_path(),
         rec: Recorder::new(),
         live,
         opts,
     });
     let wall_start = epoch_ms() + 20;
+    let cpu_start = own_cpu_secs();
 
     let cancel = CancellationToken::new();
     let sampler = redis.map(|r| tokio::spawn(sample_redis(r, ctx.opts.target, cancel.clone())));
@@ -181,6 +203,7 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
         if at > Instant::now() {
             tokio::time::sleep_until(at).await;
         }
+        ctx.rec.timer_lag_us.record(Instant::now().saturating_duration_since(at).as_micros() as u64);
         tracker.spawn(simulate_user(ctx.clone(), i, at));
         scheduled_users += 1;
     }
@@ -193,8 +216,12 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
         None => None,
     };
     let elapsed = Instant::now().saturating_duration_since(start);
+    let cpu_secs = match (cpu_start, own_cpu_secs()) {
+        (Some(a), Some(b)) => Some(b - a),
+        _ => None,
+    };
     let sink = sink.map(|s| s.figures(wall_start, wall_end));
-    build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink, elapsed)
+    build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink, elapsed, cpu_secs)
 }
 
 fn build_report(
@@ -204,11 +231,11 @@ fn build_report(
     redis_bytes: Option<f64>,
     sink: Option<SinkFigures>,
     elapsed: Duration,
+    cpu_secs: Option<f64>,
 ) -> Report {
     let o = &ctx.opts;
     let r = &ctx.rec;
-    let latency =
-        |k: Kind| r.kinds[k as usize].latency_us.lock().map(|h| LatencySummary::from_micros(&h)).unwrap_or_default();
+    let latency = |k: Kind| LatencySummary::from_micros(&r.kinds[k as usize].latency_us.merged(false));
     let mut status_counts: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_kind = BTreeMap::new();
     for (k, name) in KINDS {
@@ -230,7 +257,8 @@ fn build_report(
     let achieved =
         if answered > 1 && last_answer > first { answered as f64 / ((last_answer - first) as f64 / 1e6) } else { 0.0 };
     let scheduled_rate = o.arrivals.scheduled_rate(scheduled_users);
-    let lag_p99_ms = r.enter_lag_us.lock().map(|h| h.value_at_quantile(0.99) as f64 / 1000.0).unwrap_or(0.0);
+    let p99_ms = |h: &ShardedHistogram| h.merged(false).value_at_quantile(0.99) as f64 / 1000.0;
+    let lag_p99_ms = p99_ms(&r.enter_lag_us);
     let rate_shortfall = (scheduled_users > 1 && (offered < 0.95 * scheduled_rate || lag_p99_ms > 100.0)).then(|| {
         format!(
             "could not offer the requested rate: scheduled {scheduled_rate:.0} enters/s, sent {offered:.0}/s, \
@@ -242,6 +270,19 @@ fn build_report(
     // Requests in flight at the deadline finish after it: rates use the real length.
     let elapsed_secs = elapsed.as_secs_f64().max(secs);
     let eta = r.eta_errors_ms.lock().map(|e| EtaError::from_errors_ms(&e)).unwrap_or_default();
+    let requests: u64 = r.kinds.iter().map(|k| k.counts().values().sum::<u64>()).sum();
+    let client = ClientFigures {
+        cpu_cores: cpu_secs.map(|c| c / elapsed_secs.max(1e-3)),
+        cores_available: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+        timer_lag_p99_ms: p99_ms(&r.timer_lag_us),
+        send_lag_p99_ms: lag_p99_ms.max(p99_ms(&r.poll_lag_us)),
+        waited_for_slot_share: if requests > 0 {
+            r.waited_for_slot.load(Ordering::Relaxed) as f64 / requests as f64
+        } else {
+            0.0
+        },
+        concurrency: o.concurrency as u64,
+    };
     Report {
         url: o.url.clone(),
         target: o.target.to_string(),
@@ -255,6 +296,8 @@ fn build_report(
         achieved_enter_rate: achieved,
         enter_send_lag_p99_ms: lag_p99_ms,
         rate_shortfall,
+        client_limit: client_limit(&client),
+        client,
         enter: latency(Kind::Enter),
         poll: latency(Kind::Poll),
         poll_rate_per_sec: ctx.live.polls_sent.load(Ordering::Relaxed) as f64 / elapsed_secs.max(1e-3),

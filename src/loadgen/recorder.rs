@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 use hdrhistogram::Histogram;
 
@@ -12,6 +12,49 @@ use super::MAX_STATUS;
 
 pub(super) fn micros_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("static histogram bounds are valid")
+}
+
+/// Histogram shards: each runtime thread records into its own, so the buyer tasks of two
+/// threads do not wait on one lock per request; read merged.
+const SHARDS: usize = 4;
+
+pub(super) struct ShardedHistogram {
+    shards: [Mutex<Histogram<u64>>; SHARDS],
+}
+
+thread_local! {
+    /// This thread's shard, handed out round-robin on first use.
+    static SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+}
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+impl ShardedHistogram {
+    /// Of microseconds, 1 µs to 120 s.
+    pub(super) fn micros() -> Self {
+        Self { shards: std::array::from_fn(|_| Mutex::new(micros_histogram())) }
+    }
+
+    pub(super) fn record(&self, value: u64) {
+        let i = SHARD.with(|s| *s);
+        if let Ok(mut h) = self.shards[i].lock() {
+            h.saturating_record(value);
+        }
+    }
+
+    /// Every shard's values together; `reset` empties the shards.
+    pub(super) fn merged(&self, reset: bool) -> Histogram<u64> {
+        let mut all = micros_histogram();
+        for shard in &self.shards {
+            if let Ok(mut h) = shard.lock() {
+                // Same bounds on both sides: adding cannot fail.
+                let _ = all.add(&*h);
+                if reset {
+                    h.reset();
+                }
+            }
+        }
+        all
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +70,7 @@ pub(super) const KINDS: [(Kind, &str); 4] =
 
 /// Counters of one kind of request.
 pub(super) struct KindStats {
-    pub(super) latency_us: Mutex<Histogram<u64>>,
+    pub(super) latency_us: ShardedHistogram,
     pub(super) statuses: Vec<AtomicU64>,
     pub(super) transport_errors: AtomicU64,
 }
@@ -35,7 +78,7 @@ pub(super) struct KindStats {
 impl KindStats {
     pub(super) fn new() -> Self {
         Self {
-            latency_us: Mutex::new(micros_histogram()),
+            latency_us: ShardedHistogram::micros(),
             statuses: (0..MAX_STATUS).map(|_| AtomicU64::new(0)).collect(),
             transport_errors: AtomicU64::new(0),
         }
@@ -62,8 +105,15 @@ impl KindStats {
 /// Everything measured during one run, shared by the user tasks.
 pub(super) struct Recorder {
     pub(super) kinds: [KindStats; 4],
-    /// How late enters left against their schedule, µs.
-    pub(super) enter_lag_us: Mutex<Histogram<u64>>,
+    /// How late enters and polls left against their schedule (timer lateness plus the
+    /// wait for a free slot), µs.
+    pub(super) enter_lag_us: ShardedHistogram,
+    pub(super) poll_lag_us: ShardedHistogram,
+    /// How late the run's timers fired (a user's arrival, a user's next poll), µs: the
+    /// generator's own scheduling delay, before any wait for a slot.
+    pub(super) timer_lag_us: ShardedHistogram,
+    /// Requests that found all `--concurrency` slots busy.
+    pub(super) waited_for_slot: AtomicU64,
     /// µs since the run's start; u64::MAX / 0 until set.
     pub(super) first_enter_sent: AtomicU64,
     pub(super) last_enter_sent: AtomicU64,
@@ -83,7 +133,10 @@ impl Recorder {
     pub(super) fn new() -> Self {
         Self {
             kinds: [KindStats::new(), KindStats::new(), KindStats::new(), KindStats::new()],
-            enter_lag_us: Mutex::new(micros_histogram()),
+            enter_lag_us: ShardedHistogram::micros(),
+            poll_lag_us: ShardedHistogram::micros(),
+            timer_lag_us: ShardedHistogram::micros(),
+            waited_for_slot: AtomicU64::new(0),
             first_enter_sent: AtomicU64::new(u64::MAX),
             last_enter_sent: AtomicU64::new(0),
             last_enter_answered: AtomicU64::new(0),

@@ -87,6 +87,63 @@ impl EtaError {
     }
 }
 
+/// What the generator itself went through: when it is the limit, the latencies describe the
+/// client, not the server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientFigures {
+    /// CPU the loadgen process used, in cores (CPU seconds / elapsed seconds); None where
+    /// the OS does not say.
+    pub cpu_cores: Option<f64>,
+    /// Cores this process may run on.
+    pub cores_available: u64,
+    /// How late its timers fired (arrivals, next polls) at p99, before any wait for a slot.
+    pub timer_lag_p99_ms: f64,
+    /// How late enters and polls went on the wire at p99 (timers plus the wait for a slot).
+    pub send_lag_p99_ms: f64,
+    /// Share of requests that found every `--concurrency` slot busy.
+    pub waited_for_slot_share: f64,
+    pub concurrency: u64,
+}
+
+/// Above this share of its cores the generator counts as CPU-bound.
+const CPU_BOUND_SHARE: f64 = 0.85;
+/// Timers this late at p99 mean the generator's threads were too busy to run them on time.
+const TIMER_LAG_LIMIT_MS: f64 = 50.0;
+/// Requests this late on the wire at p99 left late because of the generator.
+const SEND_LAG_LIMIT_MS: f64 = 100.0;
+
+/// In plain words, why the figures are the client's limit rather than the server's, if they
+/// are: its CPU near the cores it may use, its timers late, or its requests waiting for a
+/// free `--concurrency` slot.
+pub fn client_limit(c: &ClientFigures) -> Option<String> {
+    let share = c.cpu_cores.map(|used| used / c.cores_available.max(1) as f64);
+    let cpu_bound = share.is_some_and(|s| s >= CPU_BOUND_SHARE);
+    let timers_late = c.timer_lag_p99_ms >= TIMER_LAG_LIMIT_MS;
+    let sends_late = c.send_lag_p99_ms >= SEND_LAG_LIMIT_MS;
+    if !(cpu_bound || timers_late || sends_late) {
+        return None;
+    }
+    let mut why = format!(
+        "loadgen used {:.0} % of the machine's {} cores and its timers ran {:.0} ms late at p99",
+        100.0 * share.unwrap_or(0.0),
+        c.cores_available,
+        c.timer_lag_p99_ms
+    );
+    if sends_late {
+        why.push_str(&format!("; requests left {:.0} ms late at p99", c.send_lag_p99_ms));
+        if c.waited_for_slot_share > 0.01 {
+            why.push_str(&format!(
+                ", {:.0} % of them waiting for one of the --concurrency {} slots",
+                100.0 * c.waited_for_slot_share,
+                c.concurrency
+            ));
+        }
+    }
+    why.push_str(": the figures are the client's limit, not the server's");
+    Some(why)
+}
+
 /// Everything one run measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -113,6 +170,10 @@ pub struct Report {
     pub enter_send_lag_p99_ms: f64,
     /// Set, in plain words, when the requested rate could not be offered.
     pub rate_shortfall: Option<String>,
+    /// Set, in plain words, when loadgen itself was the limit (see [`client_limit`]).
+    pub client_limit: Option<String>,
+    /// loadgen's own CPU and delays.
+    pub client: ClientFigures,
     pub enter: LatencySummary,
     pub poll: LatencySummary,
     /// Polls sent per second over the run, and whether users followed `pollAfterSeconds`.
@@ -240,6 +301,28 @@ mod tests {
         assert_eq!(flags, ["--assert-poll-p95-ms", "--assert-downstream-max-per-tick", "--assert-no-5xx"]);
         let loose = Bounds { poll_p95_ms: Some(500), downstream_max_per_tick: Some(120), no_5xx: false };
         assert!(check_bounds(&r, &loose).is_empty());
+    }
+
+    #[test]
+    fn the_client_is_named_the_limit_when_its_cpu_timers_or_slots_are() {
+        let idle = ClientFigures {
+            cpu_cores: Some(0.4),
+            cores_available: 2,
+            timer_lag_p99_ms: 2.0,
+            send_lag_p99_ms: 3.0,
+            waited_for_slot_share: 0.0,
+            concurrency: 256,
+        };
+        assert_eq!(client_limit(&idle), None);
+        let busy = ClientFigures { cpu_cores: Some(1.9), ..idle.clone() };
+        let msg = client_limit(&busy).expect("cpu-bound");
+        assert!(msg.starts_with("loadgen used 95 % of the machine's 2 cores"), "{msg}");
+        assert!(msg.ends_with("the figures are the client's limit, not the server's"), "{msg}");
+        let late = ClientFigures { timer_lag_p99_ms: 80.0, ..idle.clone() };
+        assert!(client_limit(&late).expect("timers late").contains("timers ran 80 ms late"));
+        let slots = ClientFigures { send_lag_p99_ms: 900.0, waited_for_slot_share: 0.5, concurrency: 1, ..idle };
+        let msg = client_limit(&slots).expect("slots");
+        assert!(msg.contains("50 % of them waiting for one of the --concurrency 1 slots"), "{msg}");
     }
 
     #[test]

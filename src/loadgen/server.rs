@@ -6,10 +6,12 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::buyer::build_client;
 use crate::domain::QueueTarget;
 use crate::store::{QueueStore, RedisStore};
 
@@ -54,7 +56,7 @@ pub async fn probe(url: &str, target: QueueTarget) -> Result<Option<ServerFacts>
     let uri = format!("{}/virtual-queues/{}/{}/stats", url.trim_end_matches('/'), target.kind.slug(), target.id);
     let req = Request::get(&uri).body(Full::new(Bytes::new())).map_err(|e| format!("{uri}: {e}"))?;
     let exchange = async {
-        let resp = build_client(1).request(req).await.map_err(|e| format!("no HTTP answer from {uri}: {e}"))?;
+        let resp = build_client().request(req).await.map_err(|e| format!("no HTTP answer from {uri}: {e}"))?;
         let ok = resp.status().is_success();
         let body = resp.into_body().collect().await.map_err(|e| format!("{uri}: {e}"))?.to_bytes();
         Ok::<_, String>(ok.then(|| serde_json::from_slice::<Figures>(&body).ok()).flatten())
@@ -70,4 +72,15 @@ pub async fn batch_in_force(store: &RedisStore, target: QueueTarget, configured:
     let snap = store.snapshot(target).await.ok()?;
     let global = store.global_batch_size().await.ok()?;
     Some(crate::domain::batch_in_force(snap.batch_override, global, configured))
+}
+
+/// The client of the probe (the simulation has its own, `http.rs`).
+fn build_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_keepalive(Some(Duration::from_secs(30)));
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
 }

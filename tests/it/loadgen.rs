@@ -472,3 +472,20 @@ async fn following_poll_after_polls_at_the_servers_pace() {
     let (f, p) = (fixed["poll"]["count"].as_u64().unwrap(), paced["poll"]["count"].as_u64().unwrap());
     assert!(p > 0 && p * 4 < f, "polls: fixed {f}, following pollAfterSeconds {p}: {paced}");
 }
+
+/// One slot for a rate no single connection can carry: enters leave late, and the report
+/// says the figures are loadgen's limit, naming the slots.
+#[tokio::test]
+async fn a_run_held_back_by_its_own_concurrency_says_the_client_was_the_limit() {
+    let (url, _) = stand_in(None).await;
+    let mut o = options(url, "limited-drop:9");
+    o.users = 3000;
+    o.arrivals.rate = 1_000_000.0;
+    o.concurrency = 1;
+    o.purchase = false;
+    let report = vq::loadgen::run(o, Arc::new(Live::default()), None, None).await;
+    let why = report.client_limit.as_deref().expect("client named the limit");
+    assert!(why.contains("the figures are the client's limit, not the server's"), "{why}");
+    assert!(why.contains("--concurrency 1 slots"), "{why}");
+    assert!(report.client.cpu_cores.is_some(), "{:?}", report.client);
+}
