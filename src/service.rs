@@ -10,10 +10,16 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::config::{QueueSettings, Settings};
-use crate::domain::{FlagState, QueuePosition, QueueTarget, UserId, admission_rate_per_sec, batch_in_force};
-use crate::store::{
-    AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, StoreErrorKind, TargetSnapshot, TokenClaim, Waiting,
+use crate::domain::{
+    FlagState, QueuePosition, QueueTarget, SaleControl, SaleSource, UserId, admission_rate_per_sec, batch_in_force,
 };
+use crate::store::{
+    AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, StoreErrorKind, TargetSnapshot,
+    TokenClaim, Waiting,
+};
+
+/// What a closed sale tells users when it was closed without a message.
+pub const DEFAULT_CLOSE_MESSAGE: &str = "The sale is closed";
 use crate::token::{self, EntryToken, Secret, TokenError};
 
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
@@ -31,8 +37,24 @@ pub enum QueueStatus {
         position: u64,
         ahead: u64,
         eta_seconds: u64,
+        /// The sale is paused: nobody is admitted until it resumes.
+        paused: bool,
     },
     Admitted(EntryToken),
+    /// Recorded in the sale's pre-queue; the order is drawn at `opens_at_ms`.
+    PreQueue {
+        opens_at_ms: u64,
+        paused: bool,
+    },
+    /// The sale opens later; entries are recorded from `prequeue_from_ms` (or the opening).
+    Scheduled {
+        opens_at_ms: u64,
+        prequeue_from_ms: Option<u64>,
+    },
+    /// The sale is closed.
+    Closed {
+        message: String,
+    },
     /// The queue is off for this user (flag) or Redis is down (fail-open).
     DirectAdmitted(EntryToken),
 }
@@ -67,6 +89,15 @@ pub struct QueueStats {
     pub tokens_used: u64,
     /// Purchases with stateless (DIRECT_ADMITTED or minted) tokens, never issued by the queue.
     pub direct_tokens_used: u64,
+    /// The sale's state (scheduled, pre-queue, opening, open, paused, closed); absent without a sale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sale_state: Option<String>,
+    /// The sale's opening time, ISO-8601; absent without a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
+    /// Users in the sale's pre-queue, not yet given a position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prequeued_count: Option<u64>,
 }
 
 impl QueueStats {
@@ -88,6 +119,9 @@ impl QueueStats {
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
+            sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
+            opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
+            prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
         }
     }
 }
@@ -368,6 +402,25 @@ impl QueueService {
             position: w.seq,
             ahead: w.ahead,
             eta_seconds: pos.eta_seconds(self.batch_size(w.batch_override), self.settings.queue.tick_ms),
+            paused: w.paused,
+        }
+    }
+
+    fn pre_queue(n: SaleNotice) -> QueueStatus {
+        QueueStatus::PreQueue { opens_at_ms: n.opens_at_ms.unwrap_or(0), paused: n.paused }
+    }
+
+    fn closed(n: SaleNotice) -> QueueStatus {
+        QueueStatus::Closed { message: n.message.unwrap_or_else(|| DEFAULT_CLOSE_MESSAGE.to_owned()) }
+    }
+
+    /// Closes the target's sale because the purchase API said so (`gate.close_header`).
+    pub async fn close_by_purchase_api(&self, target: QueueTarget, message: String) {
+        let close = SaleControl::Close { message, source: SaleSource::PurchaseApi };
+        match self.bounded(self.store.control_sale(target, close)).await {
+            Ok(true) => tracing::info!(target_queue = %target, "the purchase API closed the sale"),
+            Ok(false) => {}
+            Err(e) => self.degraded.record("sale close", target, &e),
         }
     }
 
@@ -397,6 +450,15 @@ impl QueueService {
             }
             Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
+            Ok(EnterOutcome::PreQueue(n)) => {
+                self.register_active(target).await;
+                Ok(Self::pre_queue(n))
+            }
+            Ok(EnterOutcome::Scheduled(n)) => Ok(QueueStatus::Scheduled {
+                opens_at_ms: n.opens_at_ms.unwrap_or(0),
+                prequeue_from_ms: n.prequeue_from_ms,
+            }),
+            Ok(EnterOutcome::Closed(n)) => Ok(Self::closed(n)),
             Err(e) => {
                 self.degraded.record("enter", target, &e);
                 Ok(self.direct(target, user))
@@ -414,6 +476,8 @@ impl QueueService {
             Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
             Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
+            Ok(StatusOutcome::PreQueue(n)) => Ok(Self::pre_queue(n)),
+            Ok(StatusOutcome::Closed(n)) => Ok(Self::closed(n)),
             Err(e) => {
                 self.degraded.record("poll", target, &e);
                 Ok(self.direct(target, user))

@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
+    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
-use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{
+    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,
+};
 
 use crate::clock::now_epoch_ms as now_ms;
 
@@ -90,7 +92,7 @@ impl TargetState {
         }
         self.heartbeat.insert(user, now);
         self.touched = now;
-        Ok(Waiting { seq, mark: self.mark, ahead: self.ahead(seq), batch_override: self.batch_override })
+        Ok(Waiting { seq, mark: self.mark, ahead: self.ahead(seq), batch_override: self.batch_override, paused: false })
     }
 }
 
@@ -331,6 +333,8 @@ impl QueueStore for MemoryStore {
             tokens_used: t.tokens_used,
             direct_tokens_used: t.direct_tokens_used,
             waits: t.waits.clone(),
+            sale: None,
+            prequeued: 0,
         })
     }
 
@@ -448,4 +452,43 @@ impl QueueStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn schedule_sale(
+        &self,
+        _target: QueueTarget,
+        _schedule: SaleSchedule,
+        _seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn read_sale(&self, _target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(None)
+    }
+
+    async fn control_sale(&self, _target: QueueTarget, _control: SaleControl) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        Ok(None)
+    }
+
+    async fn place_opening(
+        &self,
+        _target: QueueTarget,
+        _places: &[(u64, UserId)],
+        _opens_at_ms: u64,
+        _last: bool,
+    ) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn sale_ledger(&self, _target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+fn unsupported() -> StoreError {
+    StoreError::Reply { what: "memory store", detail: "the sale lifecycle needs store = redis".into() }
 }

@@ -22,10 +22,13 @@ use tokio::sync::oneshot;
 
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening, QueueStore, SaleNotice,
+    SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
-use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{
+    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
+    WaitHistogram,
+};
 
 static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
@@ -39,6 +42,10 @@ static GATE_PACE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("
 static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_set.lua")));
 static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_ack.lua")));
 static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_acks.lua")));
+static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_schedule.lua")));
+static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_control.lua")));
+static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_place.lua")));
+static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_read.lua")));
 
 /// Key names. Operators and tests read these with redis-cli; they are a contract.
 pub mod keys {
@@ -138,8 +145,23 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
-        let mut answers = parse_answers("issue.lua", reply, 1)?;
+        let mut answers = parse_answers("issue.lua", reply, 1, false)?;
         answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
+    }
+
+    /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
+    async fn read_sale_and_prequeue(&self, target: QueueTarget) -> Result<(Option<SaleView>, u64), StoreError> {
+        let r: Vec<String> = SALE_READ
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .invoke_async(&mut self.conn())
+            .await?;
+        let now_ms = num("sale_read.lua", &r, 0)?;
+        let prequeued = num("sale_read.lua", &r, 1)?;
+        let fields: HashMap<String, String> =
+            r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+        Ok((SaleRecord::from_fields(&fields).map(|record| SaleView { record, now_ms }), prequeued))
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
@@ -300,7 +322,13 @@ enum Answer {
     NotInQueue,
     /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
     Issue,
+    PreQueue(SaleNotice),
+    Scheduled(SaleNotice),
+    Closed(SaleNotice),
 }
+
+/// The sale's keys, passed after the token keys to `enter.lua` and `status.lua`.
+const SALE_KEYS: [&str; 3] = ["sale", "prequeue", "opening"];
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
 /// answers each job. A job that already waited longer than a command may take, or whose
@@ -333,7 +361,7 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         }
     };
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(names.len() + jobs.len());
+    cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
     let prefix = keys::of(target, "");
     let mut key = String::with_capacity(prefix.len() + 24);
     for name in names {
@@ -347,6 +375,9 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         let _ = write!(key, "{prefix}token:{}", job.user);
         cmd.arg(key.as_str());
     }
+    for name in SALE_KEYS {
+        cmd.arg(format!("{prefix}{name}"));
+    }
     for v in head {
         cmd.arg(v);
     }
@@ -354,7 +385,7 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         cmd.arg(job.user.0);
     }
     let answers =
-        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
     let mut told_direct = Vec::new();
     match answers {
         Ok(answers) => {
@@ -388,10 +419,11 @@ async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTar
     for user in &users {
         pipe.cmd("EVAL")
             .arg(include_str!("../../lua/leave.lua"))
-            .arg(3)
+            .arg(4)
             .arg(keys::of(target, "waiting"))
             .arg(keys::of(target, "heartbeat"))
             .arg(keys::of(target, "departed"))
+            .arg(keys::of(target, "prequeue"))
             .arg(user.0)
             .arg(limits.key_ttl_s);
     }
@@ -399,8 +431,9 @@ async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTar
     tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
 }
 
-/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` (see `lua/enter.lua`).
-fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<Answer>, StoreError> {
+/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's
+/// five trailing items (see `lua/enter.lua`).
+fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool) -> Result<Vec<Answer>, StoreError> {
     let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
     let Value::Array(items) = reply else {
         return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
@@ -412,10 +445,22 @@ fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<A
     let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
         return Err(bad(&items));
     };
-    if items.len() != 2 + 3 * users {
+    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } {
         return Err(bad(&items));
     }
-    items[2..]
+    let notice = match &items[2 + 3 * users..] {
+        [_phase, opens, from, paused, message] => SaleNotice {
+            opens_at_ms: int(opens).filter(|t| *t > 0),
+            prequeue_from_ms: int(from).filter(|t| *t > 0),
+            paused: int(paused) == Some(1),
+            message: match message {
+                Value::BulkString(m) if !m.is_empty() => Some(String::from_utf8_lossy(m).into_owned()),
+                _ => None,
+            },
+        },
+        _ => SaleNotice::default(),
+    };
+    items[2..2 + 3 * users]
         .chunks_exact(3)
         .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
             (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
@@ -423,7 +468,11 @@ fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<A
                 mark,
                 ahead,
                 batch_override: (batch > 0).then_some(batch),
+                paused: notice.paused,
             })),
+            (Some(6), _, _) => Ok(Answer::PreQueue(notice.clone())),
+            (Some(7), _, _) => Ok(Answer::Scheduled(notice.clone())),
+            (Some(8), _, _) => Ok(Answer::Closed(notice.clone())),
             (Some(2), Value::BulkString(token), _) => {
                 Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
             }
@@ -460,6 +509,9 @@ impl QueueStore for RedisStore {
                 Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
                 Answer::Admitted(token) => return Ok(EnterOutcome::Admitted(token)),
                 Answer::Full => return Ok(EnterOutcome::Full),
+                Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
+                Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
+                Answer::Closed(n) => return Ok(EnterOutcome::Closed(n)),
                 Answer::NotInQueue | Answer::Issue => {}
             }
         }
@@ -480,9 +532,11 @@ impl QueueStore for RedisStore {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
             Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
             Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
-            Answer::Full | Answer::Issue => Err(StoreError::Reply {
+            Answer::PreQueue(n) => Ok(StatusOutcome::PreQueue(n)),
+            Answer::Closed(n) => Ok(StatusOutcome::Closed(n)),
+            Answer::Full | Answer::Issue | Answer::Scheduled(_) => Err(StoreError::Reply {
                 what: "status.lua",
-                detail: "an enter-only answer (full) or a second issue".into(),
+                detail: "an enter-only answer (full, scheduled) or a second issue".into(),
             }),
         }
     }
@@ -492,6 +546,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "prequeue"))
             .arg(user.0)
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
@@ -512,6 +567,16 @@ impl QueueStore for RedisStore {
     }
 
     async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
+        self.admit_by(target, default_batch, tick_ms, "").await
+    }
+
+    async fn admit_by(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+    ) -> Result<AdmitOutcome, StoreError> {
         let r: Vec<String> = ADMIT
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "admitted_count"))
@@ -524,9 +589,15 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "seq"))
             .key(keys::of(target, "evicted"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .key(keys::of(target, "ledger"))
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
+            .arg(instance)
+            .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
         // The waits go to the Prometheus histogram of the instance that admitted.
@@ -548,6 +619,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "evicted"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "prequeue"))
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)
@@ -639,7 +711,10 @@ impl QueueStore for RedisStore {
             .await?;
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
+        let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
         Ok(TargetSnapshot {
+            sale,
+            prequeued,
             waiting,
             mark,
             seq: seq.unwrap_or(0),
@@ -771,5 +846,118 @@ impl QueueStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let _: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
         Ok(())
+    }
+
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        let last_ms = schedule.closes_at_ms.unwrap_or(schedule.opens_at_ms).max(schedule.opens_at_ms);
+        let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let r: Vec<String> = SALE_SCHEDULE
+            .key(keys::of(target, "sale"))
+            .arg(schedule.opens_at_ms)
+            .arg(opt(schedule.prequeue_from_ms))
+            .arg(opt(schedule.closes_at_ms))
+            .arg(crate::domain::hex(&seed))
+            .arg(crate::domain::seed_commitment(&seed))
+            .arg(last_ms / 1000 + self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() }),
+            Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
+            _ => Err(reply_err("sale_schedule.lua", &r)),
+        }
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(self.read_sale_and_prequeue(target).await?.0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        let (action, source, message) = match &control {
+            SaleControl::Pause => ("pause", "command", ""),
+            SaleControl::Resume => ("resume", "command", ""),
+            SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
+            SaleControl::Clear => ("clear", "command", ""),
+        };
+        let changed: u64 = SALE_CONTROL
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "ledger"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .arg(action)
+            .arg(source)
+            .arg(message)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        let mut conn = self.conn();
+        let fields: HashMap<String, String> = conn.hgetall(keys::of(target, "sale")).await?;
+        let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let (Some(frozen), Some(base), Some(opens_at_ms)) = (get("frozen"), get("base"), get("opens_at")) else {
+            return Ok(None);
+        };
+        if fields.contains_key("opened_at") {
+            return Ok(None);
+        }
+        let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
+        let seed = fields
+            .get("seed")
+            .and_then(|s| crate::domain::unhex(s))
+            .ok_or_else(|| bad("the sale has no seed".into()))?;
+        // The frozen set does not change: read it in slices so no one reply blocks Redis long.
+        const SLICE: u64 = 10_000;
+        let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
+        let mut from = 0;
+        while from < frozen {
+            let part: Vec<u64> = conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
+            if part.is_empty() {
+                break;
+            }
+            from += part.len() as u64;
+            users.extend(part.into_iter().map(UserId));
+        }
+        if users.len() as u64 != frozen {
+            // Another pump finished the opening (and unlinked the set) meanwhile.
+            let done: bool = conn.hexists(keys::of(target, "sale"), "opened_at").await?;
+            if done {
+                return Ok(None);
+            }
+            return Err(bad(format!("frozen pre-queue holds {} users, the sale says {frozen}", users.len())));
+        }
+        Ok(Some(PendingOpening { base, seed, opens_at_ms, users }))
+    }
+
+    async fn place_opening(
+        &self,
+        target: QueueTarget,
+        places: &[(u64, UserId)],
+        opens_at_ms: u64,
+        last: bool,
+    ) -> Result<bool, StoreError> {
+        let mut inv = SALE_PLACE.prepare_invoke();
+        for name in ["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger"] {
+            inv.key(keys::of(target, name));
+        }
+        inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
+        for (seq, user) in places {
+            inv.arg(*seq).arg(user.0);
+        }
+        let applied: u64 = inv.invoke_async(&mut self.conn()).await?;
+        Ok(applied == 1)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
+        Ok(rows.iter().filter_map(|r| LedgerEntry::decode(r)).collect())
     }
 }
