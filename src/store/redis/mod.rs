@@ -8,70 +8,40 @@
 //! `ConnectionManager` or a lazily opened cluster connection, so the scripts and the key
 //! contract are the same code in both modes. No command here may need more than one slot, and
 //! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
+//!
+//! Layout: this file holds [`RedisStore`] and its `QueueStore` impl (one method per store
+//! operation, which is why it is long); `keys.rs` the key names, `scripts.rs` the scripts and
+//! their invocation, `conn.rs` the connection (one server or cluster), `coalesced.rs` the shared
+//! enter/poll calls and their per-user answers.
+
+mod coalesced;
+mod conn;
+pub mod keys;
+mod scripts;
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::sync::{Arc, LazyLock, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncCommands;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{AsyncCommands, Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
-use tokio::sync::oneshot;
 
+use self::coalesced::{Answer, Job, Op};
+use self::conn::{Conn, LazyCluster};
+use self::scripts::{
+    ADMIT, EVICT, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, LEAVE, SALE_CONTROL, SALE_PLACE, SALE_READ, SALE_SCHEDULE,
+    TOKEN_CLAIM, TOKEN_RELEASE, num, reply_err,
+};
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening, QueueStore, SaleNotice,
-    SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
     WaitHistogram,
 };
-
-static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/enter.lua")));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/status.lua")));
-static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/issue.lua")));
-static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/leave.lua")));
-static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/admit.lua")));
-static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/evict.lua")));
-static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_claim.lua")));
-static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/token_release.lua")));
-static GATE_PACE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/gate_pace.lua")));
-static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_set.lua")));
-static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_ack.lua")));
-static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/flag_acks.lua")));
-static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_schedule.lua")));
-static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_control.lua")));
-static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_place.lua")));
-static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/sale_read.lua")));
-
-/// Key names. Operators and tests read these with redis-cli; they are a contract.
-pub mod keys {
-    use crate::domain::{QueueTarget, UserId};
-
-    pub const ACTIVE: &str = "queue:active";
-    pub const FLAG: &str = "virtual-queue:flag";
-    pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
-    /// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag
-    /// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
-    pub const FLAG_ACKS: &str = "virtual-queue:acks";
-
-    pub fn of(target: QueueTarget, name: &str) -> String {
-        format!("queue:{{{target}}}:{name}")
-    }
-    pub fn token(target: QueueTarget, user: UserId) -> String {
-        format!("queue:{{{target}}}:token:{user}")
-    }
-    /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
-    pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
-        format!("queue:{{{target}}}:used:{user}")
-    }
-    pub fn admission_lock(target: QueueTarget) -> String {
-        format!("queue:admission:{{{target}}}")
-    }
-}
 
 /// Production store on one Redis server or a Redis Cluster.
 #[derive(Clone)]
@@ -100,7 +70,7 @@ impl RedisStore {
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
     /// rest is discovered. Connects lazily too, at the first command, and again after a failed
-    /// attempt (at most every [`CLUSTER_RETRY_AFTER`], so a dead cluster causes no storm).
+    /// attempt (at most every `conn::CLUSTER_RETRY_AFTER`, so a dead cluster causes no storm).
     pub fn connect_cluster(nodes: &[String], limits: StoreLimits, timeout: Duration) -> Result<Self, StoreError> {
         let client = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout)
@@ -115,38 +85,6 @@ impl RedisStore {
 
     fn conn(&self) -> Conn {
         self.conn.clone()
-    }
-
-    /// One user's enter or poll, sent with whatever else is queued for the same target.
-    async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
-        let lanes = self.lanes.get_or_init(|| {
-            let (conn, limits, timeout) = (self.conn.clone(), self.limits, self.timeout);
-            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, timeout, op, target, jobs))
-        });
-        let (reply, answer) = oneshot::channel();
-        let job = Job { user, queued: Instant::now(), reply };
-        if lanes.submit((op, target), job).is_err() {
-            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
-        }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
-    }
-
-    /// Stores the token of a user found admitted (`issue.lua`); the candidate is signed only now.
-    async fn issue(&self, target: QueueTarget, user: UserId, candidate: &dyn Candidate) -> Result<Answer, StoreError> {
-        let reply: Value = ISSUE
-            .key(keys::of(target, "waiting"))
-            .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "admitted_count"))
-            .key(keys::of(target, "waits"))
-            .key(keys::token(target, user))
-            .arg(user.0)
-            .arg(candidate.token())
-            .arg(self.limits.token_ttl_s)
-            .invoke_async(&mut self.conn())
-            .await?;
-        // Shaped like a one-user status.lua reply.
-        let mut answers = parse_answers("issue.lua", reply, 1, false)?;
-        answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
     }
 
     /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
@@ -190,307 +128,8 @@ impl RedisStore {
     }
 }
 
-/// A purchase this close to the end of a tick is counted in (and waits for) the next one, so
 /// it reaches the purchase API inside the tick it was counted in.
 pub const PACE_GUARD_MS: u64 = 50;
-
-/// After a failed attempt to reach the cluster, commands fail at once for this long.
-pub const CLUSTER_RETRY_AFTER: Duration = Duration::from_millis(500);
-
-/// The connection every command goes through: one server, or a cluster (each command routed
-/// to the node owning its key's slot; `SCRIPT LOAD` after NOSCRIPT goes to every primary).
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(Arc<LazyCluster>),
-}
-
-struct LazyCluster {
-    client: ClusterClient,
-    /// Set once the slot map was read; the connection then follows the cluster by itself.
-    conn: tokio::sync::OnceCell<ClusterConnection>,
-    /// Last failed attempt to open `conn`, for [`CLUSTER_RETRY_AFTER`].
-    failed_at: Mutex<Option<Instant>>,
-    timeout: Duration,
-}
-
-impl LazyCluster {
-    async fn get(&self) -> Result<ClusterConnection, RedisError> {
-        if let Some(c) = self.conn.get() {
-            return Ok(c.clone());
-        }
-        let recent_failure =
-            self.failed_at.lock().map(|f| f.is_some_and(|at| at.elapsed() < CLUSTER_RETRY_AFTER)).unwrap_or(false);
-        if recent_failure {
-            return Err(io_error(std::io::ErrorKind::NotConnected, "redis cluster unreachable (retrying shortly)"));
-        }
-        let opened = self
-            .conn
-            .get_or_try_init(|| async {
-                // Opening reads the slot map from the nodes: a few round trips.
-                match tokio::time::timeout(self.timeout * 4, self.client.get_async_connection()).await {
-                    Ok(r) => r,
-                    Err(_) => Err(io_error(std::io::ErrorKind::TimedOut, "redis cluster connect timed out")),
-                }
-            })
-            .await;
-        match opened {
-            Ok(c) => Ok(c.clone()),
-            Err(e) => {
-                if let Ok(mut f) = self.failed_at.lock() {
-                    *f = Some(Instant::now());
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-fn io_error(kind: std::io::ErrorKind, msg: &'static str) -> RedisError {
-    RedisError::from(std::io::Error::new(kind, msg))
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(lazy) => Box::pin(async move {
-                let mut c = lazy.get().await?;
-                c.req_packed_command(cmd).await
-            }),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(lazy) => Box::pin(async move {
-                let mut c = lazy.get().await?;
-                c.req_packed_commands(pipeline, offset, count).await
-            }),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(_) => 0,
-        }
-    }
-}
-
-/// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
-/// script and runs it again.
-async fn eval_hot<T: redis::FromRedisValue>(
-    mut conn: Conn,
-    script: &Script,
-    cmd: &redis::Cmd,
-) -> Result<T, StoreError> {
-    match cmd.query_async(&mut conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(&mut conn).await?;
-            Ok(cmd.query_async(&mut conn).await?)
-        }
-        other => Ok(other?),
-    }
-}
-
-/// Which coalesced script a job is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Enter,
-    Status,
-}
-
-/// One user's enter or poll, waiting for its answer.
-struct Job {
-    user: UserId,
-    queued: Instant,
-    reply: oneshot::Sender<Result<Answer, StoreError>>,
-}
-
-/// One user's part of a coalesced reply.
-enum Answer {
-    Waiting(Waiting),
-    Admitted(String),
-    Full,
-    NotInQueue,
-    /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
-    Issue,
-    PreQueue(SaleNotice),
-    Scheduled(SaleNotice),
-    Closed(SaleNotice),
-}
-
-/// The sale's keys, passed after the token keys to `enter.lua` and `status.lua`.
-const SALE_KEYS: [&str; 3] = ["sale", "prequeue", "opening"];
-
-/// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
-/// answers each job. A job that already waited longer than a command may take, or whose
-/// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
-/// Redis cannot pile them up.
-///
-/// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
-/// whose answer came too late and gave them a place (or whose call timed out, and so may
-/// still run) are taken out again with `leave.lua`, sent on the same connection after the
-/// call, so Redis runs it after the call whatever the stall was.
-async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
-    let (stale, jobs): (Vec<Job>, Vec<Job>) =
-        jobs.into_iter().partition(|j| j.queued.elapsed() > timeout || j.reply.is_closed());
-    for job in stale {
-        let _ = job.reply.send(Err(StoreError::Timeout));
-    }
-    if jobs.is_empty() {
-        return;
-    }
-    let now = crate::clock::now_epoch_ms();
-    let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
-        Op::Enter => (
-            &ENTER,
-            "enter.lua",
-            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"],
-            vec![limits.max_capacity, limits.key_ttl_s, now],
-        ),
-        Op::Status => {
-            (&STATUS, "status.lua", &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"], vec![now])
-        }
-    };
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
-    let prefix = keys::of(target, "");
-    let mut key = String::with_capacity(prefix.len() + 24);
-    for name in names {
-        key.clear();
-        key.push_str(&prefix);
-        key.push_str(name);
-        cmd.arg(key.as_str());
-    }
-    for job in &jobs {
-        key.clear();
-        let _ = write!(key, "{prefix}token:{}", job.user);
-        cmd.arg(key.as_str());
-    }
-    for name in SALE_KEYS {
-        cmd.arg(format!("{prefix}{name}"));
-    }
-    for v in head {
-        cmd.arg(v);
-    }
-    for job in &jobs {
-        cmd.arg(job.user.0);
-    }
-    let answers =
-        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
-    let mut told_direct = Vec::new();
-    match answers {
-        Ok(answers) => {
-            for (job, answer) in jobs.into_iter().zip(answers) {
-                let holds_place = matches!(answer, Answer::Waiting(_) | Answer::Issue);
-                if job.reply.send(Ok(answer)).is_err() && holds_place {
-                    told_direct.push(job.user);
-                }
-            }
-        }
-        Err(e) => {
-            let may_still_run = e.is_timeout();
-            for job in jobs {
-                if may_still_run {
-                    told_direct.push(job.user);
-                }
-                let _ = job.reply.send(Err(e.clone()));
-            }
-        }
-    }
-    if !told_direct.is_empty() {
-        leave_told_direct(conn, limits, target, told_direct).await;
-    }
-}
-
-/// Best effort: takes users told DIRECT_ADMITTED out of the queue (see [`execute`]). One
-/// pipeline of `EVAL` (not EVALSHA: a NOSCRIPT answer would come when nobody waits to load
-/// the script any more), written at once behind the late call.
-async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
-    let mut pipe = redis::pipe();
-    for user in &users {
-        pipe.cmd("EVAL")
-            .arg(include_str!("../../lua/leave.lua"))
-            .arg(4)
-            .arg(keys::of(target, "waiting"))
-            .arg(keys::of(target, "heartbeat"))
-            .arg(keys::of(target, "departed"))
-            .arg(keys::of(target, "prequeue"))
-            .arg(user.0)
-            .arg(limits.key_ttl_s);
-    }
-    let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
-    tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
-}
-
-/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's
-/// five trailing items (see `lua/enter.lua`).
-fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool) -> Result<Vec<Answer>, StoreError> {
-    let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
-    let Value::Array(items) = reply else {
-        return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
-    };
-    let int = |v: &Value| match v {
-        Value::Int(n) => u64::try_from(*n).ok(),
-        _ => None,
-    };
-    let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
-        return Err(bad(&items));
-    };
-    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } {
-        return Err(bad(&items));
-    }
-    let notice = match &items[2 + 3 * users..] {
-        [_phase, opens, from, paused, message] => SaleNotice {
-            opens_at_ms: int(opens).filter(|t| *t > 0),
-            prequeue_from_ms: int(from).filter(|t| *t > 0),
-            paused: int(paused) == Some(1),
-            message: match message {
-                Value::BulkString(m) if !m.is_empty() => Some(String::from_utf8_lossy(m).into_owned()),
-                _ => None,
-            },
-        },
-        _ => SaleNotice::default(),
-    };
-    items[2..2 + 3 * users]
-        .chunks_exact(3)
-        .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
-            (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
-                seq: int(v).ok_or_else(|| bad(&items))?,
-                mark,
-                ahead,
-                batch_override: (batch > 0).then_some(batch),
-                paused: notice.paused,
-            })),
-            (Some(6), _, _) => Ok(Answer::PreQueue(notice.clone())),
-            (Some(7), _, _) => Ok(Answer::Scheduled(notice.clone())),
-            (Some(8), _, _) => Ok(Answer::Closed(notice.clone())),
-            (Some(2), Value::BulkString(token), _) => {
-                Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
-            }
-            (Some(3), _, _) => Ok(Answer::Full),
-            (Some(4), _, _) => Ok(Answer::NotInQueue),
-            (Some(5), _, _) => Ok(Answer::Issue),
-            _ => Err(bad(&items)),
-        })
-        .collect()
-}
-
-fn reply_err(what: &'static str, reply: &[String]) -> StoreError {
-    StoreError::Reply { what, detail: format!("{reply:?}") }
-}
-
-fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64, StoreError> {
-    reply.get(i).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| reply_err(what, reply))
-}
 
 impl QueueStore for RedisStore {
     async fn enter(

@@ -1,0 +1,175 @@
+//! The gate's decision: token check and one-time-use claim, pacing to one batch per tick,
+//! settling the claim after the purchase API answered.
+
+use std::time::Duration;
+
+use super::QueueService;
+use crate::domain::{QueueTarget, UserId};
+use crate::store::{QueueStore, TokenClaim};
+use crate::token::{self, TokenError};
+
+/// What the gate lets through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatePass {
+    /// The queue does not apply to this user and target: no token needed.
+    FlagOff,
+    /// A valid token; `claim` is the one-time-use mark to settle after the purchase (none when
+    /// Redis could not be reached, or for a read-only check).
+    Verified { claim: Option<PendingClaim> },
+}
+
+/// A token marked used before forwarding; settle it with [`QueueService::settle_claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingClaim {
+    target: QueueTarget,
+    user: UserId,
+    token: String,
+    previous: Option<String>,
+}
+
+/// When a verified purchase may go to the purchase API (see `gate.pace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Now, inside the tick reserved for it (or unpaced).
+    Now,
+    /// Every tick the gate may wait for is full.
+    Full,
+}
+
+/// A paced purchase is forwarded only this long before its tick ends at the latest, so it
+/// reaches the purchase API inside that tick (reservations keep twice that from the end).
+const PACE_FORWARD_MARGIN_MS: u64 = crate::store::PACE_GUARD_MS / 2;
+/// Reservations a purchase may make when pauses keep it from its reserved tick.
+const PACE_ATTEMPTS: usize = 3;
+
+/// Whether a gate check marks the token used (a purchase) or only reads (nginx auth_request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    Claim,
+    CheckOnly,
+}
+
+impl QueueService {
+    /// The gate's decision for a request to a gated route of `target`: with the flag
+    /// applying to this user, the token must be well-formed, signed, unexpired, for this type,
+    /// target and user, and not used yet (when Redis answers).
+    pub async fn gate_check(
+        &self,
+        target: QueueTarget,
+        user: Option<UserId>,
+        token: Option<&str>,
+        mode: ClaimMode,
+    ) -> Result<GatePass, TokenError> {
+        let flag = self.flag();
+        let applies = match user {
+            Some(u) => flag.applies(target, u),
+            None => flag.may_apply(target),
+        };
+        if !applies {
+            return Ok(GatePass::FlagOff);
+        }
+        let verdict = self.verify_and_claim(target, user, token, mode).await;
+        if let Err(e) = &verdict {
+            crate::metrics::bypass_attempt();
+            if matches!(e, TokenError::Expired { .. }) {
+                crate::metrics::token_expired();
+            }
+        }
+        verdict
+    }
+
+    async fn verify_and_claim(
+        &self,
+        target: QueueTarget,
+        user: Option<UserId>,
+        token: Option<&str>,
+        mode: ClaimMode,
+    ) -> Result<GatePass, TokenError> {
+        let user = user.ok_or(TokenError::NoUser)?;
+        let raw = token.filter(|t| !t.is_empty()).ok_or(TokenError::Missing)?;
+        let now = Self::now_s();
+        let claims = token::verify(&self.secret, raw, target, user, now)?;
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return Ok(GatePass::Verified { claim: None });
+        }
+        let outcome = match mode {
+            ClaimMode::CheckOnly => match self.bounded(self.store.token_used(target, user, raw)).await {
+                Ok(true) => return Err(TokenError::AlreadyUsed),
+                Ok(false) => GatePass::Verified { claim: None },
+                Err(e) => {
+                    self.degraded.record("gate", target, &e);
+                    GatePass::Verified { claim: None }
+                }
+            },
+            ClaimMode::Claim => {
+                match self.bounded(self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
+                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
+                    Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
+                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
+                    },
+                    Err(e) => {
+                        // Best effort: without Redis, HMAC and expiry still hold.
+                        self.degraded.record("gate", target, &e);
+                        GatePass::Verified { claim: None }
+                    }
+                }
+            }
+        };
+        Ok(outcome)
+    }
+
+    /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
+    /// place, waits for its tick, and answers [`Pace::Now`] only while that tick lasts. A
+    /// process paused past the reserved tick (a long GC pause, a throttled container) reserves
+    /// again instead of forwarding late. Without Redis the purchase goes at once (fail-open;
+    /// the downstream database is the last line).
+    pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
+        let gate = &self.settings.gate;
+        if !gate.pace || self.degraded.skipping() {
+            return Pace::Now;
+        }
+        let tick_ms = self.settings.queue.tick_ms;
+        for _ in 0..PACE_ATTEMPTS {
+            let asked = tokio::time::Instant::now();
+            match self
+                .bounded(self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
+                .await
+            {
+                Ok(Some(slot)) => {
+                    // Both ends err on the safe side: the start counts from the answer, the
+                    // end from the question (Redis' clock read in between).
+                    let answered = tokio::time::Instant::now();
+                    let starts = answered + Duration::from_millis(slot.starts_in_ms);
+                    let forward_by =
+                        asked + Duration::from_millis(slot.ends_in_ms.saturating_sub(PACE_FORWARD_MARGIN_MS));
+                    tokio::time::sleep_until(starts).await;
+                    if tokio::time::Instant::now() < forward_by {
+                        return Pace::Now;
+                    }
+                }
+                Ok(None) => return Pace::Full,
+                Err(e) => {
+                    self.degraded.record("gate pace", target, &e);
+                    return Pace::Now;
+                }
+            }
+        }
+        Pace::Full
+    }
+
+    /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
+    pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
+        let result = if purchase_succeeded {
+            // The queue's own token is what the claim found stored for the user.
+            let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
+            crate::metrics::token_consumed(through_queue);
+            self.bounded(self.store.confirm_token_used(claim.target, through_queue)).await
+        } else {
+            self.bounded(self.store.release_token(claim.target, claim.user, &claim.token, claim.previous)).await
+        };
+        if let Err(e) = result {
+            self.degraded.record("gate settle", claim.target, &e);
+        }
+    }
+}

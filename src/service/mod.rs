@@ -1,0 +1,259 @@
+//! The queue service: flag decision, store call, token issue, fail-open. HTTP handlers call
+//! this and nothing else; it knows no status codes.
+//!
+//! A store error never reaches a client: enter and poll answer DIRECT_ADMITTED with a
+//! stateless token, the error is counted and logged at most once per interval.
+//!
+//! One file per job: this one holds the service and the queue's enter/poll/leave;
+//! `flag.rs` the flag as this instance applies it, `gate.rs` the gate's decision and pacing,
+//! `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping.
+
+mod degraded;
+mod flag;
+mod gate;
+mod stats;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use self::degraded::Degraded;
+pub use self::flag::AppliedFlag;
+use self::flag::FlagCache;
+pub use self::gate::{ClaimMode, GatePass, Pace, PendingClaim};
+pub use self::stats::{QueueStats, read_target_stats};
+use crate::config::Settings;
+use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
+use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
+
+/// What a closed sale tells users when it was closed without a message.
+pub const DEFAULT_CLOSE_MESSAGE: &str = "The sale is closed";
+use crate::token::{self, EntryToken, Secret};
+
+/// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
+/// dropped it between its keys expiring and a new entry.
+const REGISTER_EVERY: Duration = Duration::from_secs(5);
+
+pub use crate::clock::now_epoch_ms;
+
+/// What a user is told by enter and poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueStatus {
+    Waiting {
+        position: u64,
+        ahead: u64,
+        eta_seconds: u64,
+        /// The sale is paused: nobody is admitted until it resumes.
+        paused: bool,
+    },
+    Admitted(EntryToken),
+    /// Recorded in the sale's pre-queue; the order is drawn at `opens_at_ms`.
+    PreQueue {
+        opens_at_ms: u64,
+        paused: bool,
+    },
+    /// The sale opens later; entries are recorded from `prequeue_from_ms` (or the opening).
+    Scheduled {
+        opens_at_ms: u64,
+        prequeue_from_ms: Option<u64>,
+    },
+    /// The sale is closed.
+    Closed {
+        message: String,
+    },
+    /// The queue is off for this user (flag) or Redis is down (fail-open).
+    DirectAdmitted(EntryToken),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("the queue for {0} is full: try again shortly")]
+    Full(QueueTarget),
+    #[error("user is not in the queue for {0}: enter first (users who stop polling are evicted)")]
+    NotInQueue(QueueTarget),
+}
+
+pub struct QueueService {
+    pub store: AnyStore,
+    secret: Secret,
+    settings: Arc<Settings>,
+    flag: FlagCache,
+    /// Runtime batch size for every target (0 = none set), refreshed with the flag.
+    global_batch: AtomicU64,
+    degraded: Degraded,
+    registered: Mutex<HashMap<QueueTarget, Instant>>,
+}
+
+impl QueueService {
+    pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
+        Self {
+            store,
+            secret,
+            settings,
+            flag: FlagCache::new(),
+            global_batch: AtomicU64::new(0),
+            degraded: Degraded::new(),
+            registered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many
+    /// commands it takes (an enter that finds the user admitted is two scripts) and however
+    /// long it queued for a shared call. Past it the request fails open; the store takes a
+    /// user told DIRECT_ADMITTED out of the queue if the late call gave them a place.
+    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+        tokio::time::timeout(self.settings.redis_timeout(), work).await.unwrap_or(Err(StoreError::Timeout))
+    }
+
+    fn now_s() -> u64 {
+        now_epoch_ms() / 1000
+    }
+
+    fn candidate(&self, target: QueueTarget, user: UserId) -> EntryToken {
+        token::mint(&self.secret, target, user, Self::now_s(), self.settings.token.ttl_s)
+    }
+
+    fn direct(&self, target: QueueTarget, user: UserId) -> QueueStatus {
+        QueueStatus::DirectAdmitted(self.candidate(target, user))
+    }
+
+    fn stored_token(raw: String) -> QueueStatus {
+        // Our own token, read back from the store; its expiry is in its payload.
+        let expires_at = token::decode(&raw).map_or(0, |(c, _, _)| c.expires_at);
+        QueueStatus::Admitted(EntryToken { raw, expires_at })
+    }
+
+    /// The store asks for a candidate only when it issues the token in this call, and keeps
+    /// it unless another call issued one first. (Two calls in the same second mint equal
+    /// candidates, so a race can rarely count twice.)
+    fn count_issue(raw: String, minted: &OnceLock<EntryToken>) -> String {
+        if minted.get().is_some_and(|c| c.raw == raw) {
+            crate::metrics::token_issued();
+        }
+        raw
+    }
+
+    fn waiting(&self, w: Waiting) -> QueueStatus {
+        let pos = QueuePosition { seq: w.seq, admitted_mark: w.mark, ahead: w.ahead };
+        QueueStatus::Waiting {
+            position: w.seq,
+            ahead: w.ahead,
+            eta_seconds: pos.eta_seconds(self.batch_size(w.batch_override), self.settings.queue.tick_ms),
+            paused: w.paused,
+        }
+    }
+
+    fn pre_queue(n: SaleNotice) -> QueueStatus {
+        QueueStatus::PreQueue { opens_at_ms: n.opens_at_ms.unwrap_or(0), paused: n.paused }
+    }
+
+    fn closed(n: SaleNotice) -> QueueStatus {
+        QueueStatus::Closed { message: n.message.unwrap_or_else(|| DEFAULT_CLOSE_MESSAGE.to_owned()) }
+    }
+
+    /// Closes the target's sale because the purchase API said so (`gate.close_header`).
+    pub async fn close_by_purchase_api(&self, target: QueueTarget, message: String) {
+        let close = SaleControl::Close { message, source: SaleSource::PurchaseApi };
+        match self.bounded(self.store.control_sale(target, close)).await {
+            Ok(true) => tracing::info!(target_queue = %target, "the purchase API closed the sale"),
+            Ok(false) => {}
+            Err(e) => self.degraded.record("sale close", target, &e),
+        }
+    }
+
+    /// DIRECT_ADMITTED without asking the store: the queue is off for this user and target,
+    /// or Redis failed moments ago (fail-open).
+    fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
+        if !self.queue_applies(target, user) {
+            return Some(self.direct(target, user));
+        }
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return Some(self.direct(target, user));
+        }
+        None
+    }
+
+    pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        if let Some(direct) = self.bypass_store(target, user) {
+            return Ok(direct);
+        }
+        let minted = OnceLock::new();
+        let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
+        match self.bounded(self.store.enter(target, user, &candidate)).await {
+            Ok(EnterOutcome::Waiting(w)) => {
+                self.register_active(target).await;
+                Ok(self.waiting(w))
+            }
+            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
+            Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
+            Ok(EnterOutcome::PreQueue(n)) => {
+                self.register_active(target).await;
+                Ok(Self::pre_queue(n))
+            }
+            Ok(EnterOutcome::Scheduled(n)) => Ok(QueueStatus::Scheduled {
+                opens_at_ms: n.opens_at_ms.unwrap_or(0),
+                prequeue_from_ms: n.prequeue_from_ms,
+            }),
+            Ok(EnterOutcome::Closed(n)) => Ok(Self::closed(n)),
+            Err(e) => {
+                self.degraded.record("enter", target, &e);
+                Ok(self.direct(target, user))
+            }
+        }
+    }
+
+    pub async fn status(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        if let Some(direct) = self.bypass_store(target, user) {
+            return Ok(direct);
+        }
+        let minted = OnceLock::new();
+        let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
+        match self.bounded(self.store.status(target, user, &candidate)).await {
+            Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
+            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
+            Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
+            Ok(StatusOutcome::PreQueue(n)) => Ok(Self::pre_queue(n)),
+            Ok(StatusOutcome::Closed(n)) => Ok(Self::closed(n)),
+            Err(e) => {
+                self.degraded.record("poll", target, &e);
+                Ok(self.direct(target, user))
+            }
+        }
+    }
+
+    /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
+    pub async fn leave(&self, target: QueueTarget, user: UserId) {
+        if self.degraded.skipping() {
+            self.degraded.record_skipped();
+            return;
+        }
+        if let Err(e) = self.bounded(self.store.leave(target, user)).await {
+            self.degraded.record("leave", target, &e);
+        }
+    }
+
+    async fn register_active(&self, target: QueueTarget) {
+        {
+            let mut seen = self.registered.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.get(&target).is_some_and(|t| t.elapsed() < REGISTER_EVERY) {
+                return;
+            }
+            seen.insert(target, Instant::now());
+        }
+        let register = async {
+            self.store.register_active(target).await?;
+            self.store.publish_capacity(target).await
+        };
+        if let Err(e) = self.bounded(register).await {
+            // Try again at the next entry rather than in REGISTER_EVERY.
+            self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
+            self.degraded.record("register", target, &e);
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Cluster-wide figures of one target, from the store's snapshot only: what the stats
+//! endpoint answers, what `vq stats` shows and what the `/metrics` queue gauges say.
+
+use super::{QueueService, now_epoch_ms};
+use crate::config::QueueSettings;
+use crate::domain::{QueueTarget, admission_rate_per_sec, batch_in_force};
+use crate::store::{AnyStore, QueueStore, StoreError, TargetSnapshot};
+
+/// Cluster-wide figures of one target, computed from the store's snapshot only,
+/// so every instance and `vq stats` answer the same.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStats {
+    pub waiting_count: u64,
+    pub admitted_count: u64,
+    /// Over the last minute.
+    pub admission_rate_per_sec: f64,
+    pub avg_wait_seconds: f64,
+    pub p95_wait_seconds: f64,
+    pub evicted_count: u64,
+    pub batch_size: u64,
+    /// The admission tick: one batch per tick.
+    pub tick_ms: u64,
+    /// What the pump aims at: batch size / tick seconds.
+    pub target_rate_per_sec: f64,
+    pub max_capacity: u64,
+    pub tokens_issued: u64,
+    pub tokens_used: u64,
+    /// Purchases with stateless (DIRECT_ADMITTED or minted) tokens, never issued by the queue.
+    pub direct_tokens_used: u64,
+    /// The sale's state (scheduled, pre-queue, opening, open, paused, closed); absent without a sale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sale_state: Option<String>,
+    /// The sale's opening time, ISO-8601; absent without a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
+    /// Users in the sale's pre-queue, not yet given a position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prequeued_count: Option<u64>,
+}
+
+impl QueueStats {
+    /// The one computation behind the stats endpoint, `/metrics` gauges and `vq stats`.
+    /// `global_batch` is the operator's runtime batch size for every target, if set.
+    pub fn from_snapshot(snap: &TargetSnapshot, global_batch: Option<u64>, queue: &QueueSettings, now_ms: u64) -> Self {
+        let batch_size = batch_in_force(snap.batch_override, global_batch, queue.batch_size);
+        Self {
+            waiting_count: snap.waiting,
+            admitted_count: snap.admitted_total,
+            admission_rate_per_sec: admission_rate_per_sec(&snap.admissions, queue.tick_ms, now_ms),
+            avg_wait_seconds: snap.waits.avg_seconds(),
+            p95_wait_seconds: snap.waits.quantile_seconds(0.95),
+            evicted_count: snap.evicted,
+            batch_size,
+            tick_ms: queue.tick_ms,
+            target_rate_per_sec: batch_size as f64 * 1000.0 / queue.tick_ms.max(1) as f64,
+            max_capacity: snap.capacity.unwrap_or(queue.max_capacity),
+            tokens_issued: snap.tokens_issued,
+            tokens_used: snap.tokens_used,
+            direct_tokens_used: snap.direct_tokens_used,
+            sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
+            opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
+            prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
+        }
+    }
+}
+
+/// Reads one target's figures from the store: what the stats endpoint answers and what
+/// `vq stats` shows, so the two cannot drift. The global batch size is read with the
+/// snapshot (not an instance's cached copy), so two instances at the same moment agree.
+pub async fn read_target_stats(
+    store: &AnyStore,
+    target: QueueTarget,
+    queue: &QueueSettings,
+) -> Result<(TargetSnapshot, QueueStats), StoreError> {
+    let global_batch = store.global_batch_size().await?;
+    let snap = store.snapshot(target).await?;
+    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, now_epoch_ms());
+    Ok((snap, stats))
+}
+
+impl QueueService {
+    pub async fn stats(&self, target: QueueTarget) -> Result<QueueStats, StoreError> {
+        Ok(read_target_stats(&self.store, target, &self.settings.queue).await?.1)
+    }
+
+    /// Sets the `/metrics` queue gauges of every active target from the store.
+    pub async fn record_queue_gauges(&self) -> Result<(), StoreError> {
+        crate::metrics::set_capacity(self.settings.queue.max_capacity);
+        for target in self.store.active_targets().await? {
+            let s = self.stats(target).await?;
+            crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec);
+        }
+        Ok(())
+    }
+}

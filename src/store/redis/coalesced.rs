@@ -1,0 +1,238 @@
+//! The shared enter/poll calls: one `enter.lua` (`status.lua`) call per target carries every
+//! user queued for it (see `store::coalesce`), and its reply is split into per-user answers.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use redis::{Script, Value};
+use tokio::sync::oneshot;
+
+use super::conn::Conn;
+use super::scripts::{ENTER, ISSUE, STATUS, eval_hot};
+use super::{RedisStore, keys};
+use crate::domain::{QueueTarget, UserId};
+use crate::store::coalesce::Coalescer;
+use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
+
+impl RedisStore {
+    /// One user's enter or poll, sent with whatever else is queued for the same target.
+    pub(super) async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
+        let lanes = self.lanes.get_or_init(|| {
+            let (conn, limits, timeout) = (self.conn.clone(), self.limits, self.timeout);
+            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, timeout, op, target, jobs))
+        });
+        let (reply, answer) = oneshot::channel();
+        let job = Job { user, queued: Instant::now(), reply };
+        if lanes.submit((op, target), job).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
+        }
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+    }
+
+    /// Stores the token of a user found admitted (`issue.lua`); the candidate is signed only now.
+    pub(super) async fn issue(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<Answer, StoreError> {
+        let reply: Value = ISSUE
+            .key(keys::of(target, "waiting"))
+            .key(keys::of(target, "heartbeat"))
+            .key(keys::of(target, "admitted_count"))
+            .key(keys::of(target, "waits"))
+            .key(keys::token(target, user))
+            .arg(user.0)
+            .arg(candidate.token())
+            .arg(self.limits.token_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        // Shaped like a one-user status.lua reply.
+        let mut answers = parse_answers("issue.lua", reply, 1, false)?;
+        answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
+    }
+}
+
+/// Which coalesced script a job is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Enter,
+    Status,
+}
+
+/// One user's enter or poll, waiting for its answer.
+pub(super) struct Job {
+    user: UserId,
+    queued: Instant,
+    reply: oneshot::Sender<Result<Answer, StoreError>>,
+}
+
+/// One user's part of a coalesced reply.
+pub(super) enum Answer {
+    Waiting(Waiting),
+    Admitted(String),
+    Full,
+    NotInQueue,
+    /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
+    Issue,
+    PreQueue(SaleNotice),
+    Scheduled(SaleNotice),
+    Closed(SaleNotice),
+}
+
+/// The sale's keys, passed after the token keys to `enter.lua` and `status.lua`.
+const SALE_KEYS: [&str; 3] = ["sale", "prequeue", "opening"];
+
+/// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
+/// answers each job. A job that already waited longer than a command may take, or whose
+/// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
+/// Redis cannot pile them up.
+///
+/// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
+/// whose answer came too late and gave them a place (or whose call timed out, and so may
+/// still run) are taken out again with `leave.lua`, sent on the same connection after the
+/// call, so Redis runs it after the call whatever the stall was.
+async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
+    let (stale, jobs): (Vec<Job>, Vec<Job>) =
+        jobs.into_iter().partition(|j| j.queued.elapsed() > timeout || j.reply.is_closed());
+    for job in stale {
+        let _ = job.reply.send(Err(StoreError::Timeout));
+    }
+    if jobs.is_empty() {
+        return;
+    }
+    let now = crate::clock::now_epoch_ms();
+    let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
+        Op::Enter => (
+            &ENTER,
+            "enter.lua",
+            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"],
+            vec![limits.max_capacity, limits.key_ttl_s, now],
+        ),
+        Op::Status => {
+            (&STATUS, "status.lua", &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"], vec![now])
+        }
+    };
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
+    let prefix = keys::of(target, "");
+    let mut key = String::with_capacity(prefix.len() + 24);
+    for name in names {
+        key.clear();
+        key.push_str(&prefix);
+        key.push_str(name);
+        cmd.arg(key.as_str());
+    }
+    for job in &jobs {
+        key.clear();
+        let _ = write!(key, "{prefix}token:{}", job.user);
+        cmd.arg(key.as_str());
+    }
+    for name in SALE_KEYS {
+        cmd.arg(format!("{prefix}{name}"));
+    }
+    for v in head {
+        cmd.arg(v);
+    }
+    for job in &jobs {
+        cmd.arg(job.user.0);
+    }
+    let answers =
+        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
+    let mut told_direct = Vec::new();
+    match answers {
+        Ok(answers) => {
+            for (job, answer) in jobs.into_iter().zip(answers) {
+                let holds_place = matches!(answer, Answer::Waiting(_) | Answer::Issue);
+                if job.reply.send(Ok(answer)).is_err() && holds_place {
+                    told_direct.push(job.user);
+                }
+            }
+        }
+        Err(e) => {
+            let may_still_run = e.is_timeout();
+            for job in jobs {
+                if may_still_run {
+                    told_direct.push(job.user);
+                }
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+    if !told_direct.is_empty() {
+        leave_told_direct(conn, limits, target, told_direct).await;
+    }
+}
+
+/// Best effort: takes users told DIRECT_ADMITTED out of the queue (see [`execute`]). One
+/// pipeline of `EVAL` (not EVALSHA: a NOSCRIPT answer would come when nobody waits to load
+/// the script any more), written at once behind the late call.
+async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
+    let mut pipe = redis::pipe();
+    for user in &users {
+        pipe.cmd("EVAL")
+            .arg(include_str!("../../../lua/leave.lua"))
+            .arg(4)
+            .arg(keys::of(target, "waiting"))
+            .arg(keys::of(target, "heartbeat"))
+            .arg(keys::of(target, "departed"))
+            .arg(keys::of(target, "prequeue"))
+            .arg(user.0)
+            .arg(limits.key_ttl_s);
+    }
+    let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
+    tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
+}
+
+/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's
+/// five trailing items (see `lua/enter.lua`).
+fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool) -> Result<Vec<Answer>, StoreError> {
+    let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
+    let Value::Array(items) = reply else {
+        return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
+    };
+    let int = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
+        return Err(bad(&items));
+    };
+    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } {
+        return Err(bad(&items));
+    }
+    let notice = match &items[2 + 3 * users..] {
+        [_phase, opens, from, paused, message] => SaleNotice {
+            opens_at_ms: int(opens).filter(|t| *t > 0),
+            prequeue_from_ms: int(from).filter(|t| *t > 0),
+            paused: int(paused) == Some(1),
+            message: match message {
+                Value::BulkString(m) if !m.is_empty() => Some(String::from_utf8_lossy(m).into_owned()),
+                _ => None,
+            },
+        },
+        _ => SaleNotice::default(),
+    };
+    items[2..2 + 3 * users]
+        .chunks_exact(3)
+        .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
+            (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
+                seq: int(v).ok_or_else(|| bad(&items))?,
+                mark,
+                ahead,
+                batch_override: (batch > 0).then_some(batch),
+                paused: notice.paused,
+            })),
+            (Some(6), _, _) => Ok(Answer::PreQueue(notice.clone())),
+            (Some(7), _, _) => Ok(Answer::Scheduled(notice.clone())),
+            (Some(8), _, _) => Ok(Answer::Closed(notice.clone())),
+            (Some(2), Value::BulkString(token), _) => {
+                Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
+            }
+            (Some(3), _, _) => Ok(Answer::Full),
+            (Some(4), _, _) => Ok(Answer::NotInQueue),
+            (Some(5), _, _) => Ok(Answer::Issue),
+            _ => Err(bad(&items)),
+        })
+        .collect()
+}

@@ -1,0 +1,24 @@
+//! Key names. Operators and tests read these with redis-cli; they are a contract.
+
+use crate::domain::{QueueTarget, UserId};
+
+pub const ACTIVE: &str = "queue:active";
+pub const FLAG: &str = "virtual-queue:flag";
+pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
+/// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag
+/// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
+pub const FLAG_ACKS: &str = "virtual-queue:acks";
+
+pub fn of(target: QueueTarget, name: &str) -> String {
+    format!("queue:{{{target}}}:{name}")
+}
+pub fn token(target: QueueTarget, user: UserId) -> String {
+    format!("queue:{{{target}}}:token:{user}")
+}
+/// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
+pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
+    format!("queue:{{{target}}}:used:{user}")
+}
+pub fn admission_lock(target: QueueTarget) -> String {
+    format!("queue:admission:{{{target}}}")
+}
