@@ -314,7 +314,10 @@ impl SaleSource {
 pub enum SaleControl {
     Pause,
     Resume,
-    Close { message: String, source: SaleSource },
+    Close {
+        message: String,
+        source: SaleSource,
+    },
     /// Back to the always-open behaviour: the schedule, seed and pre-queue go; the ledger stays.
     Clear,
 }
@@ -496,9 +499,6 @@ mod tests {
         );
         assert_eq!(LedgerEntry::decode("nonsense"), None);
         assert_eq!(hex(&unhex("00ff10").unwrap()), "00ff10");
-        assert_eq!(
-            seed_commitment(b""),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(seed_commitment(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 }

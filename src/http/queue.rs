@@ -70,11 +70,9 @@ impl From<QueueStatus> for StatusBody {
                 paused: paused.then_some(true),
                 ..Self::sale("WAITING")
             },
-            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => Self {
-                token_expires_at: Some(iso8601(t.expires_at)),
-                entry_token: Some(t.raw),
-                ..Self::sale(admitted)
-            },
+            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => {
+                Self { token_expires_at: Some(iso8601(t.expires_at)), entry_token: Some(t.raw), ..Self::sale(admitted) }
+            }
             QueueStatus::PreQueue { opens_at_ms, paused } => Self {
                 opens_at: Some(format_instant(opens_at_ms)),
                 paused: paused.then_some(true),

@@ -513,7 +513,12 @@ impl QueueStore for AnyStore {
     async fn admit_by(&self, t: QueueTarget, b: u64, tick: u64, instance: &str) -> Result<AdmitOutcome, StoreError> {
         delegate!(self, s => s.admit_by(t, b, tick, instance))
     }
-    async fn schedule_sale(&self, t: QueueTarget, sch: SaleSchedule, seed: [u8; 32]) -> Result<ScheduleOutcome, StoreError> {
+    async fn schedule_sale(
+        &self,
+        t: QueueTarget,
+        sch: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
         delegate!(self, s => s.schedule_sale(t, sch, seed))
     }
     async fn read_sale(&self, t: QueueTarget) -> Result<Option<SaleView>, StoreError> {

@@ -137,8 +137,9 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
     for job in &jobs {
         cmd.arg(job.user.0);
     }
-    let answers =
-        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
+    let answers = eval_hot::<Value>(conn.clone(), script, &cmd)
+        .await
+        .and_then(|reply| parse_answers(what, reply, jobs.len(), true));
     let mut told_direct = Vec::new();
     match answers {
         Ok(answers) => {

@@ -97,8 +97,7 @@ impl RedisStore {
             .await?;
         let now_ms = num("sale_read.lua", &r, 0)?;
         let prequeued = num("sale_read.lua", &r, 1)?;
-        let fields: HashMap<String, String> =
-            r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+        let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
         Ok((SaleRecord::from_fields(&fields).map(|record| SaleView { record, now_ms }), prequeued))
     }
 
@@ -558,7 +557,8 @@ impl QueueStore for RedisStore {
         let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
         let mut from = 0;
         while from < frozen {
-            let part: Vec<u64> = conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
+            let part: Vec<u64> =
+                conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
             if part.is_empty() {
                 break;
             }
