@@ -544,7 +544,8 @@ impl QueueStore for RedisStore {
         let (Some(frozen), Some(base), Some(opens_at_ms)) = (get("frozen"), get("base"), get("opens_at")) else {
             return Ok(None);
         };
-        if fields.contains_key("opened_at") {
+        // A closed sale admits nobody again: its pre-queue is never ordered.
+        if fields.contains_key("opened_at") || fields.get("closed").is_some_and(|c| c == "1") {
             return Ok(None);
         }
         let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
