@@ -23,6 +23,12 @@ use crate::support::{
 const T: &str = "limited-drop/7";
 const P: &str = "queue:{LIMITED_DROP:7}:";
 
+/// Checks an answer's fields against the OpenAPI document's schema `name`.
+fn documented(name: &str, answer: &Value) {
+    let doc: Value = serde_json::from_str(include_str!("../../docs/openapi.json")).unwrap();
+    crate::openapi::conforms(&doc, name, answer);
+}
+
 fn target() -> QueueTarget {
     "LIMITED_DROP:7".parse().unwrap()
 }
@@ -128,6 +134,7 @@ async fn every_row_of_the_statuses_table_before_and_at_the_opening() {
     assert_eq!((code, b["status"].as_str()), (200, Some("SCHEDULED")), "{b}");
     assert_eq!(b["opensAt"].as_str(), Some(vq::domain::format_instant(opens_at).as_str()));
     assert!(b["prequeueOpensAt"].is_string(), "{b}");
+    documented("Status", &b);
     assert_eq!(app.poll(T, 1).await.status(), 404);
     let mut c = redis.conn().await;
     let recorded: bool = c.exists(format!("{P}prequeue")).await.unwrap();
@@ -141,6 +148,7 @@ async fn every_row_of_the_statuses_table_before_and_at_the_opening() {
         assert!(b["opensAt"].is_string() && b["pollAfterSeconds"].as_u64().is_some(), "{b}");
         assert_eq!(retry, b["pollAfterSeconds"].as_u64().map(|s| s.to_string()));
         assert!(b["position"].is_null());
+        documented("Status", &b);
     }
     app.enter(T, 2).await;
     let prequeued: u64 = c.zcard(format!("{P}prequeue")).await.unwrap();
@@ -153,6 +161,7 @@ async fn every_row_of_the_statuses_table_before_and_at_the_opening() {
     assert_eq!(stats["saleState"], "pre-queue");
     assert_eq!(stats["prequeuedCount"], 2);
     assert!(stats["opensAt"].is_string());
+    documented("Stats", &stats);
 
     // The opening: pre-queued users get positions 1..2, a later user 3, in one pump tick.
     until(opens_at).await;
@@ -315,6 +324,7 @@ async fn pause_holds_admission_across_ticks_and_resume_releases_it() {
     assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
     let b = app.json(app.poll(T, 25).await).await;
     assert_eq!((b["status"].as_str(), b["paused"].as_bool()), (Some("WAITING"), Some(true)), "{b}");
+    documented("Status", &b);
     assert_eq!(app.json(app.enter(T, 26).await).await["paused"], true);
     let pump = Pump::new(open_store(&s), s.clone(), "p".into());
     for _ in 0..3 {
@@ -359,6 +369,7 @@ async fn a_closed_sale_answers_closed_and_admitted_users_keep_their_tokens() {
         let (code, retry, b) = body(&app, resp).await;
         assert_eq!((code, b["status"].as_str(), b["message"].as_str()), (200, Some("CLOSED"), Some("Sold out")), "{b}");
         assert!(retry.is_none() && b.get("pollAfterSeconds").is_none(), "closed: stop polling");
+        documented("Status", &b);
     }
     // Admitted before the close: user 1 keeps the token, user 2 (not polled yet) gets one.
     let again = app.json(app.poll(T, 1).await).await;
