@@ -314,6 +314,76 @@ async fn the_opening_happens_exactly_once_with_three_instances_losing_the_lock()
 }
 
 #[tokio::test]
+async fn the_opening_happens_exactly_once_with_pumps_racing_in_every_tick() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.tick_ms = 200;
+    let s = Arc::new(s);
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    let store = open_store(&s);
+    let opens_at = schedule(&store, 2500, Some(-1000), None).await;
+    let n: u64 = 3000;
+    let mut tasks = tokio::task::JoinSet::new();
+    for lane in 0..8u64 {
+        let (client, url) = (app.client.clone(), app.url(&format!("/virtual-queues/{T}/entries")));
+        tasks.spawn(async move {
+            for u in (1..=n).filter(|u| u % 8 == lane) {
+                let r = client.post(&url).header("X-User-Id", u.to_string()).send().await.unwrap();
+                assert_eq!(r.json::<Value>().await.unwrap()["status"], "PRE_QUEUE");
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    assert!(now_ms() < opens_at, "pre-queueing took too long for this test's schedule");
+    until(opens_at).await;
+    // Three pumps tick back to back (not aligned to ticks), the lock is deleted every 20 ms,
+    // and new users enter meanwhile, for a second and a half.
+    let stop = now_ms() + 1500;
+    let mut racers = tokio::task::JoinSet::new();
+    for name in ["a", "b", "c"] {
+        let pump = Pump::new(open_store(&s), s.clone(), name.into());
+        racers.spawn(async move {
+            while now_ms() < stop {
+                let _ = pump.tick().await;
+            }
+        });
+    }
+    let mut c = redis.conn().await;
+    racers.spawn(async move {
+        while now_ms() < stop {
+            let _: Result<u64, _> = c.del("queue:admission:{LIMITED_DROP:7}").await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let (client, url) = (app.client.clone(), app.url(&format!("/virtual-queues/{T}/entries")));
+    racers.spawn(async move {
+        for u in n + 1..=n + 50 {
+            client.post(&url).header("X-User-Id", u.to_string()).send().await.unwrap();
+        }
+    });
+    while let Some(r) = racers.join_next().await {
+        r.unwrap();
+    }
+    let seed = unhex(show_json(&redis)["seed"].as_str().expect("opened"));
+    let placed = seqs(&redis).await;
+    let users: Vec<u64> = (1..=n).collect();
+    for (i, u) in expected_order(&seed, &users).iter().enumerate() {
+        assert_eq!(placed.get(u), Some(&(i as u64 + 1)), "pre-queued user {u}");
+    }
+    let mut late: Vec<u64> = (n + 1..=n + 50).map(|u| placed[&u]).collect();
+    late.sort();
+    assert_eq!(late, (n + 1..=n + 50).collect::<Vec<_>>(), "later users after the pre-queued, without gaps");
+    let distinct: HashSet<u64> = placed.values().copied().collect();
+    assert_eq!(distinct.len(), placed.len(), "no seq given twice");
+    let ledger = store.sale_ledger(target()).await.unwrap();
+    let openings = ledger.iter().filter(|e| matches!(e, vq::domain::LedgerEntry::Opening { .. })).count();
+    assert_eq!(openings, 1, "one opening in the ledger");
+}
+
+#[tokio::test]
 async fn pause_holds_admission_across_ticks_and_resume_releases_it() {
     let redis = RedisServer::spawn();
     let (app, s) = app_on(&redis).await;
