@@ -16,6 +16,8 @@ use crate::domain::{
 
 use crate::clock::now_epoch_ms as now_ms;
 
+mod sale;
+
 #[derive(Default)]
 struct TargetState {
     waiting: BTreeMap<u64, UserId>,
@@ -105,6 +107,8 @@ struct Inner {
     acks: HashMap<String, (FlagAck, u64)>,
     /// (target, tick) -> purchases forwarded by the gate
     forwarded: HashMap<(QueueTarget, u64), u64>,
+    /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).
+    sales: HashMap<QueueTarget, sale::MemSale>,
 }
 
 /// In-process store with the semantics of [`super::RedisStore`].
@@ -157,6 +161,11 @@ impl QueueStore for MemoryStore {
         if let Some(token) = t.live_token(user, now) {
             return Ok(EnterOutcome::Admitted(token));
         }
+        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.max_capacity) {
+            return Ok(answer);
+        }
+        let paused = sale::paused(&inner, target);
+        let t = inner.targets.entry(target).or_default();
         let seq = match t.seq_of.get(&user) {
             Some(seq) => *seq,
             None => {
@@ -171,7 +180,7 @@ impl QueueStore for MemoryStore {
             }
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Ok(w) => EnterOutcome::Waiting(w),
+            Ok(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
             Err(token) => EnterOutcome::Admitted(token),
         })
     }
@@ -190,17 +199,25 @@ impl QueueStore for MemoryStore {
         if let Some(token) = t.live_token(user, now) {
             return Ok(StatusOutcome::Admitted(token));
         }
+        if let Some(answer) = sale::status_gate(&mut inner, target, user, now) {
+            return Ok(answer);
+        }
+        let paused = sale::paused(&inner, target);
+        let Some(t) = inner.targets.get_mut(&target) else {
+            return Ok(StatusOutcome::NotInQueue);
+        };
         let Some(seq) = t.seq_of.get(&user).copied() else {
             return Ok(StatusOutcome::NotInQueue);
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Ok(w) => StatusOutcome::Waiting(w),
+            Ok(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
             Err(token) => StatusOutcome::Admitted(token),
         })
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let mut inner = self.lock();
+        sale::forget_prequeued(&mut inner, target, user);
         Ok(inner.targets.get_mut(&target).is_some_and(|t| t.remove(user)))
     }
 
@@ -224,6 +241,13 @@ impl QueueStore for MemoryStore {
         if t.last_tick.is_some_and(|last| tick <= last) {
             return Ok(AdmitOutcome { advanced: false, mark: t.mark, tick, admitted: 0, batch });
         }
+        if sale::admission_held(&mut inner, target, now) {
+            let t = inner.targets.entry(target).or_default();
+            t.touched = now;
+            return Ok(AdmitOutcome { advanced: false, mark: t.mark, tick, admitted: 0, batch });
+        }
+        let t = inner.targets.entry(target).or_default();
+        let before = t.mark;
         t.last_tick = Some(tick);
         let front: Vec<(u64, UserId)> =
             t.waiting.range(t.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
@@ -241,7 +265,18 @@ impl QueueStore for MemoryStore {
         t.admissions.insert(0, (tick, admitted));
         t.admissions.truncate(60);
         t.touched = now;
-        Ok(AdmitOutcome { advanced: true, mark: t.mark, tick, admitted, batch })
+        let mark = t.mark;
+        if admitted > 0 {
+            let step = LedgerEntry::Admission {
+                at_ms: now,
+                mark_before: before,
+                mark_after: mark,
+                admitted,
+                instance: "embedded".into(),
+            };
+            sale::ledger_entry(&mut inner, target, step);
+        }
+        Ok(AdmitOutcome { advanced: true, mark, tick, admitted, batch })
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
@@ -258,6 +293,9 @@ impl QueueStore for MemoryStore {
             t.remove(*user);
         }
         t.evicted += stale.len() as u64;
+        for (_, user) in &stale {
+            sale::forget_prequeued(&mut inner, target, *user);
+        }
         Ok(stale.len() as u64)
     }
 
@@ -333,8 +371,8 @@ impl QueueStore for MemoryStore {
             tokens_used: t.tokens_used,
             direct_tokens_used: t.direct_tokens_used,
             waits: t.waits.clone(),
-            sale: None,
-            prequeued: 0,
+            sale: sale::read(&inner, target, now).0,
+            prequeued: sale::read(&inner, target, now).1,
         })
     }
 
@@ -455,22 +493,23 @@ impl QueueStore for MemoryStore {
 
     async fn schedule_sale(
         &self,
-        _target: QueueTarget,
-        _schedule: SaleSchedule,
-        _seed: [u8; 32],
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
     ) -> Result<ScheduleOutcome, StoreError> {
-        Err(unsupported())
+        Ok(sale::schedule(&mut self.lock(), target, schedule, seed))
     }
 
-    async fn read_sale(&self, _target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
-        Ok(None)
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(sale::read(&self.lock(), target, now_ms()).0)
     }
 
-    async fn control_sale(&self, _target: QueueTarget, _control: SaleControl) -> Result<bool, StoreError> {
-        Err(unsupported())
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        Ok(sale::control(&mut self.lock(), target, control, now_ms()))
     }
 
     async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        // The embedded store writes the opening order in the step that freezes the pre-queue.
         Ok(None)
     }
 
@@ -481,14 +520,10 @@ impl QueueStore for MemoryStore {
         _opens_at_ms: u64,
         _last: bool,
     ) -> Result<bool, StoreError> {
-        Err(unsupported())
+        Ok(false)
     }
 
-    async fn sale_ledger(&self, _target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
-        Ok(Vec::new())
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(sale::ledger(&self.lock(), target))
     }
-}
-
-fn unsupported() -> StoreError {
-    StoreError::Reply { what: "memory store", detail: "the sale lifecycle needs store = redis".into() }
 }
