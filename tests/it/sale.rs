@@ -667,3 +667,69 @@ async fn scheduling_again_before_the_opening_keeps_the_seed_and_after_it_is_refu
     let b = app.json(app.enter(T, 2).await).await;
     assert_eq!(b["status"], "WAITING", "cleared: always open");
 }
+
+/// On a real 3-primary Redis Cluster, for targets whose slots live on different nodes: the
+/// pre-queue, the opening in the seed's order, pause, close and the ledger (every script
+/// touches one slot, or the cluster refuses it with CROSSSLOT).
+#[tokio::test]
+async fn the_sale_lifecycle_works_on_a_redis_cluster() {
+    use crate::support::{RedisCluster, cluster_settings};
+    let cluster = RedisCluster::spawn();
+    let s = Arc::new(cluster_settings(&cluster));
+    let app = spawn_app((*s).clone(), false).await;
+    let mut c = cluster.conn().await;
+    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.unwrap();
+    let _: i64 = c.hincr("virtual-queue:flag", "version", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut targets: Vec<(QueueTarget, String)> = Vec::new();
+    let mut nodes = HashSet::new();
+    for id in 1..=100u64 {
+        let t: QueueTarget = format!("LIMITED_DROP:{id}").parse().unwrap();
+        if nodes.insert(cluster.node_of(&format!("queue:{{{t}}}:sale")).await) {
+            targets.push((t, format!("limited-drop/{id}")));
+        }
+        if targets.len() == 2 {
+            break;
+        }
+    }
+    let store = open_store(&s);
+    let opens_at = now_ms() + 1500;
+    for (t, _) in &targets {
+        let sch = SaleSchedule { opens_at_ms: opens_at, prequeue_from_ms: Some(now_ms() - 1000), closes_at_ms: None };
+        assert!(matches!(store.schedule_sale(*t, sch, [9; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
+    }
+    for (_, path) in &targets {
+        for u in 1..=20 {
+            assert_eq!(app.json(app.enter(path, u).await).await["status"], "PRE_QUEUE");
+        }
+        assert_eq!(app.json(app.poll(path, 3).await).await["status"], "PRE_QUEUE");
+    }
+    until(opens_at).await;
+    let pump = Pump::new(open_store(&s), s.clone(), "p".into());
+    next_tick(s.queue.tick_ms).await;
+    let ticks = pump.tick().await.unwrap();
+    assert!(ticks.iter().all(|r| r.as_ref().is_ok_and(|t| t.admit.is_some_and(|a| a.admitted == 10))), "{ticks:?}");
+    let users: Vec<u64> = (1..=20).collect();
+    let order = expected_order(&[9; 32], &users);
+    for (t, path) in &targets {
+        let view = store.read_sale(*t).await.unwrap().unwrap();
+        assert_eq!(view.record.prequeued, Some(20));
+        let last = app.json(app.poll(path, order[19]).await).await;
+        assert_eq!((last["status"].as_str(), last["position"].as_u64()), (Some("WAITING"), Some(20)), "{t}: {last}");
+        assert_eq!(app.json(app.enter(path, 21).await).await["position"], 21);
+        assert!(store.control_sale(*t, SaleControl::Pause).await.unwrap());
+    }
+    next_tick(s.queue.tick_ms).await;
+    let ticks = pump.tick().await.unwrap();
+    assert!(ticks.iter().all(|r| r.as_ref().is_ok_and(|t| t.admit.is_some_and(|a| a.admitted == 0))), "paused");
+    for (t, path) in &targets {
+        let close = SaleControl::Close { message: "Sold out".into(), source: vq::domain::SaleSource::Command };
+        assert!(store.control_sale(*t, close).await.unwrap());
+        let b = app.json(app.poll(path, order[19]).await).await;
+        assert_eq!((b["status"].as_str(), b["message"].as_str()), (Some("CLOSED"), Some("Sold out")));
+        let ledger = store.sale_ledger(*t).await.unwrap();
+        let snap = store.snapshot(*t).await.unwrap();
+        assert_eq!(vq::domain::ledger_admitted(&ledger), snap.admitted_total);
+        assert_eq!(snap.admitted_total, 10);
+    }
+}
