@@ -1,121 +1,423 @@
 #!/usr/bin/env bash
-# Benchmarks vq on this machine, on a fresh redis-server, everything on 127.0.0.1.
+# Benchmarks vq on this machine: one entry point with named scenarios, each on fresh
+# redis-servers and everything on 127.0.0.1, stopped by PID on exit. A run ends with one
+# summary table; ROUNDS=n repeats the scenario n times and adds the medians (single runs on a
+# shared machine differ by a quarter and more). With the figures, what the machine was doing:
+# the share of its CPU time the hypervisor took (steal, /proc/stat) and the load average
+# (/proc/loadavg) while the run went.
 #
-#   [ROUNDS=n] [POLL_ORDER=cycle|random] [VQ_THREADS=n] scripts/bench.sh [wrk] [seconds] [connections]
-#       wrk against enter and poll (req/s, P50/P99), 64 connections, 10 s each, next to the
-#       calibration: a bare axum handler doing one EVALSHA ("return 1") per request
-#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here; each figure
-#       is also put against that handler under the very requests of the run (the same wrk
-#       script, path and headers: the client's share of the cost is then the same). With
-#       ROUNDS=n the three runs are repeated n times (each round on a target of its own, so
-#       the polled queue has the same size every round) and the medians of the shares of the
-#       calibration are printed last: this machine's runs differ by a third. Under each run:
-#       where the CPU went, in µs per request (server, Redis, wrk and the rest, idle, stolen
-#       by the hypervisor), from /proc.
-#       Polls go through the queue in entry order, each user once per round, as from users who
-#       all poll at the same interval; POLL_ORDER=random picks each polled user at random, the
-#       hardest order for Redis (see scripts/wrk/poll.lua). vq runs with its default `threads`
-#       (one worker per core) unless VQ_THREADS says otherwise (docs/deploy.md).
-#   scripts/bench.sh sale
-#       the standard flash-sale scenario with vq loadgen (scripts/bench-loadgen.sh: 100k
-#       users at 20k enters/s, polls every 2-3 s, purchases through the gate to a sink).
+#   scripts/bench.sh sale [LOADGEN-FLAGS...]
+#       the standard flash sale with `vq loadgen`: USERS=100000 users arriving at RATE=20000
+#       enters/s (ARRIVAL=constant), DURATION=10 s of arrivals and polls, clients polling after
+#       the server's pollAfterSeconds (--follow-poll-after, as the waiting page does), 5 % of
+#       them abandoning, admitted users buying through the gate to loadgen's counting sink.
+#       CONCURRENCY=256 requests in flight at most; EXTRA or LOADGEN-FLAGS add loadgen flags
+#       (e.g. --assert-poll-p95-ms 50); OUT=report.json keeps loadgen's JSON report (round n
+#       of several as report.n.json). Table: enters/s offered and answered, enter and poll
+#       P50/P95/P99, 5xx, the most purchases reaching the sink in one tick, and CPU µs per
+#       request of loadgen, vq serve and Redis. Exits 3 when loadgen's --assert-… bounds
+#       (always --assert-no-5xx) broke in any round.
+#   scripts/bench.sh naive [LOADGEN-FLAGS...]
+#       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
+#   scripts/bench.sh [wrk] [SECONDS] [CONNECTIONS]
+#       wrk -t2 against enter and poll (SECONDS default DURATION or 10, 64 connections), next
+#       to the calibration: a bare axum handler doing one EVALSHA ("return 1") per request
+#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here, also run
+#       under the very requests of each run (the same wrk script, path and headers, so the
+#       client's share of the cost is the same). Each round on a target of its own (the
+#       polled queue has the same size every round); polls go through the queue in entry
+#       order, each user once per round, as from users who all poll at the same interval;
+#       POLL_ORDER=random picks each polled user at random, the hardest order for Redis (see
+#       scripts/wrk/poll.lua). vq runs with its default `threads` (one worker per core) unless
+#       VQ_THREADS says otherwise (docs/deploy.md). Table: req/s, share of the calibration,
+#       P50/P95/P99, 5xx, users per script call, CPU µs per request of wrk, the server and Redis.
+#   [PAIRS=3] [SECS=4] scripts/bench.sh pair 'A-SPEC' 'B-SPEC'
+#       two vq builds or settings where single runs cannot tell them apart: A and B side by
+#       side on one fresh redis-server, taking turns (A B B A …) in short wrk runs, enters
+#       first, then polls of the users they entered (entry order). A spec is
+#       `[NAME=VALUE ...]|BINARY`: settings for that vq and its binary, e.g.
+#         scripts/bench.sh pair '|target/release/vq' 'VQ_THREADS=1|target/release/vq'
+#         scripts/bench.sh pair '|/tmp/vq-before' '|target/release/vq'
+#       Prints every pair (req/s, Redis' and that vq's CPU µs per request), then the medians.
+#   [N=100000] [B=16] [ROUNDS=3] scripts/bench.sh lua [LUA_DIR ...]
+#       script time per user of enter.lua and status.lua inside Redis, without HTTP, vq or
+#       wrk: N new users enter in calls of B users (as vq's coalescer sends them under load),
+#       then each polls once in entry order in calls of B; Redis' own accounting (INFO
+#       commandstats) divided by N. Steadier than req/s on this machine: how a change to a
+#       script is judged before `pair`. With several directories (default: lua/) their
+#       scripts take turns, ROUNDS times each, e.g.
+#         mkdir /tmp/old && git show HEAD~1:lua/enter.lua >/tmp/old/enter.lua &&
+#         git show HEAD~1:lua/status.lua >/tmp/old/status.lua && scripts/bench.sh lua /tmp/old lua
 #
-# Installs wrk and redis-server (Debian packages) when missing; builds vq in release.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-case "${1:-wrk}" in
-  sale) shift; exec scripts/bench-loadgen.sh "$@" ;;
-  wrk) [ $# -gt 0 ] && shift ;;
+# Installs wrk and redis-server (Debian packages) when missing; builds vq in release
+# (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+usage() { say "$*"; exit 2; }
+scenario="${1:-wrk}"
+case "$scenario" in
+  sale | naive | wrk | pair | lua) shift ;;
+  [0-9]*) scenario=wrk ;;
+  *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
-secs="${1:-10}"; conns="${2:-64}"
-poll_order="${POLL_ORDER:-cycle}"
-case "$poll_order" in cycle|random) ;; *) echo "POLL_ORDER must be cycle or random, got '$poll_order'" >&2; exit 2 ;; esac
+rounds="${ROUNDS:-1}"
+install_missing redis-server wrk
+secret="bench-secret-0123456789abcdef0123456789"
 
-pkgs=()
-command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
-command -v wrk >/dev/null 2>&1 || pkgs+=(wrk)
-if [ ${#pkgs[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${pkgs[@]}" >/dev/null
-fi
-cargo build --release --quiet --bins --example bare_evalsha
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rport=$(free_port); vport=$(free_port)
-work=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-
-redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
-rpid=$!; pids+=("$rpid")
-export VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn
-export VQ_TOKEN_SECRET="bench-secret-0123456789abcdef0123456789"
-export VQ_QUEUE__MAX_CAPACITY=100000000
-for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
-target/release/vq serve --flag-on >"$work/vq.log" 2>&1 &
-vpid=$!; pids+=("$vpid")
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
-
-# Where the CPU went during one wrk run, in µs per request: the server's and Redis' own time
-# (/proc/<pid>/stat), the rest of the busy time (wrk, and kernel work charged to no process),
-# idle, and the time the hypervisor gave to others ("steal" in /proc/stat: on this machine runs
-# with much of it are slower by a third). Sets `out` (wrk's output), `cpu` and `stolen_ms`.
-cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-sys_cpu() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6, $9}' /proc/stat; }
-measured() { # server-pid wrk-args...
-  local pid=$1 p0 r0 b0 i0 t0 p1 r1 b1 i1 t1 n; shift
-  p0=$(cpu_of "$pid"); r0=$(cpu_of "$rpid"); read -r b0 i0 t0 < <(sys_cpu)
-  out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "$@")
-  p1=$(cpu_of "$pid"); r1=$(cpu_of "$rpid"); read -r b1 i1 t1 < <(sys_cpu)
-  n=$(awk '/requests in/ {print $1}' <<<"$out")
-  stolen_ms=$(( (t1 - t0) * 10 ))
-  cpu=$(awk -v n="$n" -v p=$((p1 - p0)) -v r=$((r1 - r0)) -v b=$((b1 - b0)) -v i=$((i1 - i0)) -v t=$((t1 - t0)) 'BEGIN {
-    f = 1e4 / n   # clock ticks of 10 ms, per request, in µs
-    printf "CPU µs per request: server %.1f, redis %.1f, wrk and the rest %.1f, idle %.1f, stolen %.1f", p * f, r * f, (b - p - r) * f, i * f, t * f }')
+# ---- measuring: CPU ticks of processes and of the machine, from /proc --------------------
+hz=$(getconf CLK_TCK)
+ticks_of() { # pid -> utime + stime of that process, in clock ticks
+  local stat; stat=$(<"/proc/$1/stat")
+  stat=${stat##*) }   # the command name may hold spaces
+  awk '{print $12 + $13}' <<<"$stat"
 }
-wrk_rps() { awk '/Requests\/sec/ {print $2}'; }
-run() { # name script script-args...   (vq, after the calibration under the same requests)
-  local name=$1 script=$2; shift 2
-  local same; same=$(wrk -t2 -c"$conns" -d"${secs}s" -s "scripts/wrk/$script" "http://127.0.0.1:$bport" -- "$@" | wrk_rps)
-  redis-cli -p "$rport" config resetstat >/dev/null
-  measured "$vpid" -s "scripts/wrk/$script" "http://127.0.0.1:$vport" -- "$@"
-  local rps p50 p99 non2xx n calls
-  rps=$(wrk_rps <<<"$out")
-  p50=$(awk '$1=="50%" {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
-  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
-  n=$(awk '/requests in/ {print $1}' <<<"$out")
-  # Script calls in Redis (enters and polls go out coalesced per target; see src/store/coalesce.rs).
-  calls=$(redis-cli -p "$rport" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
-  local share same_share
-  share=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {printf "%.0f", 100*a/b}')
-  same_share=$(awk -v a="$rps" -v b="$same" 'BEGIN {printf "%.0f", 100*a/b}')
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s non-2xx %-4s %3s %% of base (%3s %% of its %s under these requests), %.1f users per script call, %s ms stolen\n       %s\n' \
-    "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$share" "$same_share" "$same" "$(awk -v n="$n" -v c="${calls:-1}" 'BEGIN {print n/c}')" "$stolen_ms" "$cpu"
-  shares["$name"]+="$share "
-  same_shares["$name"]+="$same_share "
+# The machine's steal and total CPU time (user nice system idle iowait irq softirq steal), ticks.
+machine() { awk '/^cpu / {print $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+steal0="" total0=""
+window_start() { read -r steal0 total0 < <(machine); }
+window_end() { # -> "steal-% load1" of the window
+  local steal1 total1
+  read -r steal1 total1 < <(machine)
+  awk -v s=$((steal1 - steal0)) -v t=$((total1 - total0)) -v l="$(cut -d' ' -f1 /proc/loadavg)" \
+    'BEGIN {printf "%.1f %s", (t > 0 ? 100 * s / t : 0), l}'
 }
-declare -A shares same_shares
-median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
-bport=$(free_port)
-target/release/examples/bare_evalsha "redis://127.0.0.1:$rport" "127.0.0.1:$bport" >"$work/bare.log" 2>&1 &
-bpid=$!; pids+=("$bpid")
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$bport/" >/dev/null && break; sleep 0.1; done
-echo "vq bench: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}'), $(nproc) cores shared by wrk, vq (threads = ${VQ_THREADS:-0, one per core}) and redis; polls in $poll_order order"
-for round in $(seq "${ROUNDS:-1}"); do
-  [ "${ROUNDS:-1}" -gt 1 ] && echo "round $round"
-  measured "$bpid" "http://127.0.0.1:$bport/"
-  base_rps=$(wrk_rps <<<"$out")
-  printf '%-6s %10s req/s   P50 %-8s P99 %-8s (bare axum + one EVALSHA "return 1": the ceiling), %s ms stolen\n       %s\n' base \
-    "$base_rps" "$(awk '$1=="50%" {print $2}' <<<"$out")" "$(awk '$1=="99%" {print $2}' <<<"$out")" "$stolen_ms" "$cpu"
-  run enter enter.lua 2 "$round"
-  entered=$(redis-cli -p "$rport" get "queue:{LIMITED_DROP:$round}:seq")
-  redis-cli -p "$rport" --raw zrange "queue:{LIMITED_DROP:$round}:waiting" 0 -1 >"$work/users.txt"
-  run poll poll.lua "$work/users.txt" "$round" 2 "$poll_order"
-done
-if [ "${ROUNDS:-1}" -gt 1 ]; then
-  echo "median share of the calibration over ${ROUNDS} rounds: enter $(median <<<"${shares[enter]}") %, poll $(median <<<"${shares[poll]}") %"
-  echo "median share of the calibration under the same requests: enter $(median <<<"${same_shares[enter]}") %, poll $(median <<<"${same_shares[poll]}") %"
-fi
-echo "users entered in the last round: $entered; redis used_memory: $(redis-cli -p "$rport" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
+# Runs a command in the foreground with its CPU time measured (bash's `time`), output to
+# $WORK/NAME.out; sets CPU_S (user + system seconds) and RC.
+timed() { # name command...
+  local name=$1 TIMEFORMAT='%3U %3S'; shift
+  RC=0
+  { time "$@" >"$WORK/$name.out" 2>"$WORK/$name.err"; } 2>"$WORK/$name.time" || RC=$?
+  CPU_S=$(awk '{print $1 + $2}' "$WORK/$name.time")
+}
+per_req() { # ticks-or-seconds unit requests -> µs per request
+  awk -v v="$1" -v u="$2" -v n="$3" -v hz="$hz" 'BEGIN {
+    if (n <= 0) { print "-"; exit }
+    printf "%.1f", (u == "s" ? v * 1e6 : v * 1e6 / hz) / n }'
+}
+# The table: a header line and rows of tab-separated fields, the first naming the row; with
+# ROUNDS>1 the rows of each round are numbered and the medians of the rows that share a name
+# follow them (a median of figures given with d decimals, with d decimals).
+table() { # tsv-file
+  python3 - "$1" "$rounds" <<'EOF'
+import statistics, sys
+lines = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+head, rows, rounds = lines[0], lines[1:], int(sys.argv[2])
+def decimals(v):
+    return len(v.split(".")[1]) if "." in v else 0
+out = []
+if rounds > 1:
+    seen = {}
+    for r in rows:
+        seen[r[0]] = seen.get(r[0], 0) + 1
+        out.append([f"{r[0]}, round {seen[r[0]]}"] + r[1:])
+    for name in seen:
+        group = [r for r in rows if r[0] == name]
+        med = ["median, " + name]
+        for col in range(1, len(head)):
+            cells = [r[col] if col < len(r) else "-" for r in group]
+            try:
+                m = statistics.median(float(c) for c in cells)
+                med.append(f"{m:.{max(decimals(c) for c in cells)}f}")
+            except ValueError:
+                med.append("-")
+        out.append(med)
+else:
+    out = rows
+allrows = [head] + out
+width = [max(len(r[c]) if c < len(r) else 1 for r in allrows) for c in range(len(head))]
+def line(r):
+    cells = [r[c] if c < len(r) else "-" for c in range(len(head))]
+    return "| " + " | ".join(x.ljust(width[c]) if c == 0 else x.rjust(width[c]) for c, x in enumerate(cells)) + " |"
+print(line(head))
+print("|" + "|".join("-" * (w + 2) for w in width) + "|")
+for r in out:
+    print(line(r))
+EOF
+}
+
+# ---- sale and naive: vq loadgen --------------------------------------------------------
+loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, sets RC
+  local round=$1 follow=$2; shift 2
+  local vq_port sink_port vq_pid json
+  start_redis --maxmemory 512mb --maxmemory-policy noeviction
+  vq_port=$(free_port); sink_port=$(free_port)
+  VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
+    RUST_LOG=warn spawn "vq-$round" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
+  vq_pid=$SPAWNED
+  wait_http "http://127.0.0.1:$vq_port/healthz" 20 "$vq_pid" ||
+    die "vq serve did not start: $(tail -5 "$WORK/vq-$round.log")"
+  json="$WORK/report-$round.json"
+  local flags=(--url "http://127.0.0.1:$vq_port" --target limited-drop:1 --users "$users"
+    --rate "$rate" --duration "$duration" --arrival "$arrival" --concurrency "$concurrency"
+    --abandon 0.05 --purchase --sink "127.0.0.1:$sink_port" --assert-no-5xx --quiet --json "$json")
+  [ "$follow" = 0 ] || flags+=(--follow-poll-after)
+  local r0 v0 r1 v1
+  r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "$vq_pid"); window_start
+  # --foreground: a Ctrl-C in the terminal reaches loadgen too.
+  # shellcheck disable=SC2086 # EXTRA is words
+  timed "loadgen-$round" timeout --foreground --signal=INT --kill-after=10 "$((duration + 60))" \
+    "$vq" loadgen "${flags[@]}" $extra "$@"
+  r1=$(ticks_of "$REDIS_PID"); v1=$(ticks_of "$vq_pid")
+  local machine_now; machine_now=$(window_end)
+  stop_pid "$vq_pid"; stop_pid "$REDIS_PID"
+  if ! [ -s "$json" ]; then
+    cat "$WORK/loadgen-$round.err" >&2
+    die "loadgen wrote no report (exit $RC)"
+  fi
+  [ -z "${OUT:-}" ] || cp "$json" "$([ "$rounds" = 1 ] && echo "$OUT" || echo "${OUT%.json}.$round.json")"
+  python3 - "$json" "$round" "$CPU_S" "$((v1 - v0))" "$((r1 - r0))" "$hz" "$machine_now" "$scenario" <<'EOF' >>"$WORK/rows"
+import json, sys
+r = json.load(open(sys.argv[1]))
+round_, lg_s, vq_t, redis_t, hz = sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+steal, load = sys.argv[7].split()
+n = sum(r["statusCounts"].values())
+us = lambda sec: f"{sec * 1e6 / n:.1f}" if n else "-"
+f = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+dmax = r.get("downstreamMaxPerTick")
+print("\t".join([sys.argv[8], f(r["offeredEnterRate"]), f(r["achievedEnterRate"]),
+    f(r["enter"]["p50Ms"]), f(r["enter"]["p95Ms"]), f(r["enter"]["p99Ms"]),
+    f(r["poll"]["p50Ms"]), f(r["poll"]["p95Ms"]), f(r["poll"]["p99Ms"]), f(r["pollRatePerSec"]),
+    str(sum(v for k, v in r["statusCounts"].items() if len(k) == 3 and k.startswith("5"))),
+    "-" if dmax is None else str(dmax), str(r["batchSize"]), str(n),
+    us(lg_s), us(vq_t / hz), us(redis_t / hz), steal, load]))
+if r.get("rateShortfall"):
+    print(f"round {round_}: {r['rateShortfall']}", file=sys.stderr)
+EOF
+  cat "$WORK/loadgen-$round.out" "$WORK/loadgen-$round.err" >&2
+  echo "round $round: loadgen exit $RC" >&2
+}
+
+loadgen_scenario() { # follow flags...
+  use_work_dir
+  local follow=$1; shift
+  users="${USERS:-100000}" rate="${RATE:-20000}" duration="${DURATION:-10}"
+  arrival="${ARRIVAL:-constant}" concurrency="${CONCURRENCY:-256}" extra="${EXTRA:-}"
+  vq="${BENCH_VQ:-target/release/vq}"
+  [ -n "${BENCH_VQ:-}" ] || build_release --quiet --bins
+  [ -x "$vq" ] || die "no vq binary at $vq"
+  local what="clients follow pollAfterSeconds"
+  [ "$follow" = 1 ] || what="clients poll every 2-3 s whatever the server says"
+  echo "vq bench $scenario: $users users at $rate enters/s ($arrival), ${duration}s, $what;" \
+    "loadgen, vq and redis-server $(redis-server --version | awk '{print $3}') on $(nproc) cores" >&2
+  printf 'run\tenters/s offered\tanswered\tenter P50 ms\tP95\tP99\tpoll P50 ms\tP95\tP99\tpolls/s\t5xx\tmost purchases at the sink in a tick\tbatch\trequests\tCPU µs/req loadgen\tvq\tredis\tsteal %%\tload 1m\n' >"$WORK/rows"
+  local round worst=0
+  for round in $(seq "$rounds"); do
+    loadgen_round "$round" "$follow" "$@"
+    [ "$RC" = 0 ] || worst=$RC
+  done
+  table "$WORK/rows"
+  exit "$worst"
+}
+
+# ---- wrk: enter and poll next to the calibration ---------------------------------------
+wrk_scenario() {
+  use_work_dir
+  local secs="${1:-${DURATION:-10}}" conns="${2:-64}" poll_order="${POLL_ORDER:-cycle}"
+  case "$poll_order" in cycle | random) ;; *) usage "POLL_ORDER must be cycle or random, got '$poll_order'" ;; esac
+  build_release --quiet --bins --example bare_evalsha
+  start_redis
+  local vport bport vpid bpid
+  vport=$(free_port); bport=$(free_port)
+  VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn VQ_TOKEN_SECRET="$secret" \
+    VQ_QUEUE__MAX_CAPACITY=100000000 spawn vq target/release/vq serve --flag-on
+  vpid=$SPAWNED
+  spawn bare target/release/examples/bare_evalsha "$REDIS_URL" "127.0.0.1:$bport"
+  bpid=$SPAWNED
+  wait_http "http://127.0.0.1:$vport/healthz" 20 "$vpid" || die "vq serve did not start: $(tail -5 "$WORK/vq.log")"
+  wait_http "http://127.0.0.1:$bport/" 20 "$bpid" || die "the calibration did not start: $(tail -5 "$WORK/bare.log")"
+  echo "vq bench wrk: wrk -t2 -c$conns -d${secs}s, redis-server $(redis-server --version | awk '{print $3}')," \
+    "$(nproc) cores shared by wrk, vq (threads = ${VQ_THREADS:-0, one per core}) and redis; polls in $poll_order order" >&2
+
+  # 5xx answers of vq serve, from its own metrics (wrk counts only non-2xx).
+  count_5xx() {
+    curl -fs "http://127.0.0.1:$vport/metrics" |
+      awk '/^virtual_queue_http_request_duration_seconds_count\{.*status="5/ {n += $NF} END {print n + 0}'
+  }
+  # One wrk run against PID's port, measured: appends a row NAME.
+  measured() { # name pid port base-rps same-rps wrk-args...
+    local name=$1 pid=$2 port=$3 base=$4 same=$5; shift 5
+    local p0 r0 p1 r1 e0=0 e1=0 machine_now
+    [ "$pid" != "$vpid" ] || e0=$(count_5xx)
+    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+    p0=$(ticks_of "$pid"); r0=$(ticks_of "$REDIS_PID"); window_start
+    timed wrk wrk -t2 -c"$conns" -d"${secs}s" "$@" "http://127.0.0.1:$port" -- "${wrk_args[@]}"
+    p1=$(ticks_of "$pid"); r1=$(ticks_of "$REDIS_PID"); machine_now=$(window_end)
+    [ "$RC" = 0 ] || die "wrk failed: $(cat "$WORK/wrk.err")"
+    [ "$pid" != "$vpid" ] || e1=$(count_5xx)
+    local out n rps calls
+    out=$(<"$WORK/wrk.out")
+    n=$(awk '/requests in/ {print $1}' <<<"$out")
+    rps=$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out")
+    LAST_RPS=$rps
+    calls=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
+    read -r p50 p95 p99 < <(awk '/^percentiles us:/ {printf "%.2f %.2f %.2f\n", $3 / 1000, $4 / 1000, $5 / 1000}' <<<"$out")
+    local share="-" same_share="-" five="-"
+    [ -z "$base" ] || share=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.0f", 100 * a / b}')
+    [ -z "$same" ] || same_share=$(awk -v a="$rps" -v b="$same" 'BEGIN {printf "%.0f", 100 * a / b}')
+    [ "$pid" != "$vpid" ] || five=$((e1 - e0))
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rps" "$share" "$same_share" \
+      "$p50" "$p95" "$p99" "$(awk '/Non-2xx/ {print $5}' <<<"$out" | grep . || echo 0)" "$five" \
+      "$(awk -v n="$n" -v c="${calls:-0}" 'BEGIN {if (c > 0) printf "%.1f", n / c; else print "-"}')" \
+      "$(per_req "$CPU_S" s "$n")" "$(per_req $((p1 - p0)) t "$n")" "$(per_req $((r1 - r0)) t "$n")" \
+      "${machine_now% *}" "${machine_now#* }" >>"$WORK/rows"
+  }
+  printf 'run\treq/s\t%% of calibration\t%% of it under the same requests\tP50 ms\tP95\tP99\tnon-2xx\t5xx\tusers per script call\tCPU µs/req wrk\tserver\tredis\tsteal %%\tload 1m\n' >"$WORK/rows"
+  local round base same entered
+  for round in $(seq "$rounds"); do
+    wrk_args=()
+    measured calibration "$bpid" "$bport" "" "" -s scripts/wrk/base.lua
+    base=$LAST_RPS
+    wrk_args=(2 "$round")
+    measured "calibration, enter requests" "$bpid" "$bport" "" "" -s scripts/wrk/enter.lua
+    same=$LAST_RPS
+    measured enter "$vpid" "$vport" "$base" "$same" -s scripts/wrk/enter.lua
+    entered=$(redis-cli -p "$REDIS_PORT" get "queue:{LIMITED_DROP:$round}:seq")
+    redis-cli -p "$REDIS_PORT" --raw zrange "queue:{LIMITED_DROP:$round}:waiting" 0 -1 >"$WORK/users.txt"
+    wrk_args=("$WORK/users.txt" "$round" 2 "$poll_order")
+    measured "calibration, poll requests" "$bpid" "$bport" "" "" -s scripts/wrk/poll.lua
+    same=$LAST_RPS
+    measured poll "$vpid" "$vport" "$base" "$same" -s scripts/wrk/poll.lua
+    echo "round $round: $entered users entered, then polled" >&2
+  done
+  table "$WORK/rows"
+  echo "redis used_memory at the end: $(redis-cli -p "$REDIS_PORT" info memory | awk -F: '/^used_memory_human/ {print $2}' | tr -d '\r')"
+}
+
+# ---- pair: two builds or settings side by side -----------------------------------------
+pair_scenario() {
+  [ $# -eq 2 ] || usage "usage: scripts/bench.sh pair 'A-SPEC' 'B-SPEC' (a spec is [NAME=VALUE ...]|BINARY)"
+  local spec
+  for spec in "$@"; do
+    [[ "$spec" == *"|"* ]] || usage "spec '$spec' has no '|BINARY'"
+    [ -x "${spec#*|}" ] || usage "no vq binary at '${spec#*|}'"
+  done
+  local secs="${SECS:-4}" pairs="${PAIRS:-3}"
+  use_work_dir
+  start_redis
+  local specs=("$1" "$2") port=() vpid=() i
+  for i in 0 1; do
+    spec=${specs[i]}
+    port[i]=$(free_port)
+    # shellcheck disable=SC2086 # the settings are words NAME=VALUE
+    spawn "vq$i" env ${spec%%|*} VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:${port[i]}" RUST_LOG=warn \
+      VQ_TOKEN_SECRET="$secret" VQ_QUEUE__MAX_CAPACITY=100000000 "${spec#*|}" serve --flag-on
+    vpid[i]=$SPAWNED
+    wait_http "http://127.0.0.1:${port[i]}/healthz" 20 "${vpid[i]}" || die "vq $i did not start: $(tail -5 "$WORK/vq$i.log")"
+  done
+  run_one() { # side kind -> "req/s redis-us vq-us"
+    local i=$1 kind=$2 target=$(($1 + 1)) r0 v0 n
+    r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "${vpid[i]}")
+    if [ "$kind" = enter ]; then
+      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" >"$WORK/pair.out"
+    else
+      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/poll.lua "http://127.0.0.1:${port[i]}" -- "$WORK/users$i.txt" "$target" 2 >"$WORK/pair.out"
+    fi
+    n=$(awk '/requests in/ {print $1}' "$WORK/pair.out")
+    echo "$(awk '/Requests\/sec/ {printf "%.0f", $2}' "$WORK/pair.out") $(per_req $(($(ticks_of "$REDIS_PID") - r0)) t "$n") $(per_req $(($(ticks_of "${vpid[i]}") - v0)) t "$n")"
+  }
+  : >"$WORK/res"
+  local kind a b machine_now
+  window_start
+  for kind in enter poll; do
+    if [ "$kind" = poll ]; then
+      for i in 0 1; do redis-cli -p "$REDIS_PORT" --raw zrange "queue:{LIMITED_DROP:$((i + 1))}:waiting" 0 -1 >"$WORK/users$i.txt"; done
+    fi
+    for _ in $(seq "$pairs"); do
+      a=$(run_one 0 "$kind"); b=$(run_one 1 "$kind"); echo "$kind $a $b" >>"$WORK/res"
+      b=$(run_one 1 "$kind"); a=$(run_one 0 "$kind"); echo "$kind $a $b" >>"$WORK/res"
+    done
+  done
+  machine_now=$(window_end)
+  echo "A = $1"
+  echo "B = $2"
+  awk '{printf "%-5s A %6d req/s (redis %4.1f, vq %4.1f us/req) | B %6d req/s (redis %4.1f, vq %4.1f) | B/A %.2f\n", $1, $2, $3, $4, $5, $6, $7, $5 / $2}' "$WORK/res"
+  printf 'kind\tA req/s\tB req/s\tB/A\tA vq µs/req\tB vq\tA redis µs/req\tB redis\n' >"$WORK/rows"
+  python3 - "$WORK/res" >>"$WORK/rows" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+for kind in ("enter", "poll"):
+    g = [[float(x) for x in r[1:]] for r in rows if r[0] == kind]
+    med = lambda i: statistics.median(r[i] for r in g)
+    ratio = statistics.median(r[3] / r[0] for r in g)
+    print(f"median {kind} ({len(g)} pairs)\t{med(0):.0f}\t{med(3):.0f}\t{ratio:.3f}\t{med(2):.1f}\t{med(5):.1f}\t{med(1):.1f}\t{med(4):.1f}")
+EOF
+  rounds=1 table "$WORK/rows"
+  read -r steal load <<<"$machine_now"
+  echo "steal ${steal} % of the machine's CPU time during the pairs; load average (1 min) at the end ${load}"
+}
+
+# ---- lua: script time per user inside Redis --------------------------------------------
+lua_scenario() {
+  local n="${N:-100000}" b="${B:-16}" lrounds="${ROUNDS:-3}" dirs=("$@") d
+  [ ${#dirs[@]} -gt 0 ] || dirs=(lua)
+  for d in "${dirs[@]}"; do
+    { [ -f "$d/enter.lua" ] && [ -f "$d/status.lua" ]; } || usage "no enter.lua and status.lua in '$d'"
+  done
+  use_work_dir
+  start_redis
+  rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+  # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
+  # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
+  # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users.
+  calls() { # script-file enter|status sha
+    python3 - "$1" "$2" "$3" "$n" "$b" <<'EOF'
+import re, sys, time
+path, op, sha, n, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+names = {}
+for line in open(path):
+    m = re.match(r"--\s*KEYS\[(\d+)\]\s+queue:\{T\}:(\w+)", line)
+    if m:
+        names[int(m.group(1))] = m.group(2)
+names = [names[k] for k in sorted(names)]
+p = "queue:{LIMITED_DROP:1}:"
+now = str(int(time.time() * 1000))
+head = ["100000000", "1800", now] if op == "enter" else [now]
+out = sys.stdout.buffer
+for first in range(1, n + 1, b):
+    users = [str(u) for u in range(first, min(first + b, n + 1))]
+    args = ["EVALSHA", sha, str(len(names) + len(users))] + [p + k for k in names]
+    args += [p + "token:" + u for u in users] + head + users
+    out.write(("*%d\r\n" % len(args)).encode())
+    for a in args:
+        out.write(("$%d\r\n%s\r\n" % (len(a.encode()), a)).encode())
+EOF
+  }
+  per_user() { # script time of the EVALSHA calls since the last reset, µs per user
+    rcli info commandstats | awk -F'[=,]' -v n="$n" '/^cmdstat_evalsha:/ {printf "%.2f", $4 / n}'
+  }
+  echo "vq bench lua: script time per user (µs inside Redis), $n users in calls of $b, redis-server $(redis-server --version | awk '{print $3}')" >&2
+  printf 'scripts\tenter µs/user\tpoll µs/user\n' >"$WORK/rows"
+  local round enter_sha status_sha entered e s
+  window_start
+  for round in $(seq "$lrounds"); do
+    for d in "${dirs[@]}"; do
+      rcli flushall >/dev/null
+      enter_sha=$(rcli script load "$(cat "$d/enter.lua")")
+      status_sha=$(rcli script load "$(cat "$d/status.lua")")
+      rcli config resetstat >/dev/null
+      calls "$d/enter.lua" enter "$enter_sha" | rcli --pipe >/dev/null
+      entered=$(rcli get 'queue:{LIMITED_DROP:1}:seq')
+      [ "$entered" = "$n" ] || die "$d: $entered users entered, expected $n"
+      e=$(per_user)
+      rcli config resetstat >/dev/null
+      calls "$d/status.lua" status "$status_sha" | rcli --pipe >/dev/null
+      s=$(per_user)
+      printf '%s\t%s\t%s\n' "$d" "$e" "$s" >>"$WORK/rows"
+      echo "round $round $d: enter $e, poll $s" >&2
+    done
+  done
+  local machine_now steal load
+  machine_now=$(window_end)
+  rounds=$lrounds table "$WORK/rows"
+  read -r steal load <<<"$machine_now"
+  echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}"
+}
+
+case "$scenario" in
+  sale) loadgen_scenario 1 "$@" ;;
+  naive) loadgen_scenario 0 "$@" ;;
+  wrk) wrk_scenario "$@" ;;
+  pair) pair_scenario "$@" ;;
+  lua) lua_scenario "$@" ;;
+esac

@@ -3,10 +3,10 @@
 # it): a locked release build of vq, installed as OUT_DIR/vq (default target/dist/vq).
 #
 #   scripts/build-release.sh [OUT_DIR]
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 out="${1:-target/dist}"
-cargo build --release --locked --bin vq
+build_release --locked --bin vq
 mkdir -p "$out"
 install -m 0755 target/release/vq "$out/vq"
 "$out/vq" --version >/dev/null

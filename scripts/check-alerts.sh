@@ -4,40 +4,24 @@
 # `vq serve` once and must see its virtual_queue_* series. Loopback only, time-bounded,
 # stops only the processes it started. Installs promtool (Debian package prometheus) when
 # missing.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 
-if ! command -v promtool >/dev/null; then
-  echo "promtool missing: installing the Debian package prometheus" >&2
-  apt-get install -y prometheus >/dev/null
-fi
+install_missing promtool=prometheus
 
 promtool check rules deploy/prometheus/alerts.yml
 (cd deploy/prometheus && promtool test rules alerts_test.yml)
 
 [[ "${1:-}" == "--no-scrape" ]] && exit 0
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-redis_port=$(free_port); vq_port=$(free_port); prom_port=$(free_port)
-
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >"$work/redis.log" 2>&1 &
-pids+=($!)
+use_work_dir
+work=$WORK
+vq_port=$(free_port); prom_port=$(free_port)
+start_redis
 cargo build --quiet --bin vq
-VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="redis://127.0.0.1:$redis_port" \
-  target/debug/vq serve --no-pump --listen "127.0.0.1:$vq_port" >"$work/vq.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do curl -fs "127.0.0.1:$vq_port/healthz" >/dev/null && break; sleep 0.1; done
-VQ_REDIS__URL="redis://127.0.0.1:$redis_port" target/debug/vq flag on >/dev/null
-sleep 1.2
+VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="$REDIS_URL" \
+  spawn vq target/debug/vq serve --no-pump --flag-on --listen "127.0.0.1:$vq_port"
+wait_http "127.0.0.1:$vq_port/healthz" 10 "$SPAWNED" || die "vq serve did not start: $(tail -5 "$work/vq.log")"
 for u in 1 2 3; do
   curl -fs -X POST -H "X-User-Id: $u" "127.0.0.1:$vq_port/virtual-queues/limited-drop/42/entries" >/dev/null
 done
@@ -49,9 +33,8 @@ scrape_configs:
   - job_name: vq
     static_configs: [{targets: ["127.0.0.1:$vq_port"]}]
 YML
-prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-  --web.listen-address="127.0.0.1:$prom_port" >"$work/prom.log" 2>&1 &
-pids+=($!)
+spawn prom prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
+  --web.listen-address="127.0.0.1:$prom_port"
 
 query='virtual_queue_length{target="LIMITED_DROP:42"}'
 deadline=$((SECONDS + 30))

@@ -4,24 +4,20 @@
 # USERS are in, then INFO memory before/after. Everything on 127.0.0.1, stopped on exit.
 #
 #   [BENCH_VQ=path] scripts/measure-memory.sh [USERS]      default 100000 users, target/dist/vq
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 users="${1:-100000}"
 vq="${BENCH_VQ:-target/dist/vq}"   # not VQ_…: vq reads those as settings
 [ -x "$vq" ] || scripts/build-release.sh >&2
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rport=$(free_port); vport=$(free_port); work=$(mktemp -d); pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" </dev/null >"$work/redis.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+install_missing redis-server wrk
+vport=$(free_port)
+start_redis
+rport=$REDIS_PORT
 used() { redis-cli -p "$rport" info memory | awk -F: '/^used_memory:/ {print $2+0}'; }
-VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_LISTEN="127.0.0.1:$vport" VQ_QUEUE__MAX_CAPACITY=$((users * 2)) \
+VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:$vport" VQ_QUEUE__MAX_CAPACITY=$((users * 2)) \
   VQ_TOKEN_SECRET="measure-secret-0123456789abcdef0123456789" RUST_LOG=warn \
-  "$vq" serve --no-pump --flag-on </dev/null >"$work/vq.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$vport/healthz" >/dev/null && break; sleep 0.1; done
+  spawn vq "$vq" serve --no-pump --flag-on
+wait_http "http://127.0.0.1:$vport/healthz" 10 "$SPAWNED" || die "vq serve did not start: $(tail -5 "$WORK/vq.log")"
 # One user first, so the per-target keys exist before the baseline.
 curl -sf -X POST -H 'X-User-Id: 999999999' "http://127.0.0.1:$vport/virtual-queues/limited-drop/1/entries" >/dev/null
 before=$(used)

@@ -3,25 +3,23 @@
 #   1. nginx's auth_request config (deploy/nginx/auth-request.conf) with the real nginx:
 #      a purchase without a token, or with another user's, is 403; with a minted token the
 #      backend answers;
-#   2. a short load through nginx (wrk: new users entering + random polls, spread by nginx over
-#      the three replicas), with one replica killed (SIGKILL) half-way: admission stays at one
-#      batch per tick (admit.lua's log in Redis), and the survivors keep answering;
+#   2. a short load through nginx (wrk with scripts/wrk/mixed.lua: new users entering and
+#      random polls of users entered before, spread by nginx over the three replicas, answers
+#      counted by status class), with one replica killed (SIGKILL) half-way: admission stays
+#      at one batch per tick (admit.lua's log in Redis), and the survivors keep answering;
 #   3. `down` leaves no process behind.
-# (`vq loadgen` is built on another branch; wrk stands in for it here.)
 #
 #   scripts/topology-check.sh [SECONDS]     default 12; tick 500 ms, batch 20 unless set
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 secs="${1:-12}"
 export VQ_QUEUE__TICK_MS="${VQ_QUEUE__TICK_MS:-500}" VQ_QUEUE__BATCH_SIZE="${VQ_QUEUE__BATCH_SIZE:-20}"
 export VQ_QUEUE__MAX_CAPACITY="${VQ_QUEUE__MAX_CAPACITY:-1000000}" VQ_FLAG__REFRESH_MS=200 RUST_LOG=warn
 export TOPOLOGY_DIR="${TOPOLOGY_DIR:-$(pwd)/target/topology-check}"
-command -v wrk >/dev/null 2>&1 || {
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
-}
+install_missing wrk
 fail() { echo "FAIL: $*" >&2; exit 1; }
-trap 'scripts/topology.sh down >/dev/null 2>&1 || true' EXIT
+topology_up=1
+on_exit() { [ -z "$topology_up" ] || scripts/topology.sh down >/dev/null 2>&1 || true; }
 
 env_lines=$(scripts/topology.sh up)
 eval "$(grep -E '^(VQ_URL|VQ_REDIS__URL|TOPOLOGY_[A-Z_]+)=' <<<"$env_lines" | sed 's/^/export /')"
@@ -50,8 +48,8 @@ echo "   no token 403, valid token 200"
 echo "== load through nginx for ${secs}s: tick ${VQ_QUEUE__TICK_MS} ms, batch ${VQ_QUEUE__BATCH_SIZE}; vq2 killed at $((secs / 2))s"
 tick_now() { rcli --raw TIME | python3 -c 'import sys; s, us = map(int, sys.stdin.read().split()); print((s * 1000 + us // 1000) // '"$VQ_QUEUE__TICK_MS"')'; }
 start_tick=$(tick_now)
-wrk -t1 -c32 -d"${secs}s" --latency -s scripts/wrk/mixed.lua "$VQ_URL" >"$TOPOLOGY_DIR/wrk.txt" &
-wrk_pid=$!
+spawn - wrk -t1 -c32 -d"${secs}s" --latency -s scripts/wrk/mixed.lua "$VQ_URL" >"$TOPOLOGY_DIR/wrk.txt"
+wrk_pid=$SPAWNED
 sleep $((secs / 2))
 kill -KILL "$(cat "$TOPOLOGY_DIR/vq2.pid")"
 kill_tick=$(tick_now)
@@ -90,7 +88,7 @@ sys.exit(1 if bad or len(missing) > 1 else 0)
 
 echo "== down"
 scripts/topology.sh down
-trap - EXIT
+topology_up=""
 left=$(pgrep -f "$TOPOLOGY_DIR|$(realpath "$vq") serve" || true)
 [ -z "$left" ] || fail "processes left behind: $left"
 echo "   no process left behind"

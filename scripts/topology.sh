@@ -12,36 +12,16 @@
 # release build, built with scripts/build-release.sh when missing), VQ_TOKEN_SECRET (else a
 # random one is written to the state dir, mode 600), PURCHASE_BACKEND (an http:// URL; else
 # the stub backend), and any VQ_* setting for the three replicas (e.g. VQ_QUEUE__TICK_MS).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 repo=$(pwd)
 state="${TOPOLOGY_DIR:-$repo/target/topology}"
-say() { printf '==> %s\n' "$*" >&2; }
-die() { say "$*"; exit 1; }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 wait_for() { # what command...
   local what=$1; shift
-  for _ in $(seq 100); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  die "$what does not answer (logs in $state)"
-}
-
-install_missing() {
-  local pkgs=()
-  command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
-  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || pkgs+=(nginx)
-  command -v curl >/dev/null 2>&1 || pkgs+=(curl)
-  command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
-  if [ ${#pkgs[@]} -gt 0 ]; then
-    say "installing: ${pkgs[*]}"
-    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    # policy-rc.d keeps the package from starting a system-wide nginx on port 80.
-    DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 $sudo apt-get install -y -qq "${pkgs[@]}" >/dev/null
-  fi
+  wait_until 10 "$@" || die "$what does not answer (logs in $state)"
 }
 
 # Starts "$@" in the background, detached from this shell's output, and records its PID.
@@ -56,7 +36,7 @@ up() {
     [ -e "$f" ] || continue
     alive "$f" && die "already up ($f is running): scripts/topology.sh down first"
   done
-  install_missing
+  install_missing redis-server /usr/sbin/nginx=nginx curl python3
   local nginx_bin; nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
   rm -rf "$state"; mkdir -p "$state/redis" "$state/nginx/logs" "$state/nginx/tmp"
 
@@ -107,6 +87,7 @@ EOF
 
   # deploy/nginx/vq.conf as compose runs it, with the replicas' loopback ports. There is no
   # login here: the AUTH LAYER of both files takes the client's X-User-Id as authenticated.
+  # shellcheck disable=SC2016 # nginx variables, for sed
   local trust_client='s/set $vq_user_id "";/set $vq_user_id $http_x_user_id;/'
   sed -e "s/vq1:8080/127.0.0.1:${vports[0]}/; s/vq2:8080/127.0.0.1:${vports[1]}/; s/vq3:8080/127.0.0.1:${vports[2]}/" \
       -e "s/listen 80;/listen 127.0.0.1:$nport;/" -e "$trust_client" deploy/nginx/vq.conf >"$state/nginx/vq.conf"

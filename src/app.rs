@@ -88,6 +88,20 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     }
 }
 
+/// Sends the heartbeats of polls answered from this instance's copy of the mark and refreshes
+/// the copies (`queue.local_polls`), every quarter tick.
+async fn sync_local_views_loop(service: Arc<QueueService>, cancel: CancellationToken) {
+    let every = crate::service::local_sync_every(service.settings().queue.tick_ms);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(every) => service.sync_local_views().await,
+        }
+    }
+    // The last heartbeats of polls answered before the shutdown.
+    service.sync_local_views().await;
+}
+
 /// Installs the metrics recorder and folds histogram samples into buckets every few seconds.
 async fn metrics_upkeep_loop(cancel: CancellationToken) {
     crate::metrics::install();
@@ -130,6 +144,9 @@ pub async fn run(
     let tracker = TaskTracker::new();
     tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
     tracker.spawn(metrics_upkeep_loop(cancel.clone()));
+    if settings.queue.local_polls {
+        tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
+    }
     if opts.pump {
         let pump = Pump::new(store, settings.clone(), instance_id.clone());
         tracker.spawn(pump.run(cancel.clone()));

@@ -163,6 +163,9 @@ pub struct QueueSettings {
     pub heartbeat_timeout_s: u64,
     pub max_evict_per_tick: u64,
     pub key_ttl_s: u64,
+    /// Answer waiting users' polls from this instance's copy of the admission mark, with
+    /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
+    pub local_polls: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -297,6 +300,7 @@ impl Default for QueueSettings {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
+            local_polls: true,
         }
     }
 }

@@ -31,6 +31,7 @@ pub const BYPASS_ATTEMPTS_TOTAL: &str = "virtual_queue_bypass_attempts_total";
 pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
 pub const HTTP_DURATION: &str = "virtual_queue_http_request_duration_seconds";
 pub const FLAG_MISSING: &str = "virtual_queue_flag_missing";
+pub const POLLS_LOCAL_TOTAL: &str = "virtual_queue_polls_answered_locally_total";
 
 /// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
 /// are for alerting and dashboards).
@@ -72,6 +73,10 @@ fn describe() {
     describe_histogram!(WAIT_SECONDS, metrics::Unit::Seconds, "Wait from entry to admission of admitted users");
     describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
     describe_counter!(REDIS_DEGRADED_TOTAL, "Requests answered fail-open because Redis failed");
+    describe_counter!(
+        POLLS_LOCAL_TOTAL,
+        "Waiting users' polls answered from this instance's copy of the mark (queue.local_polls)"
+    );
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
     describe_gauge!(
         FLAG_MISSING,
@@ -88,6 +93,7 @@ fn register_at_zero() {
     }
     counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
     counter!(REDIS_DEGRADED_TOTAL).absolute(0);
+    counter!(POLLS_LOCAL_TOTAL).absolute(0);
 }
 
 /// The `event` label values of [`TOKENS_TOTAL`].
@@ -165,6 +171,11 @@ pub fn bypass_attempt() {
 /// A request answered fail-open because Redis failed.
 pub fn redis_degraded() {
     counter!(REDIS_DEGRADED_TOTAL).increment(1);
+}
+
+/// A waiting user's poll answered without Redis (`service::local`).
+pub fn poll_answered_locally() {
+    counter!(POLLS_LOCAL_TOTAL).increment(1);
 }
 
 /// Histogram handles by status, then route template: after the first request of a kind, a

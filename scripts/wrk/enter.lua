@@ -17,3 +17,7 @@ function request()
   counter = counter + 1
   return head .. (counter * stride + offset) .. "\r\n\r\n"
 end
+-- Once at the end: the percentiles scripts/bench.sh reads (wrk's own --latency has no P95), µs.
+function done(summary, latency, requests)
+  io.write(string.format("percentiles us: %d %d %d\n", latency:percentile(50), latency:percentile(95), latency:percentile(99)))
+end

@@ -11,6 +11,7 @@
 mod degraded;
 mod flag;
 mod gate;
+mod local;
 mod stats;
 
 use std::collections::HashMap;
@@ -22,6 +23,8 @@ use self::degraded::Degraded;
 pub use self::flag::AppliedFlag;
 use self::flag::FlagCache;
 pub use self::gate::{ClaimMode, GatePass, Pace, PendingClaim};
+use self::local::LocalPolls;
+pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
 use crate::config::Settings;
 use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
@@ -83,10 +86,15 @@ pub struct QueueService {
     global_batch: AtomicU64,
     degraded: Degraded,
     registered: Mutex<HashMap<QueueTarget, Instant>>,
+    /// Waiting users' polls answered from this instance's copy (`queue.local_polls`).
+    local: Option<LocalPolls>,
 }
 
 impl QueueService {
     pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
+        let q = &settings.queue;
+        let local = (q.local_polls && matches!(store, AnyStore::Redis(_)))
+            .then(|| LocalPolls::new(q.tick_ms, q.max_capacity, q.heartbeat_timeout_s));
         Self {
             store,
             secret,
@@ -95,6 +103,7 @@ impl QueueService {
             global_batch: AtomicU64::new(0),
             degraded: Degraded::new(),
             registered: Mutex::new(HashMap::new()),
+            local,
         }
     }
 
@@ -187,6 +196,7 @@ impl QueueService {
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
         match self.bounded(self.store.enter(target, user, &candidate)).await {
             Ok(EnterOutcome::Waiting(w)) => {
+                self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
                 Ok(self.waiting(w))
             }
@@ -200,7 +210,10 @@ impl QueueService {
                 opens_at_ms: n.opens_at_ms.unwrap_or(0),
                 prequeue_from_ms: n.prequeue_from_ms,
             }),
-            Ok(EnterOutcome::Closed(n)) => Ok(Self::closed(n)),
+            Ok(EnterOutcome::Closed(n)) => {
+                self.local_learn(target, user, None);
+                Ok(Self::closed(n))
+            }
             Err(e) => {
                 self.degraded.record("enter", target, &e);
                 Ok(self.direct(target, user))
@@ -212,14 +225,29 @@ impl QueueService {
         if let Some(direct) = self.bypass_store(target, user) {
             return Ok(direct);
         }
+        if let Some(w) = self.local_answer(target, user) {
+            return Ok(self.waiting(w));
+        }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
         match self.bounded(self.store.status(target, user, &candidate)).await {
-            Ok(StatusOutcome::Waiting(w)) => Ok(self.waiting(w)),
-            Ok(StatusOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
-            Ok(StatusOutcome::NotInQueue) => Err(QueueError::NotInQueue(target)),
+            Ok(StatusOutcome::Waiting(w)) => {
+                self.local_learn(target, user, Some(w.seq));
+                Ok(self.waiting(w))
+            }
+            Ok(StatusOutcome::Admitted(raw)) => {
+                self.local_learn(target, user, None);
+                Ok(Self::stored_token(Self::count_issue(raw, &minted)))
+            }
+            Ok(StatusOutcome::NotInQueue) => {
+                self.local_learn(target, user, None);
+                Err(QueueError::NotInQueue(target))
+            }
             Ok(StatusOutcome::PreQueue(n)) => Ok(Self::pre_queue(n)),
-            Ok(StatusOutcome::Closed(n)) => Ok(Self::closed(n)),
+            Ok(StatusOutcome::Closed(n)) => {
+                self.local_learn(target, user, None);
+                Ok(Self::closed(n))
+            }
             Err(e) => {
                 self.degraded.record("poll", target, &e);
                 Ok(self.direct(target, user))
@@ -229,6 +257,7 @@ impl QueueService {
 
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
     pub async fn leave(&self, target: QueueTarget, user: UserId) {
+        self.local_learn(target, user, None);
         if self.degraded.skipping() {
             self.degraded.record_skipped();
             return;

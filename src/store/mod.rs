@@ -12,7 +12,7 @@ mod redis;
 use std::future::Future;
 
 pub use self::memory::MemoryStore;
-pub use self::redis::{PACE_GUARD_MS, RedisStore, keys};
+pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 
 use crate::domain::{
     FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId, WaitHistogram,

@@ -12,6 +12,7 @@ mod flag;
 pub mod gate;
 mod gate_paths;
 mod loadgen;
+mod local_polls;
 mod one_time_use;
 mod openapi;
 mod pacing;

@@ -18,6 +18,9 @@ mod coalesced;
 mod conn;
 pub mod keys;
 mod scripts;
+mod view;
+
+pub use self::view::{TargetView, ViewSync};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

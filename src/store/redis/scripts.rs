@@ -32,6 +32,7 @@ pub(super) static SALE_PLACE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sale_place.lua")));
 pub(super) static SALE_READ: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/sale_read.lua")));
+pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/view.lua")));
 
 /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
 /// script and runs it again.

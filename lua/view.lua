@@ -1,0 +1,66 @@
+-- view.lua: one instance's copy of a target's admission state, and the heartbeats of the polls
+-- it answered from that copy since its previous call (see `service::local`).
+--
+-- An instance answers a waiting user's poll from its copy (mark, runtime batch size, departed
+-- seqs above the mark) and sends the heartbeats here every few hundred ms, one call per target,
+-- instead of one status.lua call per poll.
+--
+-- KEYS[1] queue:{T}:waiting          ZSET seq -> user
+-- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[3] queue:{T}:admitted_count   STRING admission mark
+-- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
+-- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
+-- KEYS[6] queue:{T}:sale             HASH the sale (optional)
+-- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat of every user below)
+-- ARGV[2] 1 to return the departed seqs above the mark, 0 not to (the later calls of one round)
+-- ARGV[2+i] user i, who polled since the previous call (at most a few thousand per call)
+-- returns {mark, batch_override_or_0, g, [sale,] gone users 1..g, then departed seqs above the
+-- mark}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
+-- (closed, or not opened yet: the answer is not WAITING as the copy would say)
+--   gone = users not waiting any more (admitted and issued, left, evicted): the instance
+--   forgets them, so their next poll asks status.lua
+local n = #ARGV - 2
+local st = redis.call('MGET', KEYS[3], KEYS[4])
+local mark = tonumber(st[1] or '0')
+local out = {mark, tonumber(st[2] or '0'), 0}
+local head = 3
+if KEYS[6] then
+  local s = redis.call('HMGET', KEYS[6], 'opens_at', 'closes_at', 'paused', 'closed', 'opened_at')
+  local flag = 0
+  if s[4] == '1' or (s[1] and not s[5]) then
+    flag = 2
+  elseif s[2] then
+    local t = redis.call('TIME')
+    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(s[2]) then
+      flag = 2
+    end
+  end
+  if flag == 0 and s[3] == '1' then
+    flag = 1
+  end
+  out[4] = flag
+  head = 4
+end
+if n > 0 then
+  local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
+  local beats = {}
+  for i = 1, n do
+    if seqs[i] then
+      beats[#beats + 1], beats[#beats + 2] = ARGV[1], ARGV[2 + i]
+    else
+      out[#out + 1] = ARGV[2 + i]
+    end
+  end
+  out[3] = #out - head
+  if #beats > 0 then
+    -- XX: a user evicted or admitted between the check and here cannot be re-added (the
+    -- script is atomic; XX states the intent).
+    redis.call('ZADD', KEYS[2], 'XX', unpack(beats))
+  end
+end
+if ARGV[2] == '1' then
+  for _, seq in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. mark, '+inf')) do
+    out[#out + 1] = tonumber(seq)
+  end
+end
+return out

@@ -1,0 +1,99 @@
+//! An instance's copy of one target's admission state, and the heartbeats of the polls it
+//! answered from that copy (`view.lua`; used by `service::local`).
+
+use redis::Value;
+
+use super::{RedisStore, keys};
+use crate::domain::{QueueTarget, UserId};
+use crate::store::StoreError;
+
+/// Users per `view.lua` call: well inside Lua's unpack limit (about 8000 values).
+const USERS_PER_CALL: usize = 2000;
+
+/// What Redis holds for a target, as of one `view.lua` call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TargetView {
+    pub mark: u64,
+    pub batch_override: Option<u64>,
+    /// Seqs above the mark of users who left or were evicted, ascending.
+    pub departed: Vec<u64>,
+    /// The target's sale is paused (waiting answers say so).
+    pub paused: bool,
+    /// The sale is closed or not opened yet: every poll asks Redis (`status.lua`).
+    pub sale_asks_store: bool,
+}
+
+impl TargetView {
+    /// Users still waiting ahead of `seq` (exact for this view: see the `aheadCount`
+    /// invariant in ARCHITECTURE.md).
+    pub fn ahead(&self, seq: u64) -> u64 {
+        let gone = self.departed.partition_point(|&d| d < seq) as u64;
+        seq.saturating_sub(self.mark + 1).saturating_sub(gone)
+    }
+}
+
+/// One synchronisation: the view, and the users among those sent who are not waiting any
+/// more (admitted and issued, left, evicted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ViewSync {
+    pub view: TargetView,
+    pub gone: Vec<UserId>,
+}
+
+impl RedisStore {
+    /// Writes the heartbeat `now_ms` for every user in `polled` still waiting, and reads the
+    /// target's view. In calls of [`USERS_PER_CALL`] users; the first one reads the view.
+    pub async fn sync_view(&self, target: QueueTarget, polled: &[UserId], now_ms: u64) -> Result<ViewSync, StoreError> {
+        let mut sync = ViewSync::default();
+        let mut chunks: Vec<&[UserId]> = polled.chunks(USERS_PER_CALL).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        for (i, users) in chunks.into_iter().enumerate() {
+            let first = i == 0;
+            let mut inv = super::scripts::VIEW.key(keys::of(target, "waiting"));
+            inv.key(keys::of(target, "heartbeat"))
+                .key(keys::of(target, "admitted_count"))
+                .key(keys::of(target, "batch_size"))
+                .key(keys::of(target, "departed"))
+                .key(keys::of(target, "sale"))
+                .arg(now_ms)
+                .arg(u8::from(first));
+            for u in users {
+                inv.arg(u.0);
+            }
+            let reply: Value = inv.invoke_async(&mut self.conn()).await?;
+            let bad = || StoreError::Reply { what: "view.lua", detail: format!("{reply:?}") };
+            let Value::Array(items) = &reply else { return Err(bad()) };
+            let ints: Option<Vec<u64>> = items
+                .iter()
+                .map(|v| match v {
+                    Value::Int(n) => u64::try_from(*n).ok(),
+                    Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+                    _ => None,
+                })
+                .collect();
+            let ints = ints.ok_or_else(bad)?;
+            let (Some(&mark), Some(&batch), Some(&g)) = (ints.first(), ints.get(1), ints.get(2)) else {
+                return Err(bad());
+            };
+            let g = usize::try_from(g).map_err(|_| bad())?;
+            let sale = ints.get(3).copied().ok_or_else(bad)?;
+            let rest = ints.get(4..).ok_or_else(bad)?;
+            if rest.len() < g {
+                return Err(bad());
+            }
+            sync.gone.extend(rest[..g].iter().map(|&u| UserId(u)));
+            if first {
+                sync.view = TargetView {
+                    mark,
+                    batch_override: (batch > 0).then_some(batch),
+                    departed: rest[g..].to_vec(),
+                    paused: sale == 1,
+                    sale_asks_store: sale == 2,
+                };
+            }
+        }
+        Ok(sync)
+    }
+}
