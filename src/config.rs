@@ -2,18 +2,22 @@
 //!
 //! Unknown keys are an error naming the key. The token secret is never part of this tree:
 //! it comes from `VQ_TOKEN_SECRET` or the file named by `VQ_TOKEN_SECRET_FILE` only.
+//!
+//! Each setting's type, default and bound stand in this one file (over 400 lines with its
+//! tests) so they are read together; `redis_url` (credential redaction) and `secret` (the
+//! token secret) are their own modules.
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::gate::{GateRoute, RouteError};
 use crate::store::StoreLimits;
-use crate::token::{Secret, SecretError};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,97 +66,11 @@ pub struct RedisSettings {
     pub timeout_ms: u64,
 }
 
-/// A Redis URL that may carry credentials (`redis://user:password@host`). Its `Display` and
-/// `Debug` print them as `***`, so every message, log line and screen that formats the URL
-/// shows it redacted; the connection code reads the raw text through `Deref<Target = str>`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RedisUrl(String);
+mod redis_url;
+mod secret;
 
-impl std::ops::Deref for RedisUrl {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for RedisUrl {
-    fn from(s: String) -> Self {
-        Self(s)
-    }
-}
-
-impl From<&str> for RedisUrl {
-    fn from(s: &str) -> Self {
-        Self(s.to_owned())
-    }
-}
-
-impl PartialEq<&str> for RedisUrl {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl std::fmt::Display for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&redact_credentials(&self.0))
-    }
-}
-
-impl std::fmt::Debug for RedisUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", redact_credentials(&self.0))
-    }
-}
-
-/// Replaces the password of every URL in `text` (one URL or a comma-separated list) by `***`:
-/// `redis://user:pw@host` → `redis://user:***@host`, `redis://pw@host` → `redis://***@host`
-/// (a lone user part is often a password), and `pass=`/`password=` query values likewise.
-pub fn redact_credentials(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for (i, item) in text.split(',').enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&redact_one(item));
-    }
-    out
-}
-
-fn redact_one(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let (head, rest) = url.split_at(start);
-    // The last `@` ends the user info: a password may hold `@`, `/` or `?` unencoded.
-    let rest = match rest.rfind('@') {
-        Some(at) => {
-            let (info, host) = rest.split_at(at);
-            match info.split_once(':') {
-                Some((user, _)) => format!("{user}:***{host}"),
-                None => format!("***{host}"),
-            }
-        }
-        None => rest.to_owned(),
-    };
-    let rest = match rest.split_once('?') {
-        Some((path, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|p| match p.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") => {
-                        format!("{k}=***")
-                    }
-                    _ => p.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", params.join("&"))
-        }
-        None => rest,
-    };
-    format!("{head}{rest}")
-}
+pub use self::redis_url::{RedisUrl, redact_credentials};
+pub use self::secret::secret_from_env;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -199,17 +117,6 @@ pub struct GateSettings {
     pub close_header: String,
 }
 
-/// One gated route: `POST /limited-drops/{id}/orders` → target `LIMITED_DROP:{id}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GateRoute {
-    pub method: String,
-    /// Path with exactly one `{…}` segment holding the target id.
-    pub path: String,
-    /// `LIMITED_DROP` or `TICKETING_EVENT` (slugs accepted).
-    pub target: String,
-}
-
 /// Limits of the HTTP server, so misbehaving clients cannot hold connections or the shutdown.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -232,7 +139,7 @@ impl Default for HttpSettings {
 
 impl HttpSettings {
     /// The origins of `cors_origins`, each `http(s)://host[:port]`, or why one is not.
-    pub fn cors_origin_list(&self) -> Result<Vec<String>, String> {
+    pub fn cors_origin_list(&self) -> Result<Vec<String>, SettingError> {
         let Some(list) = &self.cors_origins else { return Ok(Vec::new()) };
         let mut out = Vec::new();
         for origin in list.split(',').map(str::trim).filter(|o| !o.is_empty()) {
@@ -241,11 +148,7 @@ impl HttpSettings {
                 Some(host) if !host.is_empty() && !host.contains('/') && !host.contains('*') => {
                     out.push(origin.to_ascii_lowercase());
                 }
-                _ => {
-                    return Err(format!(
-                        "http.cors_origins (VQ_HTTP__CORS_ORIGINS): `{origin}` is not an origin such as https://shop.example (scheme and host, no path, no wildcard)"
-                    ));
-                }
+                _ => return Err(SettingError::CorsOrigin(origin.to_owned())),
             }
         }
         Ok(out)
@@ -391,25 +294,56 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
 }
 
+/// Why the configuration cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {} does not exist", .0.display())]
+    MissingFile(PathBuf),
+    /// An unknown key or a value of the wrong type, with where it came from.
+    #[error(transparent)]
+    Parse(Box<figment::Error>),
+    #[error(transparent)]
+    Invalid(#[from] SettingError),
+}
+
+/// A setting that parses but is out of its bounds or does not fit with another.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("{key} ({}) must be between {min} and {max}, got {value}", env_name(.key))]
+    OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("queue.key_ttl_s ({key_ttl_s}) must be longer than queue.heartbeat_timeout_s ({heartbeat_timeout_s})")]
+    KeyTtlNotAboveHeartbeat { key_ttl_s: u64, heartbeat_timeout_s: u64 },
+    #[error("gate.routes: {0}")]
+    GateRoute(#[from] RouteError),
+    #[error(
+        "http.cors_origins (VQ_HTTP__CORS_ORIGINS): `{0}` is not an origin such as https://shop.example (scheme and host, no path, no wildcard)"
+    )]
+    CorsOrigin(String),
+    #[error("{key} ({}) must be an http:// or https:// URL, got `{value}`", env_name(.key))]
+    NotWebUrl { key: &'static str, value: String },
+    #[error("gate.upstream must be an http:// URL, got `{0}`")]
+    UpstreamNotHttp(String),
+}
+
 impl Settings {
     /// Loads defaults ← `file` (when given, it must exist) ← `VQ_…` env ← `overrides`.
-    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, Box<figment::Error>> {
+    pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(path) = file {
             if !path.exists() {
-                return Err(Box::new(figment::Error::from(format!("config file {} does not exist", path.display()))));
+                return Err(ConfigError::MissingFile(path.to_owned()));
             }
             fig = fig.merge(Toml::file_exact(path));
         }
         fig = fig.merge(Env::prefixed("VQ_").split("__").ignore(&NOT_KEYS)).merge(Serialized::defaults(overrides));
-        let settings: Settings = fig.extract().map_err(Box::new)?;
-        settings.check().map_err(|e| Box::new(figment::Error::from(e)))?;
+        let settings: Settings = fig.extract().map_err(|e| ConfigError::Parse(Box::new(e)))?;
+        settings.check()?;
         Ok(settings)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&str, u64, RangeInclusive<u64>); 14] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 14] = [
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
@@ -427,29 +361,24 @@ impl Settings {
         ];
         for (key, value, range) in bounded {
             if !range.contains(&value) {
-                return Err(format!(
-                    "{key} ({}) must be between {} and {}, got {value}",
-                    env_name(key),
-                    range.start(),
-                    range.end()
-                ));
+                return Err(SettingError::OutOfRange { key, min: *range.start(), max: *range.end(), value });
             }
         }
         if q.key_ttl_s <= q.heartbeat_timeout_s {
-            return Err(format!(
-                "queue.key_ttl_s ({}) must be longer than queue.heartbeat_timeout_s ({})",
-                q.key_ttl_s, q.heartbeat_timeout_s
-            ));
+            return Err(SettingError::KeyTtlNotAboveHeartbeat {
+                key_ttl_s: q.key_ttl_s,
+                heartbeat_timeout_s: q.heartbeat_timeout_s,
+            });
         }
-        crate::gate::GateRoutes::compile(&g.routes).map_err(|e| format!("gate.routes: {e}"))?;
+        crate::gate::GateRoutes::compile(&g.routes)?;
         self.http.cors_origin_list()?;
         for (key, url) in [("page.return_url", &self.page.return_url), ("page.embed_origin", &self.page.embed_origin)] {
             if let Some(u) = url.as_ref().filter(|u| !(u.starts_with("https://") || u.starts_with("http://"))) {
-                return Err(format!("{key} ({}) must be an http:// or https:// URL, got `{u}`", env_name(key)));
+                return Err(SettingError::NotWebUrl { key, value: u.clone() });
             }
         }
         if let Some(u) = g.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
-            return Err(format!("gate.upstream must be an http:// URL, got `{u}`"));
+            return Err(SettingError::UpstreamNotHttp(u.clone()));
         }
         Ok(())
     }
@@ -496,40 +425,6 @@ impl Settings {
     }
 }
 
-/// Reads the signing secret from `VQ_TOKEN_SECRET`, or the file named by
-/// `VQ_TOKEN_SECRET_FILE` (trailing newline dropped), and the secret being retired from
-/// `VQ_TOKEN_SECRET_PREVIOUS` / `VQ_TOKEN_SECRET_PREVIOUS_FILE` when set. Both must pass
-/// [`Secret::from_source`]. An error names the variable or file, never the value.
-pub fn secret_from_env() -> Result<Secret, SecretError> {
-    let current = secret_source("VQ_TOKEN_SECRET", "VQ_TOKEN_SECRET_FILE")?.ok_or(SecretError::Missing)?;
-    match secret_source("VQ_TOKEN_SECRET_PREVIOUS", "VQ_TOKEN_SECRET_PREVIOUS_FILE")? {
-        Some(previous) => current.with_previous(previous),
-        None => Ok(current),
-    }
-}
-
-/// The secret in `var`, else in the file named by `file_var`; `None` when neither is set.
-fn secret_source(var: &'static str, file_var: &'static str) -> Result<Option<Secret>, SecretError> {
-    if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-        let bytes = v.into_string().map_err(|_| SecretError::NotUtf8 { origin: var.into() })?.into_bytes();
-        return Secret::from_source(bytes, var).map(Some);
-    }
-    let Some(path) = std::env::var_os(file_var).filter(|p| !p.is_empty()) else {
-        return Ok(None);
-    };
-    let path = Path::new(&path);
-    let shown = path.display().to_string();
-    let mut bytes = std::fs::read(path).map_err(|e| SecretError::Unreadable {
-        var: file_var,
-        path: shown.clone(),
-        error: e.to_string(),
-    })?;
-    while bytes.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-        bytes.pop();
-    }
-    Secret::from_source(bytes, &format!("the file {shown} ({file_var})")).map(Some)
-}
-
 #[cfg(test)]
 #[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
 mod tests {
@@ -547,6 +442,10 @@ mod tests {
             assert_eq!(s.token.ttl_s, 300);
             assert_eq!(s.lock_ttl_ms(), 1900);
             assert_eq!(s.threads, 0, "one worker per core unless told otherwise");
+            let routes = crate::gate::GateRoutes::compile(&s.gate.routes).unwrap();
+            let gated = |p: &str| routes.match_path(&crate::gate::CanonicalPath::parse(p).unwrap());
+            assert_eq!(gated("/limited-drops/42/orders"), Some(Ok("LIMITED_DROP:42".parse().unwrap())));
+            assert_eq!(gated("/events/7/seats/select"), Some(Ok("TICKETING_EVENT:7".parse().unwrap())));
             Ok(())
         });
     }
@@ -601,6 +500,29 @@ mod tests {
     }
 
     #[test]
+    fn a_value_that_parses_but_breaks_a_rule_says_which() {
+        Jail::expect_with(|jail| {
+            let load = || Settings::load(None, &Overrides::default()).unwrap_err();
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "60");
+            jail.set_env("VQ_QUEUE__HEARTBEAT_TIMEOUT_S", "60");
+            let err = load();
+            assert!(matches!(err, ConfigError::Invalid(SettingError::KeyTtlNotAboveHeartbeat { .. })), "{err:?}");
+            assert_eq!(err.to_string(), "queue.key_ttl_s (60) must be longer than queue.heartbeat_timeout_s (60)");
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "10");
+            let err = load();
+            let range = SettingError::OutOfRange { key: "queue.key_ttl_s", min: 60, max: 604_800, value: 10 };
+            assert!(matches!(&err, ConfigError::Invalid(e) if *e == range), "{err:?}");
+            assert_eq!(err.to_string(), "queue.key_ttl_s (VQ_QUEUE__KEY_TTL_S) must be between 60 and 604800, got 10");
+            jail.set_env("VQ_QUEUE__KEY_TTL_S", "120");
+            jail.set_env("VQ_GATE__UPSTREAM", "https://shop");
+            assert!(matches!(load(), ConfigError::Invalid(SettingError::UpstreamNotHttp(_))));
+            let missing = Settings::load(Some(Path::new("nope.toml")), &Overrides::default()).unwrap_err();
+            assert_eq!(missing.to_string(), "config file nope.toml does not exist");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn unknown_keys_are_errors_naming_the_key() {
         Jail::expect_with(|jail| {
             jail.create_file("vq.toml", "[queue]\nbatch_sise = 5\n")?;
@@ -612,87 +534,6 @@ mod tests {
             jail.set_env("VQ_QUEUE__TICKMS", "5");
             let err = Settings::load(None, &Overrides::default()).unwrap_err();
             assert!(err.to_string().contains("tickms"), "{err}");
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn credentials_in_redis_urls_are_redacted() {
-        for (raw, shown) in [
-            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
-            ("redis://user:hunter2@10.0.0.1:6379/0", "redis://user:***@10.0.0.1:6379/0"),
-            ("redis://:hunter2@h:1", "redis://:***@h:1"),
-            ("rediss://hunter2@h:1", "rediss://***@h:1"),
-            ("redis://u:hun@ter/2?@h:1", "redis://u:***@h:1"),
-            ("redis+unix:///tmp/r.sock?db=1&pass=hunter2", "redis+unix:///tmp/r.sock?db=1&pass=***"),
-            ("redis://:a@h:1, redis://:b@g:2", "redis://:***@h:1, redis://:***@g:2"),
-        ] {
-            assert_eq!(redact_credentials(raw), shown);
-            let url = RedisUrl::from(raw);
-            assert_eq!(url.to_string(), shown);
-            assert!(!format!("{url:?}").contains("hunter2"));
-            assert_eq!(&*url, raw, "the connection code sees the raw URL");
-        }
-    }
-
-    #[test]
-    fn secret_must_be_long_enough_and_is_never_echoed() {
-        Jail::expect_with(|jail| {
-            jail.set_env("VQ_TOKEN_SECRET", "hunter2");
-            let err = secret_from_env().unwrap_err();
-            assert!(!err.to_string().contains("hunter2"));
-            assert!(err.to_string().contains("32 bytes"));
-            jail.set_env("VQ_TOKEN_SECRET", "x".repeat(32));
-            assert!(secret_from_env().unwrap_err().to_string().contains("distinct"));
-            jail.set_env("VQ_TOKEN_SECRET", " ".repeat(33));
-            assert!(secret_from_env().unwrap_err().to_string().contains("only whitespace"));
-            jail.set_env("VQ_TOKEN_SECRET", "0123456789abcdef0123456789abcdef");
-            assert!(secret_from_env().is_ok());
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn secret_file_errors_name_the_file_and_the_read_error() {
-        Jail::expect_with(|jail| {
-            jail.set_env("VQ_TOKEN_SECRET_FILE", "/nonexistent/vq-secret");
-            let err = secret_from_env().unwrap_err().to_string();
-            assert!(
-                err.contains("VQ_TOKEN_SECRET_FILE=/nonexistent/vq-secret") && err.contains("No such file"),
-                "{err}"
-            );
-            jail.create_file("short", "hunter2\n")?;
-            jail.set_env("VQ_TOKEN_SECRET_FILE", "short");
-            let err = secret_from_env().unwrap_err().to_string();
-            assert!(
-                err.contains("the file short (VQ_TOKEN_SECRET_FILE) is 7 bytes") && !err.contains("hunter2"),
-                "{err}"
-            );
-            jail.create_file("good", "0123456789abcdef0123456789abcdef\n")?;
-            jail.set_env("VQ_TOKEN_SECRET_FILE", "good");
-            assert!(secret_from_env().is_ok());
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn previous_secret_is_checked_like_the_current_one() {
-        Jail::expect_with(|jail| {
-            jail.set_env("VQ_TOKEN_SECRET", "0123456789abcdef0123456789abcdef");
-            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", " ".repeat(40));
-            let err = secret_from_env().unwrap_err().to_string();
-            assert!(err.contains("VQ_TOKEN_SECRET_PREVIOUS is only whitespace"), "{err}");
-            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", "0123456789abcdef0123456789abcdef");
-            assert_eq!(secret_from_env().unwrap_err(), SecretError::PreviousIsCurrent);
-            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS", "");
-            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS_FILE", "/nonexistent/old");
-            let err = secret_from_env().unwrap_err().to_string();
-            assert!(err.contains("VQ_TOKEN_SECRET_PREVIOUS_FILE=/nonexistent/old"), "{err}");
-            jail.create_file("old", "an-old-secret-that-was-random-enough\n")?;
-            jail.set_env("VQ_TOKEN_SECRET_PREVIOUS_FILE", "old");
-            assert!(secret_from_env().unwrap().has_previous());
-            // Not mistaken for configuration keys.
-            assert!(Settings::load(None, &Overrides::default()).is_ok());
             Ok(())
         });
     }

@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use crate::config::GateRoute;
 use crate::domain::{ParseError, QueueTarget, QueueTargetType};
 
 /// Why a request path is refused instead of matched.
@@ -33,6 +32,19 @@ pub enum PathError {
     AboveRoot,
     #[error("the path is not UTF-8 once decoded")]
     NotUtf8,
+}
+
+/// Why a configured route (`gate.routes`) is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error(transparent)]
+    Target(#[from] ParseError),
+    #[error("path `{path}` must start with /")]
+    NotAbsolute { path: String },
+    #[error("path `{path}`: segment `{segment}` must be letters, digits, - _ ~")]
+    BadSegment { path: String, segment: String },
+    #[error("path `{path}` needs exactly one {{id}} segment")]
+    NotOneId { path: String },
 }
 
 /// A request path in the one form the gate matches and forwards.
@@ -158,6 +170,18 @@ fn literal_matches(seg: &str, literal: &str) -> bool {
     matches!(chars.next(), None | Some('.'))
 }
 
+/// One gated route as configured (`gate.routes`): `POST /limited-drops/{id}/orders` → target
+/// `LIMITED_DROP:{id}`. [`GateRoutes::compile`] checks and compiles a table of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateRoute {
+    pub method: String,
+    /// Path with exactly one `{…}` segment holding the target id.
+    pub path: String,
+    /// `LIMITED_DROP` or `TICKETING_EVENT` (slugs accepted).
+    pub target: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
@@ -177,12 +201,12 @@ struct Compiled {
 pub struct GateRoutes(Vec<Compiled>);
 
 impl GateRoutes {
-    pub fn compile(routes: &[GateRoute]) -> Result<Self, String> {
+    pub fn compile(routes: &[GateRoute]) -> Result<Self, RouteError> {
         let mut out = Vec::with_capacity(routes.len());
         for r in routes {
-            let kind = QueueTargetType::parse_any(&r.target).map_err(|e| e.to_string())?;
+            let kind = QueueTargetType::parse_any(&r.target)?;
             if !r.path.starts_with('/') {
-                return Err(format!("path `{}` must start with /", r.path));
+                return Err(RouteError::NotAbsolute { path: r.path.clone() });
             }
             let mut segments = Vec::new();
             for s in r.path.trim_start_matches('/').split('/') {
@@ -191,11 +215,11 @@ impl GateRoutes {
                 } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_~".contains(&b)) {
                     segments.push(Segment::Literal(s.to_owned()));
                 } else {
-                    return Err(format!("path `{}`: segment `{s}` must be letters, digits, - _ ~", r.path));
+                    return Err(RouteError::BadSegment { path: r.path.clone(), segment: s.to_owned() });
                 }
             }
             if segments.iter().filter(|s| **s == Segment::Id).count() != 1 {
-                return Err(format!("path `{}` needs exactly one {{id}} segment", r.path));
+                return Err(RouteError::NotOneId { path: r.path.clone() });
             }
             out.push(Compiled { template: r.path.as_str().into(), segments, kind });
         }
@@ -238,10 +262,16 @@ impl GateRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::GateSettings;
+    fn route(path: &str, target: &str) -> GateRoute {
+        GateRoute { method: "POST".into(), path: path.into(), target: target.into() }
+    }
 
     fn routes() -> GateRoutes {
-        GateRoutes::compile(&GateSettings::default().routes).unwrap()
+        GateRoutes::compile(&[
+            route("/limited-drops/{dropId}/orders", "LIMITED_DROP"),
+            route("/events/{id}/seats/select", "TICKETING_EVENT"),
+        ])
+        .unwrap()
     }
 
     fn gated(path: &str) -> Option<Result<QueueTarget, ParseError>> {
@@ -253,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn default_routes_map_to_their_targets() {
+    fn routes_map_to_their_targets() {
         assert_eq!(gated("/limited-drops/42/orders"), drop42());
         assert_eq!(gated("/events/7/seats/select"), Some(Ok("TICKETING_EVENT:7".parse().unwrap())));
         assert_eq!(gated("/limited-drops/42/orders/x"), None);
@@ -346,15 +376,14 @@ mod tests {
 
     #[test]
     fn bad_route_config_is_refused() {
-        let bad = |path: &str, target: &str| {
-            GateRoutes::compile(&[GateRoute { method: "POST".into(), path: path.into(), target: target.into() }])
-        };
-        assert!(bad("/a/{id}/b", "LIMITED_DROP").is_ok());
-        assert!(bad("/a/b", "LIMITED_DROP").is_err());
-        assert!(bad("/a/{x}/{y}", "LIMITED_DROP").is_err());
-        assert!(bad("/a/{x}", "CONCERT").is_err());
-        assert!(bad("a/{x}", "LIMITED_DROP").is_err());
-        assert!(bad("/a/{x}/b.json", "LIMITED_DROP").is_err());
-        assert!(bad("/a//{x}", "LIMITED_DROP").is_err());
+        let bad = |path: &str, target: &str| GateRoutes::compile(&[route(path, target)]).map(|_| ());
+        assert_eq!(bad("/a/{id}/b", "LIMITED_DROP"), Ok(()));
+        assert!(matches!(bad("/a/b", "LIMITED_DROP"), Err(RouteError::NotOneId { .. })));
+        assert!(matches!(bad("/a/{x}/{y}", "LIMITED_DROP"), Err(RouteError::NotOneId { .. })));
+        assert!(matches!(bad("/a/{x}", "CONCERT"), Err(RouteError::Target(_))));
+        assert!(matches!(bad("a/{x}", "LIMITED_DROP"), Err(RouteError::NotAbsolute { .. })));
+        let err = bad("/a/{x}/b.json", "LIMITED_DROP").unwrap_err();
+        assert_eq!(err.to_string(), "path `/a/{x}/b.json`: segment `b.json` must be letters, digits, - _ ~");
+        assert!(matches!(bad("/a//{x}", "LIMITED_DROP"), Err(RouteError::BadSegment { .. })));
     }
 }

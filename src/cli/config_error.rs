@@ -3,12 +3,15 @@
 
 use figment::error::{Error, Kind};
 
-use crate::config::env_name;
+use crate::config::{ConfigError, env_name};
 
 /// One line per problem, e.g. "unknown setting queue.batch_sise (VQ_QUEUE__BATCH_SISE, in
 /// vq.toml); did you mean queue.batch_size?".
-pub fn describe(error: &Error) -> String {
-    error.clone().into_iter().map(|e| describe_one(&e)).collect::<Vec<_>>().join("\n")
+pub fn describe(error: &ConfigError) -> String {
+    match error {
+        ConfigError::Parse(e) => e.clone().into_iter().map(|e| describe_one(&e)).collect::<Vec<_>>().join("\n"),
+        checked => checked.to_string(),
+    }
 }
 
 fn describe_one(e: &Error) -> String {

@@ -10,7 +10,7 @@ use comfy_table::Table;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::clock::now_epoch_ms;
-use crate::config::Settings;
+use crate::config::{Settings, redact_credentials};
 use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
 use crate::store::{AnyStore, FlagAck, QueueStore};
 
@@ -279,19 +279,8 @@ fn print_flag(flag: &FlagState) {
 /// The Redis this command talks to, for messages: credentials replaced by `***`.
 fn redis_location(settings: &Settings) -> String {
     match settings.redis_cluster_nodes() {
-        Some(nodes) => format!("cluster {}", nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>().join(",")),
-        None => redact_url(&settings.redis.url),
-    }
-}
-
-/// `redis://user:secret@host:6379/0` → `redis://***@host:6379/0`.
-fn redact_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) if scheme.is_empty() => format!("***{}", &rest[at..]),
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_owned(),
+        Some(nodes) => format!("cluster {}", redact_credentials(&nodes.join(","))),
+        None => settings.redis.url.to_string(),
     }
 }
 
@@ -300,11 +289,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_lose_their_credentials() {
-        assert_eq!(redact_url("redis://:hunter2@10.0.0.1:6379/0"), "redis://***@10.0.0.1:6379/0");
-        assert_eq!(redact_url("rediss://app:p@ss@host"), "rediss://***@host");
-        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(redact_url("notaurl"), "notaurl");
+    fn the_redis_location_loses_its_credentials() {
+        let mut s = Settings::default();
+        s.redis.url = "redis://:hunter2@10.0.0.1:6379/0".into();
+        assert_eq!(redis_location(&s), "redis://:***@10.0.0.1:6379/0");
+        s.redis.url = "rediss://app:p@ss@host".into();
+        assert_eq!(redis_location(&s), "rediss://app:***@host");
+        s.redis.url = "redis://127.0.0.1:6379".into();
+        assert_eq!(redis_location(&s), "redis://127.0.0.1:6379");
+        s.redis.cluster_nodes = Some("redis://:a@h:1,redis://u:b@g:2".into());
+        assert_eq!(redis_location(&s), "cluster redis://:***@h:1,redis://u:***@g:2");
     }
 
     fn ack(instance: &str, version: u64) -> FlagAck {

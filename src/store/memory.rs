@@ -1,7 +1,14 @@
 //! The embedded store: the semantics of the Lua scripts, in one process, under one mutex.
 //!
 //! For trial runs of a single `vq serve` only: two processes on it are two separate queues.
-//! Its clock is the process clock (the Redis store uses Redis' `TIME`).
+//! Its clock is the process clock (the Redis store uses Redis' `TIME`). State expires as the
+//! Redis keys it stands for do (checked when next touched): a target's queue `key_ttl_s` after
+//! the last refresh `admit.lua` or `enter.lua` would make, tokens and used marks with the
+//! token, the lock with its lease. Redis is the reference: `tests/it/conformance.rs` runs
+//! every operation on both, and a difference is fixed here.
+//!
+//! One file (over 400 lines): its state model and each operation are read side by side with the
+//! script that operation mirrors.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,33 +25,29 @@ use crate::clock::now_epoch_ms as now_ms;
 
 mod sale;
 
+/// What Redis keeps in the keys `admit.lua` refreshes together (waiting, heartbeat, seq, mark,
+/// entry times, waits, evicted, departed): they expire `key_ttl_s` after the last refresh, and
+/// a refresh happens only while someone waits (every tick) or when `enter.lua` gives seq 1,
+/// 65, 129, …. Expired, the target's queue starts again from nothing.
 #[derive(Default)]
-struct TargetState {
+struct QueueKeys {
     waiting: BTreeMap<u64, UserId>,
     seq_of: HashMap<UserId, u64>,
     heartbeat: HashMap<UserId, u64>,
     seq: u64,
     mark: u64,
-    last_tick: Option<u64>,
-    /// token and its expiry (ms)
-    tokens: HashMap<UserId, (String, u64)>,
-    /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
-    used: HashMap<UserId, HashMap<String, u64>>,
-    lock: Option<(String, u64)>,
-    batch_override: Option<u64>,
     evicted: u64,
-    admissions: Vec<(u64, u64)>,
     entered_at: HashMap<UserId, u64>,
     waits: WaitHistogram,
     admitted_total: u64,
     tokens_issued: u64,
     tokens_used: u64,
     direct_tokens_used: u64,
-    /// Last time any of the target's state was written (ms): the sliding key TTL.
-    touched: u64,
+    /// When these keys expire (ms); `None` before their first refresh.
+    expires_at: Option<u64>,
 }
 
-impl TargetState {
+impl QueueKeys {
     fn remove(&mut self, user: UserId) -> bool {
         self.heartbeat.remove(&user);
         self.entered_at.remove(&user);
@@ -64,6 +67,56 @@ impl TargetState {
     fn waiting_count(&self) -> u64 {
         self.waiting.range(self.mark + 1..).count() as u64
     }
+}
+
+/// A target's state. Besides its queue, what Redis keeps in keys with lifetimes of their own:
+/// stored tokens and used marks (the token's lifetime), the lock, the runtime batch size (no
+/// expiry), the admissions list and the published capacity (`key_ttl_s` from their writes).
+#[derive(Default)]
+struct TargetState {
+    queue: QueueKeys,
+    /// The last tick advanced; ticks only grow, so an old one never stops a later tick.
+    last_tick: Option<u64>,
+    /// token and its expiry (ms)
+    tokens: HashMap<UserId, (String, u64)>,
+    /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
+    used: HashMap<UserId, HashMap<String, u64>>,
+    lock: Option<(String, u64)>,
+    batch_override: Option<u64>,
+    /// (tick, users admitted), newest first, and when the list expires (ms).
+    admissions: (Vec<(u64, u64)>, u64),
+    /// The capacity in force and when it expires (ms).
+    capacity: Option<(u64, u64)>,
+}
+
+/// Where a user holding a seq stands after an enter or a poll.
+enum Place {
+    Waiting(Waiting),
+    /// Admitted now: the token stored.
+    Admitted(String),
+}
+
+impl TargetState {
+    /// Drops the queue once its keys have expired, as Redis does by itself.
+    fn expire(&mut self, now: u64) {
+        if self.queue.expires_at.is_some_and(|at| at <= now) {
+            self.queue = QueueKeys::default();
+        }
+    }
+
+    /// Nothing left that Redis would still hold for the target.
+    fn is_gone(&self, now: u64) -> bool {
+        let q = &self.queue;
+        q.seq == 0
+            && q.expires_at.is_none()
+            && (q.tokens_used, q.direct_tokens_used, q.tokens_issued) == (0, 0, 0)
+            && self.batch_override.is_none()
+            && self.tokens.values().all(|(_, exp)| *exp <= now)
+            && self.used.values().flat_map(HashMap::values).all(|exp| *exp <= now)
+            && self.lock.as_ref().is_none_or(|(_, until)| *until <= now)
+            && self.admissions.1 <= now
+            && self.capacity.is_none_or(|(_, until)| until <= now)
+    }
 
     fn live_token(&mut self, user: UserId, now: u64) -> Option<String> {
         match self.tokens.get(&user) {
@@ -77,24 +130,23 @@ impl TargetState {
     }
 
     /// The shared tail of enter and status for a user holding `seq`.
-    fn position(
-        &mut self,
-        user: UserId,
-        seq: u64,
-        candidate: &dyn Candidate,
-        token_ttl_s: u64,
-        now: u64,
-    ) -> Result<Waiting, String> {
-        if seq <= self.mark {
+    fn position(&mut self, user: UserId, seq: u64, candidate: &dyn Candidate, token_ttl_s: u64, now: u64) -> Place {
+        let q = &mut self.queue;
+        if seq <= q.mark {
             let token = candidate.token();
             self.tokens.insert(user, (token.clone(), now + token_ttl_s * 1000));
-            self.tokens_issued += 1;
-            self.remove(user);
-            return Err(token);
+            q.tokens_issued += 1;
+            q.remove(user);
+            return Place::Admitted(token);
         }
-        self.heartbeat.insert(user, now);
-        self.touched = now;
-        Ok(Waiting { seq, mark: self.mark, ahead: self.ahead(seq), batch_override: self.batch_override, paused: false })
+        q.heartbeat.insert(user, now);
+        Place::Waiting(Waiting {
+            seq,
+            mark: q.mark,
+            ahead: q.ahead(seq),
+            batch_override: self.batch_override,
+            paused: false,
+        })
     }
 }
 
@@ -104,11 +156,40 @@ struct Inner {
     active: BTreeSet<QueueTarget>,
     flag: HashMap<String, String>,
     global_batch: Option<u64>,
-    acks: HashMap<String, (FlagAck, u64)>,
+    /// instance -> (its acknowledgement as Redis stores it, expiry ms)
+    acks: HashMap<String, (String, u64)>,
     /// (target, tick) -> purchases forwarded by the gate
     forwarded: HashMap<(QueueTarget, u64), u64>,
     /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).
     sales: HashMap<QueueTarget, sale::MemSale>,
+}
+
+impl Inner {
+    /// The target's state, its expired queue dropped.
+    fn target(&mut self, target: QueueTarget, now: u64) -> &mut TargetState {
+        let t = self.targets.entry(target).or_default();
+        t.expire(now);
+        t
+    }
+
+    /// The target's state if it has any, its expired queue dropped.
+    fn existing(&mut self, target: QueueTarget, now: u64) -> Option<&mut TargetState> {
+        let t = self.targets.get_mut(&target)?;
+        t.expire(now);
+        Some(t)
+    }
+
+    /// The acknowledgements still alive, by instance, decoded from what `flag_ack.lua` stores.
+    fn live_acks(&self, now: u64) -> Vec<FlagAck> {
+        let mut acks: Vec<FlagAck> = self
+            .acks
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .filter_map(|(instance, (value, _))| FlagAck::decode(instance, value))
+            .collect();
+        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
+        acks
+    }
 }
 
 /// In-process store with the semantics of [`super::RedisStore`].
@@ -128,6 +209,10 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn key_ttl_ms(&self) -> u64 {
+        self.limits.key_ttl_s * 1000
+    }
+
     /// What `flag_set.lua` does, under the lock: overrides cleared with the write, the new
     /// version above every acknowledged one.
     fn write_flag_fields(&self, fields: FlagFields) -> u64 {
@@ -140,7 +225,7 @@ impl MemoryStore {
         for k in fields.delete {
             inner.flag.remove(&k);
         }
-        let floor = inner.acks.values().filter(|(_, until)| *until > now).map(|(a, _)| a.version + 1).max();
+        let floor = inner.live_acks(now).iter().map(|a| a.version + 1).max();
         let next = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
         let version = next.max(floor.unwrap_or(0));
         inner.flag.insert("version".into(), version.to_string());
@@ -156,32 +241,42 @@ impl QueueStore for MemoryStore {
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
         let now = now_ms();
+        let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
-        let t = inner.targets.entry(target).or_default();
-        if let Some(token) = t.live_token(user, now) {
+        let t = inner.target(target, now);
+        if !t.queue.seq_of.contains_key(&user)
+            && let Some(token) = t.live_token(user, now)
+        {
             return Ok(EnterOutcome::Admitted(token));
         }
-        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.max_capacity) {
+        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.max_capacity, ttl_ms) {
             return Ok(answer);
         }
         let paused = sale::paused(&inner, target);
-        let t = inner.targets.entry(target).or_default();
-        let seq = match t.seq_of.get(&user) {
+        let t = inner.target(target, now);
+        let seq = match t.queue.seq_of.get(&user) {
             Some(seq) => *seq,
             None => {
-                if t.waiting_count() >= self.limits.max_capacity {
+                if let Some(token) = t.live_token(user, now) {
+                    return Ok(EnterOutcome::Admitted(token));
+                }
+                let q = &mut t.queue;
+                if q.waiting_count() >= self.limits.max_capacity {
                     return Ok(EnterOutcome::Full);
                 }
-                t.seq += 1;
-                t.waiting.insert(t.seq, user);
-                t.seq_of.insert(user, t.seq);
-                t.entered_at.insert(user, now);
-                t.seq
+                q.seq += 1;
+                q.waiting.insert(q.seq, user);
+                q.seq_of.insert(user, q.seq);
+                q.entered_at.insert(user, now);
+                if q.seq % 64 == 1 {
+                    q.expires_at = Some(now + ttl_ms);
+                }
+                q.seq
             }
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Ok(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
-            Err(token) => EnterOutcome::Admitted(token),
+            Place::Waiting(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
+            Place::Admitted(token) => EnterOutcome::Admitted(token),
         })
     }
 
@@ -193,38 +288,43 @@ impl QueueStore for MemoryStore {
     ) -> Result<StatusOutcome, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        let Some(t) = inner.targets.get_mut(&target) else {
+        let Some(t) = inner.existing(target, now) else {
             return Ok(StatusOutcome::NotInQueue);
         };
-        if let Some(token) = t.live_token(user, now) {
+        if !t.queue.seq_of.contains_key(&user)
+            && let Some(token) = t.live_token(user, now)
+        {
             return Ok(StatusOutcome::Admitted(token));
         }
-        if let Some(answer) = sale::status_gate(&mut inner, target, user, now) {
+        if let Some(answer) = sale::status_gate(&mut inner, target, user, now, self.key_ttl_ms()) {
             return Ok(answer);
         }
         let paused = sale::paused(&inner, target);
-        let Some(t) = inner.targets.get_mut(&target) else {
+        let Some(t) = inner.existing(target, now) else {
             return Ok(StatusOutcome::NotInQueue);
         };
-        let Some(seq) = t.seq_of.get(&user).copied() else {
-            return Ok(StatusOutcome::NotInQueue);
+        let Some(seq) = t.queue.seq_of.get(&user).copied() else {
+            return Ok(match t.live_token(user, now) {
+                Some(token) => StatusOutcome::Admitted(token),
+                None => StatusOutcome::NotInQueue,
+            });
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Ok(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
-            Err(token) => StatusOutcome::Admitted(token),
+            Place::Waiting(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
+            Place::Admitted(token) => StatusOutcome::Admitted(token),
         })
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         sale::forget_prequeued(&mut inner, target, user);
-        Ok(inner.targets.get_mut(&target).is_some_and(|t| t.remove(user)))
+        Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
     }
 
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        let t = inner.targets.entry(target).or_default();
+        let t = inner.target(target, now);
         if t.lock.as_ref().is_some_and(|(_, until)| *until > now) {
             return Ok(false);
         }
@@ -235,37 +335,48 @@ impl QueueStore for MemoryStore {
     async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
         let now = now_ms();
         let tick = now / tick_ms.max(1);
+        let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
-        let t = inner.targets.entry(target).or_default();
+        let t = inner.target(target, now);
         let batch = t.batch_override.unwrap_or(default_batch);
         if t.last_tick.is_some_and(|last| tick <= last) {
-            return Ok(AdmitOutcome { advanced: false, mark: t.mark, tick, admitted: 0, batch });
+            return Ok(AdmitOutcome { advanced: false, mark: t.queue.mark, tick, admitted: 0, batch });
         }
-        if sale::admission_held(&mut inner, target, now) {
-            let t = inner.targets.entry(target).or_default();
-            t.touched = now;
-            return Ok(AdmitOutcome { advanced: false, mark: t.mark, tick, admitted: 0, batch });
+        if sale::admission_held(&mut inner, target, now, ttl_ms) {
+            let t = inner.target(target, now);
+            t.queue.expires_at = Some(now + ttl_ms);
+            return Ok(AdmitOutcome { advanced: false, mark: t.queue.mark, tick, admitted: 0, batch });
         }
-        let t = inner.targets.entry(target).or_default();
-        let before = t.mark;
+        let t = inner.target(target, now);
         t.last_tick = Some(tick);
+        let q = &mut t.queue;
+        let before = q.mark;
         let front: Vec<(u64, UserId)> =
-            t.waiting.range(t.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
+            q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
         if let Some((last, _)) = front.last() {
-            t.mark = *last;
+            q.mark = *last;
         }
         for (_, user) in &front {
-            if let Some(at) = t.entered_at.remove(user) {
-                t.waits.record(now.saturating_sub(at));
+            if let Some(at) = q.entered_at.remove(user) {
+                q.waits.record(now.saturating_sub(at));
                 crate::metrics::wait_observed(now.saturating_sub(at));
             }
         }
         let admitted = front.len() as u64;
-        t.admitted_total += admitted;
-        t.admissions.insert(0, (tick, admitted));
-        t.admissions.truncate(60);
-        t.touched = now;
-        let mark = t.mark;
+        q.admitted_total += admitted;
+        // The sliding TTL of admit.lua: only while anyone waits (admitted users count until
+        // their token is stored).
+        if admitted > 0 || !q.waiting.is_empty() {
+            q.expires_at = Some(now + ttl_ms);
+        }
+        let mark = q.mark;
+        let (admissions, until) = &mut t.admissions;
+        if *until <= now {
+            admissions.clear();
+        }
+        admissions.insert(0, (tick, admitted));
+        admissions.truncate(60);
+        *until = now + ttl_ms;
         if admitted > 0 {
             let step = LedgerEntry::Admission {
                 at_ms: now,
@@ -280,19 +391,21 @@ impl QueueStore for MemoryStore {
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        let cutoff = now_ms().saturating_sub(timeout_ms);
+        let now = now_ms();
+        let cutoff = now.saturating_sub(timeout_ms);
         let mut inner = self.lock();
-        let Some(t) = inner.targets.get_mut(&target) else {
+        let Some(t) = inner.existing(target, now) else {
             return Ok(0);
         };
+        let q = &mut t.queue;
         let mut stale: Vec<(u64, UserId)> =
-            t.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, *u)).collect();
+            q.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, *u)).collect();
         stale.sort_unstable();
         stale.truncate(max as usize);
         for (_, user) in &stale {
-            t.remove(*user);
+            q.remove(*user);
         }
-        t.evicted += stale.len() as u64;
+        q.evicted += stale.len() as u64;
         for (_, user) in &stale {
             sale::forget_prequeued(&mut inner, target, *user);
         }
@@ -304,8 +417,10 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn publish_capacity(&self, _target: QueueTarget) -> Result<(), StoreError> {
-        // One instance holds the embedded store: its own capacity is the one in force.
+    async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let now = now_ms();
+        let until = now + self.key_ttl_ms();
+        self.lock().target(target, now).capacity = Some((self.limits.max_capacity, until));
         Ok(())
     }
 
@@ -315,12 +430,20 @@ impl QueueStore for MemoryStore {
 
     async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let now = now_ms();
-        let ttl_ms = self.limits.key_ttl_s * 1000;
         let mut inner = self.lock();
-        let expired = inner.targets.get(&target).is_none_or(|t| t.touched + ttl_ms < now);
+        // Redis asks whether the `seq` key still exists.
+        // A pre-queue keeps it too (enter.lua writes `seq` for it).
+        let prequeued = inner.sales.get(&target).is_some_and(|s| !s.prequeue.is_empty());
+        let expired = !prequeued && inner.existing(target, now).is_none_or(|t| t.queue.seq == 0);
         if expired {
-            inner.targets.remove(&target);
             inner.active.remove(&target);
+            // What outlives a target's queue (tokens, used marks, the lock) is kept until it
+            // expires too; targets out of the active set are not asked again, so sweep here.
+            let Inner { targets, active, .. } = &mut *inner;
+            targets.retain(|target, t| {
+                t.expire(now);
+                active.contains(target) || !t.is_gone(now)
+            });
         }
         Ok(expired)
     }
@@ -343,9 +466,10 @@ impl QueueStore for MemoryStore {
     }
 
     async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
+        let now = now_ms();
         let mut inner = self.lock();
         match target {
-            Some(t) => inner.targets.entry(t).or_default().batch_override = batch,
+            Some(t) => inner.target(t, now).batch_override = batch,
             None => inner.global_batch = batch,
         }
         Ok(())
@@ -353,24 +477,25 @@ impl QueueStore for MemoryStore {
 
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let now = now_ms();
-        let inner = self.lock();
-        let Some(t) = inner.targets.get(&target) else {
+        let mut inner = self.lock();
+        let Some(t) = inner.existing(target, now) else {
             return Ok(TargetSnapshot::default());
         };
+        let q = &t.queue;
         Ok(TargetSnapshot {
-            waiting: t.waiting_count(),
-            mark: t.mark,
-            seq: t.seq,
-            evicted: t.evicted,
+            waiting: q.waiting_count(),
+            mark: q.mark,
+            seq: q.seq,
+            evicted: q.evicted,
             batch_override: t.batch_override,
-            capacity: Some(self.limits.max_capacity),
+            capacity: t.capacity.filter(|(_, until)| *until > now).map(|(c, _)| c),
             lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
-            admissions: t.admissions.clone(),
-            admitted_total: t.admitted_total,
-            tokens_issued: t.tokens_issued,
-            tokens_used: t.tokens_used,
-            direct_tokens_used: t.direct_tokens_used,
-            waits: t.waits.clone(),
+            admissions: if t.admissions.1 > now { t.admissions.0.clone() } else { Vec::new() },
+            admitted_total: q.admitted_total,
+            tokens_issued: q.tokens_issued,
+            tokens_used: q.tokens_used,
+            direct_tokens_used: q.direct_tokens_used,
+            waits: q.waits.clone(),
             sale: sale::read(&inner, target, now).0,
             prequeued: sale::read(&inner, target, now).1,
         })
@@ -385,7 +510,7 @@ impl QueueStore for MemoryStore {
     ) -> Result<TokenClaim, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        let t = inner.targets.entry(target).or_default();
+        let t = inner.target(target, now);
         let used = format!("used:{token}");
         let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
         let spent = t.used.entry(user).or_default();
@@ -407,7 +532,7 @@ impl QueueStore for MemoryStore {
         previous: Option<String>,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        let Some(t) = inner.targets.get_mut(&target) else { return Ok(()) };
+        let Some(t) = inner.existing(target, now_ms()) else { return Ok(()) };
         if let Some(spent) = t.used.get_mut(&user) {
             spent.remove(token);
         }
@@ -428,12 +553,12 @@ impl QueueStore for MemoryStore {
     }
 
     async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
-        let mut state = self.lock();
-        let t = state.targets.entry(target).or_default();
+        let mut inner = self.lock();
+        let q = &mut inner.target(target, now_ms()).queue;
         if through_queue {
-            t.tokens_used += 1;
+            q.tokens_used += 1;
         } else {
-            t.direct_tokens_used += 1;
+            q.direct_tokens_used += 1;
         }
         Ok(())
     }
@@ -473,18 +598,18 @@ impl QueueStore for MemoryStore {
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
-        let until = now_ms() + ttl_ms;
-        self.lock().acks.insert(ack.instance.clone(), (ack, until));
+        let until = now_ms() + ttl_ms.max(1);
+        let (missing, state) = ack.encode_rest();
+        let value = format!("{}:{}:{missing}:{state}", ack.version, ack.applied_at_ms);
+        self.lock().acks.insert(ack.instance, (value, until));
         Ok(())
     }
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let now = now_ms();
-        let inner = self.lock();
-        let mut acks: Vec<FlagAck> =
-            inner.acks.values().filter(|(_, until)| *until > now).map(|(a, _)| a.clone()).collect();
-        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
-        Ok(acks)
+        let mut inner = self.lock();
+        inner.acks.retain(|_, (_, until)| *until > now);
+        Ok(inner.live_acks(now))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -525,5 +650,30 @@ impl QueueStore for MemoryStore {
 
     async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
         Ok(sale::ledger(&self.lock(), target))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_forgotten_target_is_dropped_once_nothing_of_it_lives() {
+        let s = MemoryStore::new(StoreLimits { max_capacity: 5, key_ttl_s: 1, token_ttl_s: 1 });
+        let t: QueueTarget = "limited-drop:1".parse().expect("target");
+        s.register_active(t).await.expect("register");
+        s.claim_token(t, UserId(1), "A", 1).await.expect("claim");
+        assert!(s.forget_if_expired(t).await.expect("forget"), "no queue, nothing keeps it active");
+        assert_eq!(s.lock().targets.len(), 1, "the used mark outlives the queue");
+        // The pump no longer asks about `t`, only about the targets still active.
+        let other: QueueTarget = "limited-drop:2".parse().expect("target");
+        let started = Instant::now();
+        while s.lock().targets.contains_key(&t) {
+            assert!(started.elapsed() < Duration::from_secs(5), "the state of a forgotten target is never dropped");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            s.forget_if_expired(other).await.expect("forget");
+        }
     }
 }

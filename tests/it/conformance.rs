@@ -1,7 +1,15 @@
 //! One suite, two stores: the embedded store must behave like the Redis scripts, or it goes.
+//! Redis is the reference; every `QueueStore` operation runs here (this file: entering,
+//! admitting, polling, leaving; the submodules: the rest) on both.
 
-use std::time::Duration;
+mod expiry;
+mod gate;
+mod operator;
+mod queue;
 
+use std::time::{Duration, Instant};
+
+use vq::config::Settings;
 use vq::domain::{QueueTarget, UserId};
 use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
 
@@ -12,13 +20,36 @@ fn t() -> QueueTarget {
 }
 
 async fn with_both(check: impl AsyncFn(AnyStore, u64)) {
+    with_both_configured(|_| {}, check).await;
+}
+
+/// Runs `check` on a Redis store, then on the embedded one, both configured alike (capacity 5,
+/// then `configure`); the store under test is printed first, so a failure names it.
+async fn with_both_configured(configure: impl Fn(&mut Settings), check: impl AsyncFn(AnyStore, u64)) {
     let redis = RedisServer::spawn();
-    let mut s = test_settings(Some(&redis));
-    s.queue.max_capacity = 5;
-    check(open_store(&s), 500).await;
-    let mut m = test_settings(None);
-    m.queue.max_capacity = 5;
-    check(open_store(&m), 500).await;
+    for mut s in [test_settings(Some(&redis)), test_settings(None)] {
+        s.queue.max_capacity = 5;
+        configure(&mut s);
+        eprintln!("conformance: {:?} store", s.store);
+        check(open_store(&s), 500).await;
+    }
+}
+
+/// Target keys live 1 s after their last refresh, so expiry is seen within a test.
+fn short_key_ttl(s: &mut Settings) {
+    s.queue.key_ttl_s = 1;
+}
+
+/// Waits (bounded, 10 s) until `done` holds; false if it never did.
+async fn eventually(done: impl AsyncFn() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
 }
 
 fn seq(o: EnterOutcome) -> u64 {

@@ -275,7 +275,7 @@ async fn flag_on_against_a_wrong_redis_url_fails_naming_it_without_the_password(
     let on = vq_flag(&url, &["on"]);
     assert_eq!(on.status.code(), Some(1), "{}", out(&on));
     let err = String::from_utf8_lossy(&on.stderr);
-    assert!(err.contains(&format!("cannot reach Redis at redis://***@127.0.0.1:{port}")), "{err}");
+    assert!(err.contains(&format!("cannot reach Redis at redis://:***@127.0.0.1:{port}")), "{err}");
     assert!(!out(&on).contains("hunter2-s3cret"), "{}", out(&on));
 }
 

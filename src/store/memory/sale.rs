@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{Inner, TargetState};
+use super::Inner;
 use crate::domain::{LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, UserId};
 use crate::store::{LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
 
@@ -57,10 +57,10 @@ pub(super) enum Gate {
 }
 
 /// The phase of `target`'s sale at `now`, writing the opening first if it is due.
-fn phase(inner: &mut Inner, target: QueueTarget, now: u64) -> Option<SalePhase> {
+fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Option<SalePhase> {
     let phase = inner.sales.get(&target).filter(|s| has_schedule(&s.record))?.record.phase_at(now);
     if phase == SalePhase::Opening {
-        open(inner, target, now);
+        open(inner, target, now, ttl_ms);
         return Some(SalePhase::Open);
     }
     Some(phase)
@@ -72,7 +72,7 @@ fn has_schedule(r: &SaleRecord) -> bool {
 
 /// Freezes the pre-queue and writes its order: seqs after the last one given, in the order
 /// of HMAC-SHA256(seed, user id); users without a heartbeat any more are not placed.
-fn open(inner: &mut Inner, target: QueueTarget, now: u64) {
+fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
     let Some(sale) = inner.sales.get_mut(&target) else { return };
     let users: Vec<UserId> = sale.prequeue.drain().map(|(u, _)| u).collect();
     let order = crate::domain::opening_order(&sale.seed, &users);
@@ -87,16 +87,16 @@ fn open(inner: &mut Inner, target: QueueTarget, now: u64) {
     };
     sale.record(entry);
     let opens_at = sale.record.opens_at_ms.unwrap_or(now);
-    let t = inner.targets.entry(target).or_default();
+    let q = &mut inner.target(target, now).queue;
     for user in order {
-        t.seq += 1;
-        if t.heartbeat.contains_key(&user) {
-            t.waiting.insert(t.seq, user);
-            t.seq_of.insert(user, t.seq);
-            t.entered_at.insert(user, opens_at);
+        q.seq += 1;
+        if q.heartbeat.contains_key(&user) {
+            q.waiting.insert(q.seq, user);
+            q.seq_of.insert(user, q.seq);
+            q.entered_at.insert(user, opens_at);
         }
     }
-    t.touched = now;
+    q.expires_at = Some(now + ttl_ms);
 }
 
 /// The sale's decision for a user who is neither waiting nor holding a token.
@@ -107,16 +107,17 @@ pub(super) fn gate_newcomer(
     now: u64,
     entering: bool,
     max_capacity: u64,
+    ttl_ms: u64,
 ) -> Gate {
-    let Some(phase) = phase(inner, target, now) else { return Gate::Queue };
-    let waiting = inner.targets.get(&target).map_or(0, TargetState::waiting_count);
+    let Some(phase) = phase(inner, target, now, ttl_ms) else { return Gate::Queue };
+    let waiting = inner.targets.get(&target).map_or(0, |t| t.queue.waiting_count());
     let Some(sale) = inner.sales.get_mut(&target) else { return Gate::Queue };
     let notice = sale.notice();
     match phase {
         SalePhase::Closed => Gate::Closed(notice),
         SalePhase::Scheduled if entering => Gate::Scheduled(notice),
         SalePhase::PreQueue if sale.prequeue.contains_key(&user) => {
-            inner.targets.entry(target).or_default().heartbeat.insert(user, now);
+            inner.target(target, now).queue.heartbeat.insert(user, now);
             Gate::PreQueue(notice)
         }
         SalePhase::PreQueue if entering => {
@@ -124,9 +125,9 @@ pub(super) fn gate_newcomer(
                 return Gate::Full;
             }
             sale.prequeue.insert(user, now);
-            let t = inner.targets.entry(target).or_default();
-            t.heartbeat.insert(user, now);
-            t.touched = now;
+            let q = &mut inner.target(target, now).queue;
+            q.heartbeat.insert(user, now);
+            q.expires_at = Some(now + ttl_ms);
             Gate::PreQueue(notice)
         }
         _ => Gate::Queue,
@@ -134,8 +135,8 @@ pub(super) fn gate_newcomer(
 }
 
 /// For a user already waiting: a closed sale answers CLOSED (unless admitted).
-pub(super) fn gate_waiting(inner: &mut Inner, target: QueueTarget, now: u64) -> Gate {
-    match phase(inner, target, now) {
+pub(super) fn gate_waiting(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Gate {
+    match phase(inner, target, now, ttl_ms) {
         Some(SalePhase::Closed) => Gate::Closed(inner.sales.get(&target).map(MemSale::notice).unwrap_or_default()),
         Some(_) | None => Gate::Queue,
     }
@@ -143,7 +144,7 @@ pub(super) fn gate_waiting(inner: &mut Inner, target: QueueTarget, now: u64) -> 
 
 /// Whether admission is held this tick (before the opening, paused, closed); closes the sale
 /// when `closes_at` has passed, once, recorded with the schedule as source.
-pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64) -> bool {
+pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> bool {
     if let Some(sale) = inner.sales.get_mut(&target)
         && !sale.record.closed
         && sale.record.closes_at_ms.is_some_and(|c| now >= c)
@@ -153,7 +154,7 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64) -
         let message = sale.record.message.clone().unwrap_or_default();
         sale.record(LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
     }
-    match phase(inner, target, now) {
+    match phase(inner, target, now, ttl_ms) {
         None => false,
         Some(SalePhase::Open) => inner.sales.get(&target).is_some_and(|s| s.record.paused),
         Some(_) => true,
@@ -233,16 +234,18 @@ pub(super) fn enter_gate(
     user: UserId,
     now: u64,
     max_capacity: u64,
+    ttl_ms: u64,
 ) -> Option<crate::store::EnterOutcome> {
     use crate::store::EnterOutcome;
     if !inner.sales.contains_key(&target) {
         return None;
     }
-    let (known, mark) = inner.targets.get(&target).map_or((None, 0), |t| (t.seq_of.get(&user).copied(), t.mark));
+    let (known, mark) =
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
     let gate = match known {
         Some(seq) if seq <= mark => return None,
-        Some(_) => gate_waiting(inner, target, now),
-        None => gate_newcomer(inner, target, user, now, true, max_capacity),
+        Some(_) => gate_waiting(inner, target, now, ttl_ms),
+        None => gate_newcomer(inner, target, user, now, true, max_capacity, ttl_ms),
     };
     match gate {
         Gate::PreQueue(n) => Some(EnterOutcome::PreQueue(n)),
@@ -259,16 +262,18 @@ pub(super) fn status_gate(
     target: QueueTarget,
     user: UserId,
     now: u64,
+    ttl_ms: u64,
 ) -> Option<crate::store::StatusOutcome> {
     use crate::store::StatusOutcome;
     if !inner.sales.contains_key(&target) {
         return None;
     }
-    let (known, mark) = inner.targets.get(&target).map_or((None, 0), |t| (t.seq_of.get(&user).copied(), t.mark));
+    let (known, mark) =
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
     let gate = match known {
         Some(seq) if seq <= mark => return None,
-        Some(_) => gate_waiting(inner, target, now),
-        None => gate_newcomer(inner, target, user, now, false, u64::MAX),
+        Some(_) => gate_waiting(inner, target, now, ttl_ms),
+        None => gate_newcomer(inner, target, user, now, false, u64::MAX, ttl_ms),
     };
     match gate {
         Gate::PreQueue(n) => Some(StatusOutcome::PreQueue(n)),

@@ -1,0 +1,81 @@
+//! The gate's operations: claiming, releasing and counting tokens, pacing purchases.
+
+use vq::store::TokenClaim;
+
+use super::*;
+
+/// The claim/release cycle around one purchase, with the token the queue issued.
+#[tokio::test]
+async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
+    with_both(async |s, tick_ms| {
+        let u = UserId(1);
+        s.enter(t(), u, &"tok").await.unwrap();
+        next_tick(tick_ms).await;
+        s.admit(t(), 1, tick_ms).await.unwrap();
+        assert_eq!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert!(!s.token_used(t(), u, "tok").await.unwrap());
+        let claim = s.claim_token(t(), u, "tok", 300).await.unwrap();
+        assert_eq!(claim, TokenClaim::Claimed { previous: Some("tok".into()) });
+        assert!(s.token_used(t(), u, "tok").await.unwrap());
+        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()), "used, still theirs");
+        assert_eq!(s.enter(t(), u, &"x").await.unwrap(), EnterOutcome::Admitted("tok".into()));
+        s.release_token(t(), u, "tok", Some("tok".into())).await.unwrap();
+        assert!(!s.token_used(t(), u, "tok").await.unwrap());
+        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert_eq!(
+            s.claim_token(t(), u, "tok", 300).await.unwrap(),
+            TokenClaim::Claimed { previous: Some("tok".into()) }
+        );
+        // A stateless token (no stored one): released, nothing is left behind.
+        let claim = s.claim_token(t(), UserId(2), "direct", 300).await.unwrap();
+        assert_eq!(claim, TokenClaim::Claimed { previous: None });
+        s.release_token(t(), UserId(2), "direct", None).await.unwrap();
+        assert!(!s.token_used(t(), UserId(2), "direct").await.unwrap());
+        assert_eq!(s.status(t(), UserId(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        s.confirm_token_used(t(), true).await.unwrap();
+        s.confirm_token_used(t(), true).await.unwrap();
+        s.confirm_token_used(t(), false).await.unwrap();
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!((snap.tokens_issued, snap.tokens_used, snap.direct_tokens_used), (1, 2, 1));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_used_mark_lives_as_long_as_its_token() {
+    with_both(async |s, _| {
+        let u = UserId(3);
+        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert_eq!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(eventually(async || !s.token_used(t(), u, "short").await.unwrap()).await, "the mark never expired");
+        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+    })
+    .await;
+}
+
+/// The gate's pacing: a tick holds one batch of purchases, the next ones wait for a later
+/// tick up to `ahead` ticks, then there is no room.
+#[tokio::test]
+async fn pace_purchase_fills_the_current_tick_then_the_next_then_refuses() {
+    with_both(async |s, _| {
+        let tick_ms = 1000;
+        next_tick(tick_ms).await;
+        for _ in 0..2 {
+            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room now");
+            assert_eq!(slot.starts_in_ms, 0, "{slot:?}");
+            assert!(slot.ends_in_ms > 0 && slot.ends_in_ms <= tick_ms, "{slot:?}");
+        }
+        for _ in 0..2 {
+            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room next tick");
+            assert!(slot.starts_in_ms > 0 && slot.starts_in_ms <= tick_ms, "{slot:?}");
+            assert_eq!(slot.ends_in_ms - slot.starts_in_ms, tick_ms, "{slot:?}");
+        }
+        assert_eq!(s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap(), None, "both ticks full");
+        // The target's runtime batch size is its budget.
+        let other: QueueTarget = "ticketing-event:7".parse().unwrap();
+        s.set_batch_size(Some(other), Some(1)).await.unwrap();
+        assert!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap().is_some());
+        assert_eq!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap(), None);
+    })
+    .await;
+}
