@@ -98,7 +98,7 @@
       var b = r.body;
       if (b.status === "ADMITTED" || b.status === "DIRECT_ADMITTED") { admitted(b); return null; }
       if (b.status === "WAITING") waiting(b);
-      else { state(b.status, b.position); say(b.message || b.status); }
+      else { state(b.status, b.position); say(b.message || b.status); if (b.status === "CLOSED") return null; }
       return pause((b.pollAfterSeconds || 5) * 1000).then(function () { return run(true); });
     }).catch(function () {
       state(root.getAttribute("data-vq-status") || "OFFLINE", null);

@@ -19,11 +19,22 @@
 -- KEYS[10] queue:{T}:evicted         STRING evictions            (ttl refresh only)
 -- KEYS[11] queue:{T}:departed        ZSET seqs of users who left or were evicted: those at
 --                                    or below the new mark no longer matter and are dropped
+-- KEYS[12] queue:{T}:sale            HASH the sale (optional, with the next three)
+-- KEYS[13] queue:{T}:prequeue        ZSET pre-queued users until the opening
+-- KEYS[14] queue:{T}:opening         ZSET the frozen pre-queue until its order is written
+-- KEYS[15] queue:{T}:ledger          LIST admission ledger rows, newest first (LTRIM-capped)
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
+-- ARGV[4] instance running the step (ledger), optional
+-- ARGV[5] ledger rows kept, optional
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits}: waits = the admitted users'
 -- waits in ms, comma-separated (for the Prometheus histogram), '' when none
+--
+-- With a sale, nobody is admitted before `opens_at` (Redis' clock), until the opening order is
+-- written (sale_place.lua), while paused, or once closed; such a tick is not used up
+-- (advanced 0, last_tick unchanged). The first call at or after `opens_at` freezes the
+-- pre-queue as enter.lua does; the first at or after `closes_at` closes the sale and records it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tick = math.floor(now / tonumber(ARGV[2]))
@@ -34,7 +45,55 @@ local last = tonumber(redis.call('GET', KEYS[3]) or '-1')
 if tick <= last then
   return {0, mark, tick, 0, batch, ''}
 end
+local saleKey, ledger = KEYS[12], KEYS[15]
+local ledgerMax = tonumber(ARGV[5] or '10000')
+local function record(row)
+  redis.call('LPUSH', ledger, row)
+  redis.call('LTRIM', ledger, 0, ledgerMax - 1)
+  redis.call('EXPIRE', ledger, ttl)
+end
+if saleKey then
+  local s = redis.call('HMGET', saleKey, 'opens_at', 'closes_at', 'paused', 'closed', 'frozen', 'opened_at', 'message')
+  local blocked = false
+  if s[2] and s[4] ~= '1' and now >= tonumber(s[2]) then
+    redis.call('HSET', saleKey, 'closed', 1, 'close_source', 'schedule', 'closed_at', now)
+    record('close|' .. now .. '|schedule|' .. (s[7] or ''))
+    s[4] = '1'
+  end
+  if s[1] then
+    local opens = tonumber(s[1])
+    if now < opens then
+      blocked = true
+    elseif not s[6] then
+      blocked = true
+      if not s[5] then
+        local base = tonumber(redis.call('GET', KEYS[9]) or '0')
+        local frozen = redis.call('ZCARD', KEYS[13])
+        if frozen > 0 then
+          redis.call('RENAME', KEYS[13], KEYS[14])
+        end
+        redis.call('SET', KEYS[9], base + frozen, 'EX', ttl)
+        redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
+      end
+    end
+  end
+  if s[3] == '1' or s[4] == '1' then
+    blocked = true
+  end
+  if blocked then
+    -- Keep a gathering pre-queue (and the sale) alive while nobody is admitted; a closed
+    -- sale's keys expire as an empty queue's do.
+    if s[4] ~= '1' then
+      for _, k in ipairs({KEYS[1], KEYS[2], KEYS[8], KEYS[9], KEYS[11], KEYS[13], KEYS[14]}) do
+        redis.call('EXPIRE', k, ttl)
+      end
+      redis.call('EXPIRE', saleKey, ttl, 'GT')
+    end
+    return {0, mark, tick, 0, batch, ''}
+  end
+end
 redis.call('SET', KEYS[3], tick, 'EX', ttl)
+local before = mark
 local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, batch)
 local admitted = #front / 2
 local waits = {}
@@ -86,6 +145,12 @@ if admitted > 0 then
 end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
 redis.call('LTRIM', KEYS[5], 0, 59)
+if ledger and admitted > 0 then
+  record('admit|' .. now .. '|' .. before .. '|' .. mark .. '|' .. admitted .. '|' .. (ARGV[4] or ''))
+end
+if saleKey then
+  redis.call('EXPIRE', saleKey, ttl, 'GT')
+end
 -- The sliding TTL: while anyone waits, every tick keeps all of the target's keys alive
 -- (enter and poll do not refresh them); 30 min after the queue empties they expire.
 if admitted > 0 or redis.call('ZCARD', KEYS[1]) > 0 then

@@ -5,6 +5,9 @@
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:evicted     STRING count of evictions (churn)
 -- KEYS[4] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted (leave.lua)
+-- KEYS[5] queue:{T}:prequeue    ZSET pre-queued users (optional): stale ones leave it too; in
+--                               the frozen pre-queue they only lose their heartbeat, and
+--                               sale_place.lua records their seq as departed
 -- ARGV[1] heartbeat timeout ms
 -- ARGV[2] max users to evict in this call
 -- ARGV[3] key ttl seconds
@@ -35,6 +38,9 @@ for from = 1, #stale, 1000 do
   end
   redis.call('ZREM', KEYS[1], unpack(part))
   redis.call('ZREM', KEYS[2], unpack(part))
+  if KEYS[5] then
+    redis.call('ZREM', KEYS[5], unpack(part))
+  end
 end
 redis.call('INCRBY', KEYS[3], #stale)
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))

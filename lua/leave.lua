@@ -5,11 +5,17 @@
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user
 -- KEYS[3] queue:{T}:departed    ZSET seq -> seq of users who left or were evicted, above the
 --                               mark (so enter and status count users ahead without a rank)
+-- KEYS[4] queue:{T}:prequeue    ZSET pre-queued users (optional): a pre-queued user leaves it
+--                               (from the frozen pre-queue they leave by losing their
+--                               heartbeat: sale_place.lua then records their seq as departed)
 -- ARGV[1] user id
 -- ARGV[2] key ttl seconds
 -- returns 1 if the user was waiting, else 0
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if KEYS[4] then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
 if not seq then
   return 0
 end

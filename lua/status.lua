@@ -12,6 +12,9 @@
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
 -- KEYS[5+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- KEYS[6+n] queue:{T}:sale           HASH the sale (optional, with the next two)
+-- KEYS[7+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
+-- KEYS[8+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
 -- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat)
 -- ARGV[1+i] user i
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}
@@ -19,6 +22,11 @@
 --   code 2 ADMITTED      a = token (issued before)
 --   code 4 NOT_IN_QUEUE
 --   code 5 ISSUE         admitted and still waiting: the caller signs a token, calls issue.lua
+--   code 6 PRE_QUEUE     pre-queued (heartbeat refreshed)
+--   code 8 CLOSED        the sale is closed and the user was not admitted
+-- then, when the sale keys are given, the sale as in enter.lua: phase, opens_at, prequeue_from,
+-- paused, message (phase 3 = the opening time has passed and the pre-queue may not be frozen
+-- yet: this script never freezes it, enter.lua and admit.lua do)
 --
 -- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
 -- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
@@ -28,7 +36,33 @@ local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark = tonumber(st[1] or '0')
 local batch = tonumber(st[2] or '0')
 local now = ARGV[1]
+local phase, sale = 0, nil
+local saleKey, preKey, openKey = KEYS[6 + n], KEYS[7 + n], KEYS[8 + n]
+if saleKey then
+  sale = redis.call('HMGET', saleKey, 'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at')
+  if sale[1] or sale[3] or sale[5] then
+    local t = redis.call('TIME')
+    local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local opens = tonumber(sale[1] or '0')
+    if sale[5] == '1' or (sale[3] and clock >= tonumber(sale[3])) then
+      phase = 5
+    elseif opens == 0 or sale[8] then
+      phase = 4
+    elseif clock < tonumber(sale[2] or sale[1]) then
+      phase = 1
+    elseif clock < opens then
+      phase = 2
+    else
+      phase = 3
+    end
+  end
+end
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
+-- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
+local pre = {}
+if phase == 2 or phase == 3 then
+  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 2, 1 + n))
+end
 -- Tokens of the users not waiting (admitted before, or unknown): toks[i] is user i's.
 local toks, tk = {}, {}
 for i = 1, n do
@@ -68,7 +102,7 @@ for i = 1, n do
     local seq = seqs[i] and tonumber(seqs[i])
     if seq and seq <= mark then
       out[o], out[o + 1], out[o + 2] = 5, seq, 0
-    elseif seq then
+    elseif seq and phase ~= 5 then
       beats[#beats + 1], beats[#beats + 2] = now, user
       out[o], out[o + 1], out[o + 2] = 1, seq, ahead(seq)
     elseif toks[i] then
@@ -78,6 +112,11 @@ for i = 1, n do
         tok = string.sub(tok, 6)
       end
       out[o], out[o + 1], out[o + 2] = 2, tok, 0
+    elseif phase == 5 then
+      out[o], out[o + 1], out[o + 2] = 8, 0, 0
+    elseif pre[i] then
+      beats[#beats + 1], beats[#beats + 2] = now, user
+      out[o], out[o + 1], out[o + 2] = 6, 0, 0
     else
       out[o], out[o + 1], out[o + 2] = 4, 0, 0
     end
@@ -85,5 +124,10 @@ for i = 1, n do
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))
+end
+if saleKey then
+  local nn = #out
+  out[nn + 1], out[nn + 2], out[nn + 3] = phase, tonumber(sale[1] or '0'), tonumber(sale[2] or '0')
+  out[nn + 4], out[nn + 5] = sale[4] == '1' and 1 or 0, sale[6] or ''
 end
 return out

@@ -10,16 +10,37 @@
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
+-- KEYS[6] queue:{T}:sale             HASH the sale (optional)
 -- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat of every user below)
 -- ARGV[2] 1 to return the departed seqs above the mark, 0 not to (the later calls of one round)
 -- ARGV[2+i] user i, who polled since the previous call (at most a few thousand per call)
--- returns {mark, batch_override_or_0, g, gone users 1..g, then departed seqs above the mark}
+-- returns {mark, batch_override_or_0, g, [sale,] gone users 1..g, then departed seqs above the
+-- mark}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
+-- (closed, or not opened yet: the answer is not WAITING as the copy would say)
 --   gone = users not waiting any more (admitted and issued, left, evicted): the instance
 --   forgets them, so their next poll asks status.lua
 local n = #ARGV - 2
 local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark = tonumber(st[1] or '0')
 local out = {mark, tonumber(st[2] or '0'), 0}
+local head = 3
+if KEYS[6] then
+  local s = redis.call('HMGET', KEYS[6], 'opens_at', 'closes_at', 'paused', 'closed', 'opened_at')
+  local flag = 0
+  if s[4] == '1' or (s[1] and not s[5]) then
+    flag = 2
+  elseif s[2] then
+    local t = redis.call('TIME')
+    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(s[2]) then
+      flag = 2
+    end
+  end
+  if flag == 0 and s[3] == '1' then
+    flag = 1
+  end
+  out[4] = flag
+  head = 4
+end
 if n > 0 then
   local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
   local beats = {}
@@ -30,7 +51,7 @@ if n > 0 then
       out[#out + 1] = ARGV[2 + i]
     end
   end
-  out[3] = #out - 3
+  out[3] = #out - head
   if #beats > 0 then
     -- XX: a user evicted or admitted between the check and here cannot be re-added (the
     -- script is atomic; XX states the intent).

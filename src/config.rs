@@ -112,6 +112,9 @@ pub struct GateSettings {
     pub pace: bool,
     /// How many ticks a purchase may wait for room; past that it gets 429 DOWNSTREAM_BUSY.
     pub pace_max_ticks: u64,
+    /// A response header of the purchase API that closes the purchase's target (sold out),
+    /// its value being the message waiting users get; the gate strips it from the response.
+    pub close_header: String,
 }
 
 /// Limits of the HTTP server, so misbehaving clients cannot hold connections or the shutdown.
@@ -229,6 +232,7 @@ impl Default for GateSettings {
             timeout_ms: 10_000,
             pace: true,
             pace_max_ticks: 2,
+            close_header: "X-Queue-Close".into(),
             routes: vec![
                 route("POST", "/limited-drops/{dropId}/orders", "LIMITED_DROP"),
                 route("POST", "/events/{id}/seats/select", "TICKETING_EVENT"),

@@ -37,6 +37,9 @@ pub struct TargetTick {
 /// user), so other commands wait at most that long behind it.
 pub const EVICT_SLICE: u64 = 1000;
 
+/// Pre-queued users placed per `sale_place.lua` call at a sale's opening (a few ms of Redis time).
+pub const OPENING_CHUNK: usize = 1000;
+
 pub struct Pump {
     store: AnyStore,
     settings: Arc<Settings>,
@@ -84,12 +87,38 @@ impl Pump {
             return Ok(tick);
         }
         tick.locked = true;
-        let admit = self.store.admit(target, batch, q.tick_ms).await?;
+        let mut admit = self.store.admit_by(target, batch, q.tick_ms, &self.instance_id).await?;
+        // A tick a sale held back may be its opening: write the order, then admit this tick.
+        if !admit.advanced && self.open_sale(target).await? {
+            admit = self.store.admit_by(target, batch, q.tick_ms, &self.instance_id).await?;
+        }
         tick.admit = Some(admit);
         if admit.admitted > 0 {
             crate::metrics::admitted(target, admit.admitted);
         }
         Ok(tick)
+    }
+
+    /// Writes the opening order of a sale whose pre-queue was frozen, in chunks of
+    /// [`OPENING_CHUNK`] (each one `sale_place.lua` call); returns whether the opening is done
+    /// (by this call or another instance's). Exactly once under lock loss: every instance
+    /// computes the same order from the same frozen set and seed, and the store writes each
+    /// seq once.
+    async fn open_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let Some(opening) = self.store.pending_opening(target).await? else { return Ok(false) };
+        let order = crate::domain::opening_order(&opening.seed, &opening.users);
+        let places: Vec<(u64, crate::domain::UserId)> =
+            order.into_iter().enumerate().map(|(i, u)| (opening.base + 1 + i as u64, u)).collect();
+        let chunks: Vec<&[(u64, crate::domain::UserId)]> =
+            if places.is_empty() { vec![&[]] } else { places.chunks(OPENING_CHUNK).collect() };
+        let last = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            if !self.store.place_opening(target, chunk, opening.opens_at_ms, i == last).await? {
+                break;
+            }
+        }
+        tracing::info!(target_queue = %target, prequeued = places.len(), "sale opened: pre-queue ordered");
+        Ok(true)
     }
 
     /// Slices of [`EVICT_SLICE`] until one finds fewer stale users, the target's bound is

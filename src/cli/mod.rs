@@ -6,6 +6,7 @@ mod config_error;
 mod flag;
 mod loadgen;
 mod pump;
+mod sale;
 mod serve;
 mod stats;
 mod token;
@@ -42,6 +43,8 @@ enum Command {
     Batch(batch::Args),
     /// Simulate a flash sale against a running vq serve and report
     Loadgen(loadgen::Args),
+    /// A target's sale: schedule, pre-queue, pause, close, ledger
+    Sale(sale::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -202,6 +205,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Verify(a) => token::verify(a),
         Command::Batch(a) => batch::run(a),
         Command::Loadgen(a) => loadgen::run(a),
+        Command::Sale(a) => sale::run(a),
     };
     flush_logs(std::time::Duration::from_secs(2));
     match result {

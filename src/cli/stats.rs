@@ -140,6 +140,20 @@ fn secs(s: f64) -> String {
     format!("{s:.1} s")
 }
 
+/// The sale column: `-` without a sale, else its state, with a countdown before the opening.
+fn sale_cell(s: &QueueStats, now_ms: u64) -> String {
+    let Some(state) = &s.sale_state else { return "-".to_owned() };
+    let opens = s.opens_at.as_deref().and_then(|t| crate::domain::parse_instant(t).ok());
+    let pre = s.prequeued_count.filter(|n| *n > 0).map(|n| format!(", {n} pre-queued")).unwrap_or_default();
+    match opens {
+        Some(at) if at > now_ms => {
+            let left = (at - now_ms).div_ceil(1000);
+            format!("{state}{pre}, opens in {}h{:02}m{:02}s", left / 3600, (left / 60) % 60, left % 60)
+        }
+        _ => format!("{state}{pre}"),
+    }
+}
+
 /// The dashboard as text; `colour` on a terminal.
 pub fn render(report: &Report, colour: bool) -> String {
     let mut table = Table::new();
@@ -157,6 +171,7 @@ pub fn render(report: &Report, colour: bool) -> String {
         "evicted",
         "tokens iss/used +direct",
         "flag",
+        "sale",
         "lock holder",
         "alert",
     ]);
@@ -178,6 +193,7 @@ pub fn render(report: &Report, colour: bool) -> String {
             Cell::new(format!("{}/{} +{}", s.tokens_issued, s.tokens_used, s.direct_tokens_used))
                 .set_alignment(CellAlignment::Right),
             Cell::new(&r.flag),
+            Cell::new(sale_cell(s, now_epoch_ms())),
             Cell::new(r.lock_holder.as_deref().unwrap_or("-")),
             red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
         ]);
@@ -268,6 +284,9 @@ mod tests {
             tokens_issued: 0,
             tokens_used: 0,
             direct_tokens_used: 0,
+            sale_state: None,
+            opens_at: None,
+            prequeued_count: None,
         }
     }
 

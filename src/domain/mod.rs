@@ -1,14 +1,19 @@
-//! Pure domain: queue targets, users, positions and ETA, flag evaluation.
+//! Pure domain: queue targets, users, positions and ETA, flag evaluation, the sale lifecycle.
 //!
 //! Nothing here does IO, reads a clock or touches tokio: every function takes the data and
 //! the time it needs as arguments, so the admission arithmetic is unit-tested without Redis.
 
 mod flag;
 mod position;
+mod sale;
 mod stats;
 mod target;
 
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
+pub use sale::{
+    LedgerEntry, SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, hex,
+    ledger_admitted, opening_order, parse_instant, seed_commitment, unhex,
+};
 pub use stats::{WaitHistogram, admission_rate_per_sec, wait_bucket};
 pub use target::{ParseError, QueueTarget, QueueTargetType, UserId};

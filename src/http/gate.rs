@@ -34,7 +34,12 @@ pub struct Gate {
     upstream: Option<String>,
     timeout: Duration,
     client: Client<HttpConnector, Body>,
+    /// `gate.close_header`: the purchase API's "sold out" signal, never passed to the buyer.
+    close_header: HeaderName,
 }
+
+/// Longest close message taken from the purchase API's header.
+const CLOSE_MESSAGE_MAX: usize = 200;
 
 impl Gate {
     pub fn new(settings: &GateSettings) -> Result<Self, RouteError> {
@@ -46,7 +51,19 @@ impl Gate {
             upstream: settings.upstream.as_ref().map(|u| u.trim_end_matches('/').to_owned()),
             timeout: Duration::from_millis(settings.timeout_ms),
             client: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
+            close_header: HeaderName::from_bytes(settings.close_header.as_bytes()).unwrap_or_else(|_| {
+                tracing::warn!(close_header = %settings.close_header, "gate.close_header is not a header name: using X-Queue-Close");
+                HeaderName::from_static("x-queue-close")
+            }),
         })
+    }
+
+    /// Takes the close header out of the purchase API's response; returns its message.
+    fn take_close(&self, resp: &mut Response) -> Option<String> {
+        let value = resp.headers_mut().remove(&self.close_header)?;
+        let text = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+        let message: String = text.chars().take(CLOSE_MESSAGE_MAX).collect();
+        Some(if message.is_empty() { crate::service::DEFAULT_CLOSE_MESSAGE.to_owned() } else { message })
     }
 
     async fn forward(&self, mut parts: Parts, path: &CanonicalPath, body: Body) -> Result<Response, ApiError> {
@@ -145,6 +162,7 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
 /// The gate's decision on a canonical path, then the purchase API's answer.
 async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, body: Body) -> Response {
     let mut paced_target = None;
+    let mut route_target = None;
     let claim = match st.gate.routes.match_path(&path) {
         None if path.is_queue_api() || st.gate.upstream.is_none() => {
             return ApiError::new(ErrorCode::NotFound, "no such route").into_response();
@@ -152,6 +170,7 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
         None => None,
         Some(Err(e)) => return ApiError::invalid(e.to_string()).into_response(),
         Some(Ok(target)) => {
+            route_target = Some(target);
             let user = header_str(&parts.headers, "x-user-id").and_then(|u| u.parse().ok());
             let token = header_str(&parts.headers, "x-entry-token");
             match st.service.gate_check(target, user, token, ClaimMode::Claim).await {
@@ -175,7 +194,13 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
             }
         }
     }
-    let result = st.gate.forward(parts, &path, body).await;
+    let mut result = st.gate.forward(parts, &path, body).await;
+    if let Ok(resp) = &mut result
+        && let Some(message) = st.gate.take_close(resp)
+        && let Some(target) = route_target
+    {
+        st.service.close_by_purchase_api(target, message).await;
+    }
     if let Some(claim) = claim {
         let succeeded = result.as_ref().is_ok_and(|r| r.status().is_success());
         st.service.settle_claim(claim, succeeded).await;

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
-use crate::domain::poll_after_seconds;
+use crate::domain::{format_instant, poll_after_seconds};
 use crate::service::{QueueStats, QueueStatus};
 use crate::store::QueueStore;
 use crate::token::iso8601;
@@ -24,33 +24,66 @@ pub struct StatusBody {
     eta_seconds: u64,
     entry_token: Option<String>,
     token_expires_at: Option<String>,
-    /// Seconds until the next poll, for waiting users only (also sent as `Retry-After`).
+    /// Seconds until the next poll, for waiting and pre-queued users (also sent as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     poll_after_seconds: Option<u64>,
+    /// The sale's opening (SCHEDULED, PRE_QUEUE), ISO-8601.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opens_at: Option<String>,
+    /// When entries start being recorded (SCHEDULED), ISO-8601.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prequeue_opens_at: Option<String>,
+    /// Why the sale is closed (CLOSED).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    /// Present (true) while the sale is paused: nobody is admitted until it resumes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paused: Option<bool>,
+}
+
+impl StatusBody {
+    fn sale(status: &'static str) -> Self {
+        Self {
+            status,
+            position: None,
+            ahead_count: 0,
+            eta_seconds: 0,
+            entry_token: None,
+            token_expires_at: None,
+            poll_after_seconds: None,
+            opens_at: None,
+            prequeue_opens_at: None,
+            message: None,
+            paused: None,
+        }
+    }
 }
 
 impl From<QueueStatus> for StatusBody {
     fn from(s: QueueStatus) -> Self {
         let admitted = if matches!(s, QueueStatus::Admitted(_)) { "ADMITTED" } else { "DIRECT_ADMITTED" };
         match s {
-            QueueStatus::Waiting { position, ahead, eta_seconds } => Self {
-                status: "WAITING",
+            QueueStatus::Waiting { position, ahead, eta_seconds, paused } => Self {
                 position: Some(position),
                 ahead_count: ahead,
                 eta_seconds,
-                entry_token: None,
-                token_expires_at: None,
-                poll_after_seconds: None,
+                paused: paused.then_some(true),
+                ..Self::sale("WAITING")
             },
-            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => Self {
-                status: admitted,
-                position: None,
-                ahead_count: 0,
-                eta_seconds: 0,
-                token_expires_at: Some(iso8601(t.expires_at)),
-                entry_token: Some(t.raw),
-                poll_after_seconds: None,
+            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => {
+                Self { token_expires_at: Some(iso8601(t.expires_at)), entry_token: Some(t.raw), ..Self::sale(admitted) }
+            }
+            QueueStatus::PreQueue { opens_at_ms, paused } => Self {
+                opens_at: Some(format_instant(opens_at_ms)),
+                paused: paused.then_some(true),
+                ..Self::sale("PRE_QUEUE")
             },
+            QueueStatus::Scheduled { opens_at_ms, prequeue_from_ms } => Self {
+                opens_at: Some(format_instant(opens_at_ms)),
+                prequeue_opens_at: Some(format_instant(prequeue_from_ms.unwrap_or(opens_at_ms))),
+                ..Self::sale("SCHEDULED")
+            },
+            QueueStatus::Closed { message } => Self { message: Some(message), ..Self::sale("CLOSED") },
         }
     }
 }
@@ -63,7 +96,15 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
         QueueStatus::Waiting { eta_seconds, .. } => {
             Some(poll_after_seconds(*eta_seconds, q.tick_ms, q.heartbeat_timeout_s))
         }
-        QueueStatus::Admitted(_) | QueueStatus::DirectAdmitted(_) => None,
+        // A pre-queued user heartbeats like a waiting one; the opening is their ETA.
+        QueueStatus::PreQueue { opens_at_ms, .. } => {
+            let until_s = opens_at_ms.saturating_sub(crate::clock::now_epoch_ms()) / 1000;
+            Some(poll_after_seconds(until_s, q.tick_ms, q.heartbeat_timeout_s))
+        }
+        QueueStatus::Admitted(_)
+        | QueueStatus::DirectAdmitted(_)
+        | QueueStatus::Scheduled { .. }
+        | QueueStatus::Closed { .. } => None,
     };
     let mut body = StatusBody::from(status);
     body.poll_after_seconds = poll_after;

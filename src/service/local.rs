@@ -91,10 +91,13 @@ impl LocalPolls {
         let w = {
             let view = t.view.read().unwrap_or_else(|e| e.into_inner());
             let (v, at) = view.as_ref()?;
-            if at.elapsed() > self.valid_for || seq <= v.mark.saturating_add(2 * batch(v.batch_override)) {
+            if at.elapsed() > self.valid_for
+                || v.sale_asks_store
+                || seq <= v.mark.saturating_add(2 * batch(v.batch_override))
+            {
                 return None;
             }
-            Waiting { seq, mark: v.mark, ahead: v.ahead(seq), batch_override: v.batch_override }
+            Waiting { seq, mark: v.mark, ahead: v.ahead(seq), batch_override: v.batch_override, paused: v.paused }
         };
         t.polled.lock().unwrap_or_else(|e| e.into_inner()).push(user);
         Some(w)
@@ -204,7 +207,7 @@ mod tests {
         for (u, seq) in [(1, 5), (2, 50), (3, 500)] {
             l.learn(target(), UserId(u), seq);
         }
-        l.synced(target(), TargetView { mark, batch_override: None, departed }, &[]);
+        l.synced(target(), TargetView { mark, batch_override: None, departed, ..TargetView::default() }, &[]);
         l
     }
 
@@ -235,7 +238,8 @@ mod tests {
         l.sync_failed(target(), vec![UserId(3)]);
         assert_eq!(l.answer(target(), UserId(3), |_| 20), None);
         assert_eq!(l.take_polled(), vec![(target(), vec![UserId(3)])], "the heartbeat is sent again");
-        l.synced(target(), TargetView { mark: 10, batch_override: None, departed: vec![] }, &[UserId(3)]);
+        let view = TargetView { mark: 10, ..TargetView::default() };
+        l.synced(target(), view, &[UserId(3)]);
         assert_eq!(l.answer(target(), UserId(3), |_| 20), None, "gone: Redis answers (404 or token)");
     }
 }

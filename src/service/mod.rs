@@ -27,8 +27,11 @@ use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
 use crate::config::Settings;
-use crate::domain::{QueuePosition, QueueTarget, UserId};
-use crate::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome, StoreError, Waiting};
+use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
+use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
+
+/// What a closed sale tells users when it was closed without a message.
+pub const DEFAULT_CLOSE_MESSAGE: &str = "The sale is closed";
 use crate::token::{self, EntryToken, Secret};
 
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
@@ -44,8 +47,24 @@ pub enum QueueStatus {
         position: u64,
         ahead: u64,
         eta_seconds: u64,
+        /// The sale is paused: nobody is admitted until it resumes.
+        paused: bool,
     },
     Admitted(EntryToken),
+    /// Recorded in the sale's pre-queue; the order is drawn at `opens_at_ms`.
+    PreQueue {
+        opens_at_ms: u64,
+        paused: bool,
+    },
+    /// The sale opens later; entries are recorded from `prequeue_from_ms` (or the opening).
+    Scheduled {
+        opens_at_ms: u64,
+        prequeue_from_ms: Option<u64>,
+    },
+    /// The sale is closed.
+    Closed {
+        message: String,
+    },
     /// The queue is off for this user (flag) or Redis is down (fail-open).
     DirectAdmitted(EntryToken),
 }
@@ -134,6 +153,25 @@ impl QueueService {
             position: w.seq,
             ahead: w.ahead,
             eta_seconds: pos.eta_seconds(self.batch_size(w.batch_override), self.settings.queue.tick_ms),
+            paused: w.paused,
+        }
+    }
+
+    fn pre_queue(n: SaleNotice) -> QueueStatus {
+        QueueStatus::PreQueue { opens_at_ms: n.opens_at_ms.unwrap_or(0), paused: n.paused }
+    }
+
+    fn closed(n: SaleNotice) -> QueueStatus {
+        QueueStatus::Closed { message: n.message.unwrap_or_else(|| DEFAULT_CLOSE_MESSAGE.to_owned()) }
+    }
+
+    /// Closes the target's sale because the purchase API said so (`gate.close_header`).
+    pub async fn close_by_purchase_api(&self, target: QueueTarget, message: String) {
+        let close = SaleControl::Close { message, source: SaleSource::PurchaseApi };
+        match self.bounded(self.store.control_sale(target, close)).await {
+            Ok(true) => tracing::info!(target_queue = %target, "the purchase API closed the sale"),
+            Ok(false) => {}
+            Err(e) => self.degraded.record("sale close", target, &e),
         }
     }
 
@@ -164,6 +202,18 @@ impl QueueService {
             }
             Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
+            Ok(EnterOutcome::PreQueue(n)) => {
+                self.register_active(target).await;
+                Ok(Self::pre_queue(n))
+            }
+            Ok(EnterOutcome::Scheduled(n)) => Ok(QueueStatus::Scheduled {
+                opens_at_ms: n.opens_at_ms.unwrap_or(0),
+                prequeue_from_ms: n.prequeue_from_ms,
+            }),
+            Ok(EnterOutcome::Closed(n)) => {
+                self.local_learn(target, user, None);
+                Ok(Self::closed(n))
+            }
             Err(e) => {
                 self.degraded.record("enter", target, &e);
                 Ok(self.direct(target, user))
@@ -192,6 +242,11 @@ impl QueueService {
             Ok(StatusOutcome::NotInQueue) => {
                 self.local_learn(target, user, None);
                 Err(QueueError::NotInQueue(target))
+            }
+            Ok(StatusOutcome::PreQueue(n)) => Ok(Self::pre_queue(n)),
+            Ok(StatusOutcome::Closed(n)) => {
+                self.local_learn(target, user, None);
+                Ok(Self::closed(n))
             }
             Err(e) => {
                 self.degraded.record("poll", target, &e);

@@ -28,6 +28,15 @@ pub struct QueueStats {
     pub tokens_used: u64,
     /// Purchases with stateless (DIRECT_ADMITTED or minted) tokens, never issued by the queue.
     pub direct_tokens_used: u64,
+    /// The sale's state (scheduled, pre-queue, opening, open, paused, closed); absent without a sale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sale_state: Option<String>,
+    /// The sale's opening time, ISO-8601; absent without a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<String>,
+    /// Users in the sale's pre-queue, not yet given a position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prequeued_count: Option<u64>,
 }
 
 impl QueueStats {
@@ -49,6 +58,9 @@ impl QueueStats {
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
+            sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
+            opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
+            prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
         }
     }
 }

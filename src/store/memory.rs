@@ -14,12 +14,16 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
+    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
-use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{
+    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,
+};
 
 use crate::clock::now_epoch_ms as now_ms;
+
+mod sale;
 
 /// What Redis keeps in the keys `admit.lua` refreshes together (waiting, heartbeat, seq, mark,
 /// entry times, waits, evicted, departed): they expire `key_ttl_s` after the last refresh, and
@@ -136,7 +140,13 @@ impl TargetState {
             return Place::Admitted(token);
         }
         q.heartbeat.insert(user, now);
-        Place::Waiting(Waiting { seq, mark: q.mark, ahead: q.ahead(seq), batch_override: self.batch_override })
+        Place::Waiting(Waiting {
+            seq,
+            mark: q.mark,
+            ahead: q.ahead(seq),
+            batch_override: self.batch_override,
+            paused: false,
+        })
     }
 }
 
@@ -150,6 +160,8 @@ struct Inner {
     acks: HashMap<String, (String, u64)>,
     /// (target, tick) -> purchases forwarded by the gate
     forwarded: HashMap<(QueueTarget, u64), u64>,
+    /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).
+    sales: HashMap<QueueTarget, sale::MemSale>,
 }
 
 impl Inner {
@@ -232,6 +244,16 @@ impl QueueStore for MemoryStore {
         let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
+        if !t.queue.seq_of.contains_key(&user)
+            && let Some(token) = t.live_token(user, now)
+        {
+            return Ok(EnterOutcome::Admitted(token));
+        }
+        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.max_capacity, ttl_ms) {
+            return Ok(answer);
+        }
+        let paused = sale::paused(&inner, target);
+        let t = inner.target(target, now);
         let seq = match t.queue.seq_of.get(&user) {
             Some(seq) => *seq,
             None => {
@@ -253,7 +275,7 @@ impl QueueStore for MemoryStore {
             }
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Place::Waiting(w) => EnterOutcome::Waiting(w),
+            Place::Waiting(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
             Place::Admitted(token) => EnterOutcome::Admitted(token),
         })
     }
@@ -269,6 +291,18 @@ impl QueueStore for MemoryStore {
         let Some(t) = inner.existing(target, now) else {
             return Ok(StatusOutcome::NotInQueue);
         };
+        if !t.queue.seq_of.contains_key(&user)
+            && let Some(token) = t.live_token(user, now)
+        {
+            return Ok(StatusOutcome::Admitted(token));
+        }
+        if let Some(answer) = sale::status_gate(&mut inner, target, user, now, self.key_ttl_ms()) {
+            return Ok(answer);
+        }
+        let paused = sale::paused(&inner, target);
+        let Some(t) = inner.existing(target, now) else {
+            return Ok(StatusOutcome::NotInQueue);
+        };
         let Some(seq) = t.queue.seq_of.get(&user).copied() else {
             return Ok(match t.live_token(user, now) {
                 Some(token) => StatusOutcome::Admitted(token),
@@ -276,13 +310,14 @@ impl QueueStore for MemoryStore {
             });
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
-            Place::Waiting(w) => StatusOutcome::Waiting(w),
+            Place::Waiting(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
             Place::Admitted(token) => StatusOutcome::Admitted(token),
         })
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let mut inner = self.lock();
+        sale::forget_prequeued(&mut inner, target, user);
         Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
     }
 
@@ -307,8 +342,15 @@ impl QueueStore for MemoryStore {
         if t.last_tick.is_some_and(|last| tick <= last) {
             return Ok(AdmitOutcome { advanced: false, mark: t.queue.mark, tick, admitted: 0, batch });
         }
+        if sale::admission_held(&mut inner, target, now, ttl_ms) {
+            let t = inner.target(target, now);
+            t.queue.expires_at = Some(now + ttl_ms);
+            return Ok(AdmitOutcome { advanced: false, mark: t.queue.mark, tick, admitted: 0, batch });
+        }
+        let t = inner.target(target, now);
         t.last_tick = Some(tick);
         let q = &mut t.queue;
+        let before = q.mark;
         let front: Vec<(u64, UserId)> =
             q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
         if let Some((last, _)) = front.last() {
@@ -335,6 +377,16 @@ impl QueueStore for MemoryStore {
         admissions.insert(0, (tick, admitted));
         admissions.truncate(60);
         *until = now + ttl_ms;
+        if admitted > 0 {
+            let step = LedgerEntry::Admission {
+                at_ms: now,
+                mark_before: before,
+                mark_after: mark,
+                admitted,
+                instance: "embedded".into(),
+            };
+            sale::ledger_entry(&mut inner, target, step);
+        }
         Ok(AdmitOutcome { advanced: true, mark, tick, admitted, batch })
     }
 
@@ -354,6 +406,9 @@ impl QueueStore for MemoryStore {
             q.remove(*user);
         }
         q.evicted += stale.len() as u64;
+        for (_, user) in &stale {
+            sale::forget_prequeued(&mut inner, target, *user);
+        }
         Ok(stale.len() as u64)
     }
 
@@ -377,7 +432,9 @@ impl QueueStore for MemoryStore {
         let now = now_ms();
         let mut inner = self.lock();
         // Redis asks whether the `seq` key still exists.
-        let expired = inner.existing(target, now).is_none_or(|t| t.queue.seq == 0);
+        // A pre-queue keeps it too (enter.lua writes `seq` for it).
+        let prequeued = inner.sales.get(&target).is_some_and(|s| !s.prequeue.is_empty());
+        let expired = !prequeued && inner.existing(target, now).is_none_or(|t| t.queue.seq == 0);
         if expired {
             inner.active.remove(&target);
             // What outlives a target's queue (tokens, used marks, the lock) is kept until it
@@ -439,6 +496,8 @@ impl QueueStore for MemoryStore {
             tokens_used: q.tokens_used,
             direct_tokens_used: q.direct_tokens_used,
             waits: q.waits.clone(),
+            sale: sale::read(&inner, target, now).0,
+            prequeued: sale::read(&inner, target, now).1,
         })
     }
 
@@ -555,6 +614,42 @@ impl QueueStore for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        Ok(sale::schedule(&mut self.lock(), target, schedule, seed))
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(sale::read(&self.lock(), target, now_ms()).0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        Ok(sale::control(&mut self.lock(), target, control, now_ms()))
+    }
+
+    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        // The embedded store writes the opening order in the step that freezes the pre-queue.
+        Ok(None)
+    }
+
+    async fn place_opening(
+        &self,
+        _target: QueueTarget,
+        _places: &[(u64, UserId)],
+        _opens_at_ms: u64,
+        _last: bool,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(sale::ledger(&self.lock(), target))
     }
 }
 

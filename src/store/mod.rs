@@ -14,7 +14,9 @@ use std::future::Future;
 pub use self::memory::MemoryStore;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 
-use crate::domain::{FlagChange, FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{
+    FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId, WaitHistogram,
+};
 
 /// What the store needs to know of the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +106,19 @@ pub struct Waiting {
     pub mark: u64,
     pub ahead: u64,
     pub batch_override: Option<u64>,
+    /// The target's sale is paused: nobody is admitted until it resumes.
+    pub paused: bool,
+}
+
+/// What enter and poll tell a user about the target's sale when it keeps them out of the
+/// queue (times in epoch ms).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaleNotice {
+    pub opens_at_ms: Option<u64>,
+    pub prequeue_from_ms: Option<u64>,
+    pub paused: bool,
+    /// The close message.
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +127,12 @@ pub enum EnterOutcome {
     /// Admitted: the stored token (the candidate if it was issued just now).
     Admitted(String),
     Full,
+    /// Recorded in the sale's pre-queue (once): the order is drawn at the opening.
+    PreQueue(SaleNotice),
+    /// Before the pre-queue opens: not recorded.
+    Scheduled(SaleNotice),
+    /// The sale is closed: not recorded.
+    Closed(SaleNotice),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +140,40 @@ pub enum StatusOutcome {
     Waiting(Waiting),
     Admitted(String),
     NotInQueue,
+    PreQueue(SaleNotice),
+    /// The sale closed before the user was admitted.
+    Closed(SaleNotice),
 }
+
+/// What scheduling a sale did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleOutcome {
+    /// Scheduled; the seed's commitment (kept from an earlier schedule of the same sale).
+    Scheduled { commitment: String },
+    /// The opening froze the pre-queue already (epoch ms): clear the sale to schedule anew.
+    AlreadyOpened { frozen_at_ms: u64 },
+}
+
+/// A sale as stored plus the store's clock when it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaleView {
+    pub record: SaleRecord,
+    pub now_ms: u64,
+}
+
+/// The pre-queue frozen at the opening, waiting for the pump to write its order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingOpening {
+    /// Seqs `base + 1 ..= base + users.len()` are the pre-queued users'.
+    pub base: u64,
+    pub seed: Vec<u8>,
+    pub opens_at_ms: u64,
+    /// The frozen members, in no particular order.
+    pub users: Vec<UserId>,
+}
+
+/// Ledger rows kept per target (newest first): a sale of 100k users at 100 per tick needs 1000.
+pub const LEDGER_MAX_ROWS: u64 = 10_000;
 
 /// What one admit call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +255,10 @@ pub struct TargetSnapshot {
     pub admissions: Vec<(u64, u64)>,
     /// Users admitted since the target's keys were created.
     pub admitted_total: u64,
+    /// The target's sale, if it has one, and the store's clock when read.
+    pub sale: Option<SaleView>,
+    /// Users in the sale's pre-queue (or the frozen one), not yet given a seq.
+    pub prequeued: u64,
     /// Tokens issued through the queue (not DIRECT_ADMITTED ones), and of those the ones a
     /// purchase used; `direct_tokens_used` counts purchases with stateless tokens (minted while
     /// the queue was off for the user or Redis was down), which were never issued here.
@@ -265,6 +323,55 @@ pub trait QueueStore: Send + Sync + 'static {
         default_batch: u64,
         tick_ms: u64,
     ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send;
+
+    /// [`Self::admit`], naming the instance that runs the step in the admission ledger.
+    fn admit_by(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+    ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send {
+        let _ = instance;
+        self.admit(target, default_batch, tick_ms)
+    }
+
+    /// Sets the sale's schedule; draws nothing itself: `seed` is used unless the sale has one.
+    fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> impl Future<Output = Result<ScheduleOutcome, StoreError>> + Send;
+
+    /// The sale as stored, with the store's clock; `None` without one.
+    fn read_sale(&self, target: QueueTarget) -> impl Future<Output = Result<Option<SaleView>, StoreError>> + Send;
+
+    /// Pause, resume, close or clear, recorded in the ledger; false when it changed nothing.
+    fn control_sale(
+        &self,
+        target: QueueTarget,
+        control: SaleControl,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The frozen pre-queue, when the opening time passed and its order is not written yet.
+    fn pending_opening(
+        &self,
+        target: QueueTarget,
+    ) -> impl Future<Output = Result<Option<PendingOpening>, StoreError>> + Send;
+
+    /// Writes one chunk of the opening order (`(seq, user)`, seqs ascending and contiguous),
+    /// idempotently; `last` marks the opening done. False when it was done already.
+    fn place_opening(
+        &self,
+        target: QueueTarget,
+        places: &[(u64, UserId)],
+        opens_at_ms: u64,
+        last: bool,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The admission ledger, newest first.
+    fn sale_ledger(&self, target: QueueTarget) -> impl Future<Output = Result<Vec<LedgerEntry>, StoreError>> + Send;
 
     /// Removes up to `max` users whose last poll is older than `timeout_ms`.
     fn evict(
@@ -402,6 +509,38 @@ impl QueueStore for AnyStore {
     }
     async fn admit(&self, t: QueueTarget, b: u64, tick: u64) -> Result<AdmitOutcome, StoreError> {
         delegate!(self, s => s.admit(t, b, tick))
+    }
+    async fn admit_by(&self, t: QueueTarget, b: u64, tick: u64, instance: &str) -> Result<AdmitOutcome, StoreError> {
+        delegate!(self, s => s.admit_by(t, b, tick, instance))
+    }
+    async fn schedule_sale(
+        &self,
+        t: QueueTarget,
+        sch: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        delegate!(self, s => s.schedule_sale(t, sch, seed))
+    }
+    async fn read_sale(&self, t: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        delegate!(self, s => s.read_sale(t))
+    }
+    async fn control_sale(&self, t: QueueTarget, c: SaleControl) -> Result<bool, StoreError> {
+        delegate!(self, s => s.control_sale(t, c))
+    }
+    async fn pending_opening(&self, t: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        delegate!(self, s => s.pending_opening(t))
+    }
+    async fn place_opening(
+        &self,
+        t: QueueTarget,
+        places: &[(u64, UserId)],
+        opens_at_ms: u64,
+        last: bool,
+    ) -> Result<bool, StoreError> {
+        delegate!(self, s => s.place_opening(t, places, opens_at_ms, last))
+    }
+    async fn sale_ledger(&self, t: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        delegate!(self, s => s.sale_ledger(t))
     }
     async fn evict(&self, t: QueueTarget, timeout: u64, max: u64) -> Result<u64, StoreError> {
         delegate!(self, s => s.evict(t, timeout, max))

@@ -12,7 +12,7 @@ use super::scripts::{ENTER, ISSUE, STATUS, eval_hot};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
-use crate::store::{Candidate, StoreError, StoreLimits, Waiting};
+use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
 
 impl RedisStore {
     /// One user's enter or poll, sent with whatever else is queued for the same target.
@@ -48,7 +48,7 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
-        let mut answers = parse_answers("issue.lua", reply, 1)?;
+        let mut answers = parse_answers("issue.lua", reply, 1, false)?;
         answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
     }
 }
@@ -75,7 +75,13 @@ pub(super) enum Answer {
     NotInQueue,
     /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
     Issue,
+    PreQueue(SaleNotice),
+    Scheduled(SaleNotice),
+    Closed(SaleNotice),
 }
+
+/// The sale's keys, passed after the token keys to `enter.lua` and `status.lua`.
+const SALE_KEYS: [&str; 3] = ["sale", "prequeue", "opening"];
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
 /// answers each job. A job that already waited longer than a command may take, or whose
@@ -108,7 +114,7 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         }
     };
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(names.len() + jobs.len());
+    cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
     let prefix = keys::of(target, "");
     let mut key = String::with_capacity(prefix.len() + 24);
     for name in names {
@@ -122,14 +128,18 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
         let _ = write!(key, "{prefix}token:{}", job.user);
         cmd.arg(key.as_str());
     }
+    for name in SALE_KEYS {
+        cmd.arg(format!("{prefix}{name}"));
+    }
     for v in head {
         cmd.arg(v);
     }
     for job in &jobs {
         cmd.arg(job.user.0);
     }
-    let answers =
-        eval_hot::<Value>(conn.clone(), script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len()));
+    let answers = eval_hot::<Value>(conn.clone(), script, &cmd)
+        .await
+        .and_then(|reply| parse_answers(what, reply, jobs.len(), true));
     let mut told_direct = Vec::new();
     match answers {
         Ok(answers) => {
@@ -163,10 +173,11 @@ async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTar
     for user in &users {
         pipe.cmd("EVAL")
             .arg(include_str!("../../../lua/leave.lua"))
-            .arg(3)
+            .arg(4)
             .arg(keys::of(target, "waiting"))
             .arg(keys::of(target, "heartbeat"))
             .arg(keys::of(target, "departed"))
+            .arg(keys::of(target, "prequeue"))
             .arg(user.0)
             .arg(limits.key_ttl_s);
     }
@@ -174,8 +185,9 @@ async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTar
     tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
 }
 
-/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` (see `lua/enter.lua`).
-fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<Answer>, StoreError> {
+/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's
+/// five trailing items (see `lua/enter.lua`).
+fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool) -> Result<Vec<Answer>, StoreError> {
     let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
     let Value::Array(items) = reply else {
         return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
@@ -187,10 +199,22 @@ fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<A
     let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
         return Err(bad(&items));
     };
-    if items.len() != 2 + 3 * users {
+    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } {
         return Err(bad(&items));
     }
-    items[2..]
+    let notice = match &items[2 + 3 * users..] {
+        [_phase, opens, from, paused, message] => SaleNotice {
+            opens_at_ms: int(opens).filter(|t| *t > 0),
+            prequeue_from_ms: int(from).filter(|t| *t > 0),
+            paused: int(paused) == Some(1),
+            message: match message {
+                Value::BulkString(m) if !m.is_empty() => Some(String::from_utf8_lossy(m).into_owned()),
+                _ => None,
+            },
+        },
+        _ => SaleNotice::default(),
+    };
+    items[2..2 + 3 * users]
         .chunks_exact(3)
         .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
             (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
@@ -198,7 +222,11 @@ fn parse_answers(what: &'static str, reply: Value, users: usize) -> Result<Vec<A
                 mark,
                 ahead,
                 batch_override: (batch > 0).then_some(batch),
+                paused: notice.paused,
             })),
+            (Some(6), _, _) => Ok(Answer::PreQueue(notice.clone())),
+            (Some(7), _, _) => Ok(Answer::Scheduled(notice.clone())),
+            (Some(8), _, _) => Ok(Answer::Closed(notice.clone())),
             (Some(2), Value::BulkString(token), _) => {
                 Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
             }

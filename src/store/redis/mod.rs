@@ -33,14 +33,18 @@ use redis::cluster::ClusterClient;
 use self::coalesced::{Answer, Job, Op};
 use self::conn::{Conn, LazyCluster};
 use self::scripts::{
-    ADMIT, EVICT, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, LEAVE, TOKEN_CLAIM, TOKEN_RELEASE, num, reply_err,
+    ADMIT, EVICT, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, LEAVE, SALE_CONTROL, SALE_PLACE, SALE_READ, SALE_SCHEDULE,
+    TOKEN_CLAIM, TOKEN_RELEASE, num, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, QueueStore, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim,
+    AdmitOutcome, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
 };
-use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget, UserId, WaitHistogram};
+use crate::domain::{
+    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
+    WaitHistogram,
+};
 
 /// Production store on one Redis server or a Redis Cluster.
 #[derive(Clone)]
@@ -84,6 +88,20 @@ impl RedisStore {
 
     fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
+    async fn read_sale_and_prequeue(&self, target: QueueTarget) -> Result<(Option<SaleView>, u64), StoreError> {
+        let r: Vec<String> = SALE_READ
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .invoke_async(&mut self.conn())
+            .await?;
+        let now_ms = num("sale_read.lua", &r, 0)?;
+        let prequeued = num("sale_read.lua", &r, 1)?;
+        let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+        Ok((SaleRecord::from_fields(&fields).map(|record| SaleView { record, now_ms }), prequeued))
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
@@ -132,6 +150,9 @@ impl QueueStore for RedisStore {
                 Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
                 Answer::Admitted(token) => return Ok(EnterOutcome::Admitted(token)),
                 Answer::Full => return Ok(EnterOutcome::Full),
+                Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
+                Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
+                Answer::Closed(n) => return Ok(EnterOutcome::Closed(n)),
                 Answer::NotInQueue | Answer::Issue => {}
             }
         }
@@ -152,9 +173,11 @@ impl QueueStore for RedisStore {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
             Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
             Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
-            Answer::Full | Answer::Issue => Err(StoreError::Reply {
+            Answer::PreQueue(n) => Ok(StatusOutcome::PreQueue(n)),
+            Answer::Closed(n) => Ok(StatusOutcome::Closed(n)),
+            Answer::Full | Answer::Issue | Answer::Scheduled(_) => Err(StoreError::Reply {
                 what: "status.lua",
-                detail: "an enter-only answer (full) or a second issue".into(),
+                detail: "an enter-only answer (full, scheduled) or a second issue".into(),
             }),
         }
     }
@@ -164,6 +187,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "prequeue"))
             .arg(user.0)
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
@@ -184,6 +208,16 @@ impl QueueStore for RedisStore {
     }
 
     async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
+        self.admit_by(target, default_batch, tick_ms, "").await
+    }
+
+    async fn admit_by(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+    ) -> Result<AdmitOutcome, StoreError> {
         let r: Vec<String> = ADMIT
             .key(keys::of(target, "waiting"))
             .key(keys::of(target, "admitted_count"))
@@ -196,9 +230,15 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "seq"))
             .key(keys::of(target, "evicted"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .key(keys::of(target, "ledger"))
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
+            .arg(instance)
+            .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
         // The waits go to the Prometheus histogram of the instance that admitted.
@@ -220,6 +260,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "heartbeat"))
             .key(keys::of(target, "evicted"))
             .key(keys::of(target, "departed"))
+            .key(keys::of(target, "prequeue"))
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)
@@ -311,7 +352,10 @@ impl QueueStore for RedisStore {
             .await?;
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
+        let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
         Ok(TargetSnapshot {
+            sale,
+            prequeued,
             waiting,
             mark,
             seq: seq.unwrap_or(0),
@@ -443,5 +487,120 @@ impl QueueStore for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let _: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
         Ok(())
+    }
+
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        let last_ms = schedule.closes_at_ms.unwrap_or(schedule.opens_at_ms).max(schedule.opens_at_ms);
+        let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let r: Vec<String> = SALE_SCHEDULE
+            .key(keys::of(target, "sale"))
+            .arg(schedule.opens_at_ms)
+            .arg(opt(schedule.prequeue_from_ms))
+            .arg(opt(schedule.closes_at_ms))
+            .arg(crate::domain::hex(&seed))
+            .arg(crate::domain::seed_commitment(&seed))
+            .arg(last_ms / 1000 + self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() }),
+            Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
+            _ => Err(reply_err("sale_schedule.lua", &r)),
+        }
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(self.read_sale_and_prequeue(target).await?.0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        let (action, source, message) = match &control {
+            SaleControl::Pause => ("pause", "command", ""),
+            SaleControl::Resume => ("resume", "command", ""),
+            SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
+            SaleControl::Clear => ("clear", "command", ""),
+        };
+        let changed: u64 = SALE_CONTROL
+            .key(keys::of(target, "sale"))
+            .key(keys::of(target, "ledger"))
+            .key(keys::of(target, "prequeue"))
+            .key(keys::of(target, "opening"))
+            .arg(action)
+            .arg(source)
+            .arg(message)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(changed == 1)
+    }
+
+    async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        let mut conn = self.conn();
+        let fields: HashMap<String, String> = conn.hgetall(keys::of(target, "sale")).await?;
+        let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let (Some(frozen), Some(base), Some(opens_at_ms)) = (get("frozen"), get("base"), get("opens_at")) else {
+            return Ok(None);
+        };
+        // A closed sale admits nobody again: its pre-queue is never ordered.
+        if fields.contains_key("opened_at") || fields.get("closed").is_some_and(|c| c == "1") {
+            return Ok(None);
+        }
+        let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
+        let seed = fields
+            .get("seed")
+            .and_then(|s| crate::domain::unhex(s))
+            .ok_or_else(|| bad("the sale has no seed".into()))?;
+        // The frozen set does not change: read it in slices so no one reply blocks Redis long.
+        const SLICE: u64 = 10_000;
+        let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
+        let mut from = 0;
+        while from < frozen {
+            let part: Vec<u64> =
+                conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
+            if part.is_empty() {
+                break;
+            }
+            from += part.len() as u64;
+            users.extend(part.into_iter().map(UserId));
+        }
+        if users.len() as u64 != frozen {
+            // Another pump finished the opening (and unlinked the set) meanwhile.
+            let done: bool = conn.hexists(keys::of(target, "sale"), "opened_at").await?;
+            if done {
+                return Ok(None);
+            }
+            return Err(bad(format!("frozen pre-queue holds {} users, the sale says {frozen}", users.len())));
+        }
+        Ok(Some(PendingOpening { base, seed, opens_at_ms, users }))
+    }
+
+    async fn place_opening(
+        &self,
+        target: QueueTarget,
+        places: &[(u64, UserId)],
+        opens_at_ms: u64,
+        last: bool,
+    ) -> Result<bool, StoreError> {
+        let mut inv = SALE_PLACE.prepare_invoke();
+        for name in ["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger"] {
+            inv.key(keys::of(target, name));
+        }
+        inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
+        for (seq, user) in places {
+            inv.arg(*seq).arg(user.0);
+        }
+        let applied: u64 = inv.invoke_async(&mut self.conn()).await?;
+        Ok(applied == 1)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
+        Ok(rows.iter().filter_map(|r| LedgerEntry::decode(r)).collect())
     }
 }

@@ -24,6 +24,14 @@ pub(super) static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(incl
 pub(super) static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/flag_ack.lua")));
 pub(super) static FLAG_ACKS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../../lua/flag_acks.lua")));
+pub(super) static SALE_SCHEDULE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_schedule.lua")));
+pub(super) static SALE_CONTROL: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_control.lua")));
+pub(super) static SALE_PLACE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_place.lua")));
+pub(super) static SALE_READ: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_read.lua")));
 pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/view.lua")));
 
 /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the

@@ -17,6 +17,10 @@ pub struct TargetView {
     pub batch_override: Option<u64>,
     /// Seqs above the mark of users who left or were evicted, ascending.
     pub departed: Vec<u64>,
+    /// The target's sale is paused (waiting answers say so).
+    pub paused: bool,
+    /// The sale is closed or not opened yet: every poll asks Redis (`status.lua`).
+    pub sale_asks_store: bool,
 }
 
 impl TargetView {
@@ -52,6 +56,7 @@ impl RedisStore {
                 .key(keys::of(target, "admitted_count"))
                 .key(keys::of(target, "batch_size"))
                 .key(keys::of(target, "departed"))
+                .key(keys::of(target, "sale"))
                 .arg(now_ms)
                 .arg(u8::from(first));
             for u in users {
@@ -73,14 +78,20 @@ impl RedisStore {
                 return Err(bad());
             };
             let g = usize::try_from(g).map_err(|_| bad())?;
-            let rest = ints.get(3..).ok_or_else(bad)?;
+            let sale = ints.get(3).copied().ok_or_else(bad)?;
+            let rest = ints.get(4..).ok_or_else(bad)?;
             if rest.len() < g {
                 return Err(bad());
             }
             sync.gone.extend(rest[..g].iter().map(|&u| UserId(u)));
             if first {
-                sync.view =
-                    TargetView { mark, batch_override: (batch > 0).then_some(batch), departed: rest[g..].to_vec() };
+                sync.view = TargetView {
+                    mark,
+                    batch_override: (batch > 0).then_some(batch),
+                    departed: rest[g..].to_vec(),
+                    paused: sale == 1,
+                    sale_asks_store: sale == 2,
+                };
             }
         }
         Ok(sync)

@@ -1,0 +1,55 @@
+-- sale_control.lua: pause, resume, close or clear a target's sale, and record it in the ledger.
+--
+-- Works on a target without a schedule too: pausing or closing an always-open target.
+--
+-- KEYS[1] queue:{T}:sale       HASH the sale
+-- KEYS[2] queue:{T}:ledger     LIST ledger rows, newest first
+-- KEYS[3] queue:{T}:prequeue   ZSET pre-queued users (deleted by clear)
+-- KEYS[4] queue:{T}:opening    ZSET frozen pre-queue (deleted by clear)
+-- ARGV[1] pause | resume | close | clear
+-- ARGV[2] source: command | schedule | purchase-api
+-- ARGV[3] close message ('' otherwise)
+-- ARGV[4] key ttl seconds
+-- ARGV[5] ledger rows kept
+-- returns 1 when the state changed, 0 when it already was so (nothing recorded)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[4])
+local action, source = ARGV[1], ARGV[2]
+local row
+if action == 'pause' then
+  if redis.call('HGET', KEYS[1], 'paused') == '1' then
+    return 0
+  end
+  redis.call('HSET', KEYS[1], 'paused', 1)
+  row = 'pause|' .. now .. '|' .. source
+elseif action == 'resume' then
+  if redis.call('HDEL', KEYS[1], 'paused') == 0 then
+    return 0
+  end
+  row = 'resume|' .. now .. '|' .. source
+elseif action == 'close' then
+  if redis.call('HGET', KEYS[1], 'closed') == '1' then
+    return 0
+  end
+  redis.call('HSET', KEYS[1], 'closed', 1, 'close_source', source, 'closed_at', now, 'message', ARGV[3])
+  row = 'close|' .. now .. '|' .. source .. '|' .. ARGV[3]
+elseif action == 'clear' then
+  if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then
+    return 0
+  end
+  row = 'clear|' .. now .. '|' .. source
+else
+  return redis.error_reply('unknown sale action ' .. action)
+end
+-- A hash made here (a pause or close without a schedule) lives the key ttl, and the pump's
+-- ticks extend it while the target is active; a scheduled one keeps its longer expiry.
+if action ~= 'clear' then
+  if redis.call('TTL', KEYS[1]) < ttl then
+    redis.call('EXPIRE', KEYS[1], ttl)
+  end
+end
+redis.call('LPUSH', KEYS[2], row)
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
+redis.call('EXPIRE', KEYS[2], ttl)
+return 1

@@ -1,0 +1,62 @@
+-- sale_place.lua: write one chunk of the opening order, idempotently; the last chunk marks
+-- the opening done.
+--
+-- The pump computes the order in Rust (HMAC-SHA256 of each frozen pre-queued user) and sends
+-- it in chunks. Two pumps that both believe they hold the lock send the same chunks with the
+-- same seqs (the frozen set and the seed do not change), so each seq is written once: a user
+-- already placed, or a seq already recorded as departed, is left alone. A user who lost their
+-- heartbeat (evicted, or left) since the freeze is not placed: their seq is departed, so
+-- `aheadCount` stays exact. Once the opening is done, every call is a no-op.
+--
+-- KEYS[1] queue:{T}:waiting       ZSET seq -> user
+-- KEYS[2] queue:{T}:heartbeat     ZSET last poll ms -> user
+-- KEYS[3] queue:{T}:departed      ZSET seqs of users who left or were evicted
+-- KEYS[4] queue:{T}:entry_times   ZSET entry times (see enter.lua): one member per chunk
+-- KEYS[5] queue:{T}:sale          HASH the sale: frozen, opened_at, seed, commitment
+-- KEYS[6] queue:{T}:opening       ZSET the frozen pre-queue (unlinked by the last chunk)
+-- KEYS[7] queue:{T}:ledger        LIST ledger rows, newest first
+-- ARGV[1] 1 for the last chunk, else 0
+-- ARGV[2] entry time ms of the pre-queued users (the opening time)
+-- ARGV[3] key ttl seconds
+-- ARGV[4] ledger rows kept
+-- ARGV[5..] seq, user pairs, seqs ascending and contiguous
+-- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
+local s = redis.call('HMGET', KEYS[5], 'frozen', 'opened_at', 'commitment', 'seed')
+if not s[1] or s[2] then
+  return 0
+end
+local ttl = tonumber(ARGV[3])
+local adds, gone = {}, {}
+for i = 5, #ARGV, 2 do
+  local seq, user = ARGV[i], ARGV[i + 1]
+  if not redis.call('ZSCORE', KEYS[1], user) and not redis.call('ZSCORE', KEYS[3], seq) then
+    if redis.call('ZSCORE', KEYS[2], user) then
+      adds[#adds + 1], adds[#adds + 2] = seq, user
+    else
+      gone[#gone + 1], gone[#gone + 2] = seq, seq
+    end
+  end
+end
+if #adds > 0 then
+  redis.call('ZADD', KEYS[1], unpack(adds))
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
+if #gone > 0 then
+  redis.call('ZADD', KEYS[3], unpack(gone))
+  redis.call('EXPIRE', KEYS[3], ttl)
+end
+if #ARGV >= 5 then
+  local first, last = ARGV[5], ARGV[#ARGV - 1]
+  redis.call('ZADD', KEYS[4], first, first .. '-' .. last .. ':' .. ARGV[2])
+  redis.call('EXPIRE', KEYS[4], ttl)
+end
+if ARGV[1] == '1' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('HSET', KEYS[5], 'opened_at', now)
+  redis.call('UNLINK', KEYS[6])
+  redis.call('LPUSH', KEYS[7], 'open|' .. now .. '|' .. s[1] .. '|' .. (s[3] or '') .. '|' .. (s[4] or ''))
+  redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[4]) - 1)
+  redis.call('EXPIRE', KEYS[7], ttl)
+end
+return 1

@@ -1,0 +1,35 @@
+-- sale_schedule.lua: set (or change, before the opening) a target's sale schedule.
+--
+-- The seed is drawn once: a schedule changed before the opening keeps the seed, so the
+-- commitment published first stays the one to check. Scheduling again reopens a sale closed
+-- before its opening; a pause stays.
+--
+-- KEYS[1] queue:{T}:sale   HASH opens_at, prequeue_from, closes_at (ms), seed, commitment (hex), ...
+-- ARGV[1] opens_at ms
+-- ARGV[2] prequeue_from ms, '' for none
+-- ARGV[3] closes_at ms, '' for none
+-- ARGV[4] seed, lowercase hex of 32 random bytes (used only if the sale has none)
+-- ARGV[5] commitment, lowercase hex SHA-256 of ARGV[4]'s bytes
+-- ARGV[6] expiry, epoch s (the last of the schedule's times plus the key ttl)
+-- returns {1, commitment} when scheduled, {0, frozen_at ms} when the pre-queue was frozen
+-- already (the opening happened: clear the sale first)
+local frozen = redis.call('HGET', KEYS[1], 'frozen_at')
+if frozen then
+  return {0, frozen}
+end
+local commitment = redis.call('HGET', KEYS[1], 'commitment')
+if not commitment or not redis.call('HGET', KEYS[1], 'seed') then
+  commitment = ARGV[5]
+  redis.call('HSET', KEYS[1], 'seed', ARGV[4], 'commitment', commitment)
+end
+redis.call('HSET', KEYS[1], 'opens_at', ARGV[1])
+redis.call('HDEL', KEYS[1], 'closed', 'close_source', 'closed_at', 'message')
+for i, field in ipairs({'prequeue_from', 'closes_at'}) do
+  if ARGV[1 + i] == '' then
+    redis.call('HDEL', KEYS[1], field)
+  else
+    redis.call('HSET', KEYS[1], field, ARGV[1 + i])
+  end
+end
+redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[6]))
+return {1, commitment}

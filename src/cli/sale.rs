@@ -1,0 +1,310 @@
+//! `vq sale schedule | show | pause | resume | close | clear | ledger`: a target's sale
+//! lifecycle, changed at runtime. Every instance reads the sale from Redis in its scripts, so
+//! a change applies at the next enter, poll or tick.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{ContentArrangement, Table};
+use serde::Serialize;
+
+use super::{ConfigArg, runtime};
+use crate::app::open_store;
+use crate::domain::{
+    LedgerEntry, QueueTarget, SaleControl, SaleSchedule, SaleSource, format_instant, ledger_admitted, parse_instant,
+};
+use crate::service::{DEFAULT_CLOSE_MESSAGE, now_epoch_ms};
+use crate::store::{AnyStore, QueueStore, SaleView, ScheduleOutcome};
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  vq sale schedule limited-drop:42 --opens-at 2026-12-24T10:00:00Z --prequeue-from 2026-12-24T09:30:00Z\n  vq sale show limited-drop:42 --json        # seedCommitment now, seed and prequeued from the opening\n  vq sale pause limited-drop:42\n  vq sale resume limited-drop:42\n  vq sale close limited-drop:42 --message \"Sold out\"\n  vq sale ledger limited-drop:42\n  vq sale clear limited-drop:42              # back to always open"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    action: Action,
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Schedule the opening (and optionally the pre-queue and the close); ISO-8601 times with Z or an offset
+    Schedule {
+        /// The target, e.g. limited-drop:42
+        target: QueueTarget,
+        /// When admission starts and the pre-queue gets its random order
+        #[arg(long, value_name = "TIME")]
+        opens_at: String,
+        /// From when entries are recorded in the pre-queue (default: none, entries before the opening are told SCHEDULED)
+        #[arg(long, value_name = "TIME")]
+        prequeue_from: Option<String>,
+        /// When the sale closes by itself
+        #[arg(long, value_name = "TIME")]
+        closes_at: Option<String>,
+    },
+    /// Show the sale of one target, or of every active target that has one
+    Show {
+        target: Option<QueueTarget>,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop admitting (enter and poll go on; answers say paused)
+    Pause { target: QueueTarget },
+    /// Admit again after a pause
+    Resume { target: QueueTarget },
+    /// Close the sale: waiting and pre-queued users are told CLOSED; admitted users keep their tokens
+    Close {
+        target: QueueTarget,
+        /// What users are told
+        #[arg(long, value_name = "TEXT", default_value = DEFAULT_CLOSE_MESSAGE)]
+        message: String,
+    },
+    /// Remove the sale: the target is always open again (the ledger stays)
+    Clear { target: QueueTarget },
+    /// The admission ledger: every admission step, the opening, pauses, resumes and closes
+    Ledger {
+        target: QueueTarget,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What `vq sale show --json` prints per target.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SaleShow {
+    target: String,
+    state: &'static str,
+    opens_at: Option<String>,
+    prequeue_opens_at: Option<String>,
+    closes_at: Option<String>,
+    paused: bool,
+    /// Lowercase hex SHA-256 of the seed bytes, published before the opening.
+    seed_commitment: Option<String>,
+    /// Lowercase hex seed, from the opening on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<String>,
+    /// Users pre-queued at the opening, from the opening on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prequeued: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    opened_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    close_source: Option<String>,
+}
+
+impl SaleShow {
+    fn of(target: QueueTarget, view: &SaleView) -> Self {
+        let r = &view.record;
+        let opened = r.opened_at_ms.is_some();
+        Self {
+            target: target.to_string(),
+            state: r.state_at(view.now_ms),
+            opens_at: r.opens_at_ms.map(format_instant),
+            prequeue_opens_at: r.prequeue_from_ms.map(format_instant),
+            closes_at: r.closes_at_ms.map(format_instant),
+            paused: r.paused,
+            seed_commitment: r.commitment.clone(),
+            seed: r.revealed_seed().map(str::to_owned),
+            prequeued: r.prequeued.filter(|_| opened),
+            opened_at: r.opened_at_ms.map(format_instant),
+            message: r.message.clone(),
+            close_source: r.close_source.clone(),
+        }
+    }
+
+    fn print(&self) {
+        println!(
+            "{}: {}{}",
+            self.target,
+            self.state,
+            if self.paused && self.state != "paused" { " (paused)" } else { "" }
+        );
+        let line = |name: &str, v: &Option<String>| {
+            if let Some(v) = v {
+                println!("  {name}: {v}");
+            }
+        };
+        line("opens at", &self.opens_at);
+        line("pre-queue from", &self.prequeue_opens_at);
+        line("closes at", &self.closes_at);
+        line("seed commitment (SHA-256 of the seed)", &self.seed_commitment);
+        line("opened at", &self.opened_at);
+        line("seed", &self.seed);
+        if let Some(n) = self.prequeued {
+            println!("  pre-queued at the opening: {n}");
+        }
+        line("message", &self.message);
+        line("closed by", &self.close_source);
+    }
+}
+
+/// What `vq sale ledger --json` prints.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LedgerReport {
+    target: String,
+    /// Oldest first.
+    entries: Vec<LedgerEntry>,
+    /// Users admitted in all of the ledger's admission rows.
+    admitted: u64,
+    /// The stats' `admittedCount`, which `admitted` equals while the ledger holds every row.
+    admitted_count: u64,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = args.config.load_shared("sale")?;
+    let url = settings.redis.url.clone();
+    runtime()?.block_on(async move {
+        let store = open_store(&settings)?;
+        let fail = |what: &str, t: QueueTarget, e: crate::store::StoreError| {
+            anyhow::anyhow!("cannot {what} the sale of {t} in {url}: {e}")
+        };
+        match args.action {
+            Action::Schedule { target, opens_at, prequeue_from, closes_at } => {
+                let schedule = SaleSchedule {
+                    opens_at_ms: parse_instant(&opens_at).map_err(|e| anyhow::anyhow!("--opens-at: {e}"))?,
+                    prequeue_from_ms: prequeue_from
+                        .map(|t| parse_instant(&t))
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("--prequeue-from: {e}"))?,
+                    closes_at_ms: closes_at
+                        .map(|t| parse_instant(&t))
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("--closes-at: {e}"))?,
+                };
+                schedule.validate(now_epoch_ms())?;
+                let mut seed = [0u8; 32];
+                getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("cannot draw the seed: {e}"))?;
+                match store.schedule_sale(target, schedule, seed).await.map_err(|e| fail("schedule", target, e))? {
+                    ScheduleOutcome::Scheduled { commitment } => {
+                        println!("sale of {target} scheduled: opens at {}", format_instant(schedule.opens_at_ms));
+                        println!("seed commitment (SHA-256 of the seed, revealed at the opening): {commitment}");
+                    }
+                    ScheduleOutcome::AlreadyOpened { frozen_at_ms } => anyhow::bail!(
+                        "the sale of {target} opened at {}: `vq sale clear {target}` first to schedule a new one",
+                        format_instant(frozen_at_ms)
+                    ),
+                }
+            }
+            Action::Show { target, json } => {
+                let targets = match target {
+                    Some(t) => vec![t],
+                    None => store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?,
+                };
+                let mut shown = Vec::new();
+                for t in targets {
+                    if let Some(view) = store.read_sale(t).await.map_err(|e| fail("read", t, e))? {
+                        shown.push(SaleShow::of(t, &view));
+                    }
+                }
+                if let (Some(t), true) = (target, shown.is_empty()) {
+                    anyhow::bail!("{t} has no sale: it is always open (`vq sale schedule {t} --opens-at …`)");
+                }
+                if json {
+                    let out = if target.is_some() {
+                        serde_json::to_string_pretty(&shown[0])?
+                    } else {
+                        serde_json::to_string_pretty(&shown)?
+                    };
+                    println!("{out}");
+                } else if shown.is_empty() {
+                    println!("no active target has a sale");
+                } else {
+                    shown.iter().for_each(SaleShow::print);
+                }
+            }
+            Action::Pause { target } => {
+                control(&store, target, SaleControl::Pause, "paused", "was paused already").await?
+            }
+            Action::Resume { target } => {
+                control(&store, target, SaleControl::Resume, "resumed", "was not paused").await?;
+            }
+            Action::Close { target, message } => {
+                let close = SaleControl::Close { message, source: SaleSource::Command };
+                control(&store, target, close, "closed", "was closed already").await?;
+            }
+            Action::Clear { target } => {
+                control(&store, target, SaleControl::Clear, "cleared (always open)", "had no sale").await?;
+            }
+            Action::Ledger { target, json } => {
+                let mut entries = store.sale_ledger(target).await.map_err(|e| fail("read the ledger of", target, e))?;
+                entries.reverse();
+                let snap = store.snapshot(target).await.map_err(|e| fail("read", target, e))?;
+                let report = LedgerReport {
+                    target: target.to_string(),
+                    admitted: ledger_admitted(&entries),
+                    admitted_count: snap.admitted_total,
+                    entries,
+                };
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    print_ledger(&report);
+                }
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn control(
+    store: &AnyStore,
+    target: QueueTarget,
+    control: SaleControl,
+    done: &str,
+    unchanged: &str,
+) -> anyhow::Result<()> {
+    let changed = store
+        .control_sale(target, control)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot change the sale of {target}: {e}"))?;
+    if changed {
+        println!("sale of {target} {done}");
+    } else {
+        println!("sale of {target} {unchanged}: nothing changed");
+    }
+    Ok(())
+}
+
+fn print_ledger(report: &LedgerReport) {
+    let mut table = Table::new();
+    table.load_style(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic);
+    table.set_header(["time (Redis)", "event", "mark", "admitted", "by"]);
+    for e in &report.entries {
+        let at = format_instant(e.at_ms());
+        let row: [String; 5] = match e {
+            LedgerEntry::Admission { mark_before, mark_after, admitted, instance, .. } => [
+                at,
+                "admission".into(),
+                format!("{mark_before} → {mark_after}"),
+                admitted.to_string(),
+                instance.clone(),
+            ],
+            LedgerEntry::Opening { prequeued, seed_commitment, seed, .. } => [
+                at,
+                format!("opening: {prequeued} pre-queued, seed {seed} (commitment {seed_commitment})"),
+                String::new(),
+                String::new(),
+                "pump".into(),
+            ],
+            LedgerEntry::Pause { source, .. } => [at, "pause".into(), String::new(), String::new(), source.clone()],
+            LedgerEntry::Resume { source, .. } => [at, "resume".into(), String::new(), String::new(), source.clone()],
+            LedgerEntry::Close { source, message, .. } => {
+                [at, format!("close: {message}"), String::new(), String::new(), source.clone()]
+            }
+            LedgerEntry::Clear { source, .. } => [at, "clear".into(), String::new(), String::new(), source.clone()],
+        };
+        table.add_row(row);
+    }
+    println!("{} ledger (oldest first)", report.target);
+    println!("{table}");
+    println!("admitted in the ledger: {}; stats admittedCount: {}", report.admitted, report.admitted_count);
+}

@@ -1,0 +1,504 @@
+//! The sale lifecycle of a target: its schedule, the phase it is in at a given time, the
+//! fair opening order, and the admission ledger's rows.
+//!
+//! Pure: times are epoch milliseconds passed in (the stores read Redis' clock), the seed is
+//! passed in (the store draws it). The opening order is HMAC-SHA256(key = seed, message = the
+//! user id in decimal ASCII), ascending as unsigned big-endian bytes, so anyone holding the
+//! seed and the list of pre-queued users can recompute it.
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use super::UserId;
+
+/// Why a schedule or a time given by an operator is refused; the text is shown as is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error(
+        "`{0}` is not an ISO-8601 time: expected e.g. 2026-12-24T10:00:00Z or 2026-12-24T11:00:00+01:00 (a UTC offset is required)"
+    )]
+    BadTime(String),
+    #[error("opens-at {opens_at} is in the past (now {now})")]
+    OpensInPast { opens_at: String, now: String },
+    #[error("prequeue-from {from} is not before opens-at {opens_at}")]
+    PrequeueAfterOpening { from: String, opens_at: String },
+    #[error("closes-at {closes_at} is not after opens-at {opens_at}")]
+    ClosesBeforeOpening { closes_at: String, opens_at: String },
+}
+
+/// Parses `YYYY-MM-DDTHH:MM[:SS[.fff…]]` followed by `Z` or an offset `±HH:MM` / `±HHMM`
+/// (a space may stand for the `T`); returns epoch milliseconds.
+pub fn parse_instant(s: &str) -> Result<u64, ScheduleError> {
+    let bad = || ScheduleError::BadTime(s.to_owned());
+    let b = s.trim().as_bytes();
+    let digits = |from: usize, len: usize| -> Option<i64> {
+        let part = b.get(from..from + len)?;
+        part.iter().all(u8::is_ascii_digit).then(|| part.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')))
+    };
+    let (Some(y), Some(mo), Some(d)) = (digits(0, 4), digits(5, 2), digits(8, 2)) else { return Err(bad()) };
+    if b.get(4) != Some(&b'-') || b.get(7) != Some(&b'-') || !matches!(b.get(10), Some(b'T' | b't' | b' ')) {
+        return Err(bad());
+    }
+    let (Some(h), Some(mi)) = (digits(11, 2), digits(14, 2)) else { return Err(bad()) };
+    if b.get(13) != Some(&b':') {
+        return Err(bad());
+    }
+    let mut i = 16;
+    let mut sec = 0;
+    let mut ms = 0;
+    if b.get(i) == Some(&b':') {
+        sec = digits(i + 1, 2).ok_or_else(bad)?;
+        i += 3;
+        if matches!(b.get(i), Some(b'.' | b',')) {
+            i += 1;
+            let start = i;
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                if i - start < 3 {
+                    ms = ms * 10 + i64::from(b[i] - b'0');
+                }
+                i += 1;
+            }
+            if i == start {
+                return Err(bad());
+            }
+            for _ in (i - start)..3 {
+                ms *= 10;
+            }
+        }
+    }
+    let offset_min = match b.get(i) {
+        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
+        Some(sign @ (b'+' | b'-')) => {
+            let oh = digits(i + 1, 2).ok_or_else(bad)?;
+            let om = match b.len() - i {
+                6 if b[i + 3] == b':' => digits(i + 4, 2).ok_or_else(bad)?,
+                5 => digits(i + 3, 2).ok_or_else(bad)?,
+                _ => return Err(bad()),
+            };
+            if oh > 23 || om > 59 {
+                return Err(bad());
+            }
+            if *sign == b'+' { oh * 60 + om } else { -(oh * 60 + om) }
+        }
+        _ => return Err(bad()),
+    };
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    if !(1970..=9999).contains(&y) || !(1..=12).contains(&mo) || d < 1 || d > month_days[(mo - 1) as usize] {
+        return Err(bad());
+    }
+    if h > 23 || mi > 59 || sec > 59 {
+        return Err(bad());
+    }
+    let days = days_from_civil(y, mo, d);
+    let total = ((days * 24 + h) * 60 + mi - offset_min) * 60 + sec;
+    u64::try_from(total * 1000 + ms).map_err(|_| bad())
+}
+
+/// Howard Hinnant's days_from_civil.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Epoch ms as ISO-8601 UTC: `2026-12-24T10:00:00Z`, with `.mmm` when not a whole second.
+pub fn format_instant(epoch_ms: u64) -> String {
+    let days = (epoch_ms / 86_400_000) as i64;
+    let secs = (epoch_ms / 1000) % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let frac = match epoch_ms % 1000 {
+        0 => String::new(),
+        ms => format!(".{ms:03}"),
+    };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z", secs / 3600, (secs / 60) % 60, secs % 60)
+}
+
+/// When a target's sale opens, and optionally when its pre-queue opens and when it closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaleSchedule {
+    pub opens_at_ms: u64,
+    /// Entries from here to the opening are pre-queued; without it they are told SCHEDULED.
+    pub prequeue_from_ms: Option<u64>,
+    pub closes_at_ms: Option<u64>,
+}
+
+impl SaleSchedule {
+    /// Checks the times against each other and against `now_ms` (the opening must be ahead).
+    pub fn validate(&self, now_ms: u64) -> Result<(), ScheduleError> {
+        let opens_at = format_instant(self.opens_at_ms);
+        if self.opens_at_ms <= now_ms {
+            return Err(ScheduleError::OpensInPast { opens_at, now: format_instant(now_ms) });
+        }
+        if let Some(from) = self.prequeue_from_ms.filter(|f| *f >= self.opens_at_ms) {
+            return Err(ScheduleError::PrequeueAfterOpening { from: format_instant(from), opens_at });
+        }
+        if let Some(closes) = self.closes_at_ms.filter(|c| *c <= self.opens_at_ms) {
+            return Err(ScheduleError::ClosesBeforeOpening { closes_at: format_instant(closes), opens_at });
+        }
+        Ok(())
+    }
+}
+
+/// Where a sale is at a given moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SalePhase {
+    /// Before the pre-queue (or, without one, before the opening): entries are not recorded.
+    Scheduled,
+    /// Entries are recorded, unordered, until the opening.
+    PreQueue,
+    /// The opening time has passed and the pre-queue is being given its order: nobody is
+    /// admitted until that is done.
+    Opening,
+    /// As a target without a sale: first come, first served.
+    Open,
+    Closed,
+}
+
+impl SalePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scheduled => "scheduled",
+            Self::PreQueue => "pre-queue",
+            Self::Opening => "opening",
+            Self::Open => "open",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+/// A target's sale as stored (the hash `queue:{T}:sale`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaleRecord {
+    pub opens_at_ms: Option<u64>,
+    pub prequeue_from_ms: Option<u64>,
+    pub closes_at_ms: Option<u64>,
+    /// Lowercase hex of the 32-byte seed; shown only from the opening on.
+    pub seed: Option<String>,
+    /// Lowercase hex SHA-256 of the seed bytes, published from the schedule on.
+    pub commitment: Option<String>,
+    pub paused: bool,
+    /// Closed by a command or the purchase API (a passed `closes_at` closes without it).
+    pub closed: bool,
+    pub message: Option<String>,
+    /// Who closed it: command, schedule or purchase-api.
+    pub close_source: Option<String>,
+    /// Users pre-queued when the opening froze the pre-queue.
+    pub prequeued: Option<u64>,
+    /// The opening order was written (by Redis' clock), epoch ms.
+    pub opened_at_ms: Option<u64>,
+}
+
+impl SaleRecord {
+    /// The stored hash's fields, as written by the scripts.
+    pub fn from_fields(fields: &std::collections::HashMap<String, String>) -> Option<Self> {
+        if fields.is_empty() {
+            return None;
+        }
+        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let text = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
+        Some(Self {
+            opens_at_ms: num("opens_at"),
+            prequeue_from_ms: num("prequeue_from"),
+            closes_at_ms: num("closes_at"),
+            seed: text("seed"),
+            commitment: text("commitment"),
+            paused: fields.get("paused").is_some_and(|v| v == "1"),
+            closed: fields.get("closed").is_some_and(|v| v == "1"),
+            message: text("message"),
+            close_source: text("close_source"),
+            prequeued: num("frozen"),
+            opened_at_ms: num("opened_at"),
+        })
+    }
+
+    /// The phase at `now_ms` (the same rules as the scripts').
+    pub fn phase_at(&self, now_ms: u64) -> SalePhase {
+        if self.closed || self.closes_at_ms.is_some_and(|c| now_ms >= c) {
+            return SalePhase::Closed;
+        }
+        let Some(opens) = self.opens_at_ms else { return SalePhase::Open };
+        if now_ms < self.prequeue_from_ms.unwrap_or(opens) {
+            SalePhase::Scheduled
+        } else if now_ms < opens {
+            SalePhase::PreQueue
+        } else if self.opened_at_ms.is_none() {
+            SalePhase::Opening
+        } else {
+            SalePhase::Open
+        }
+    }
+
+    /// The state operators see: the phase, or `paused` while paused and not closed.
+    pub fn state_at(&self, now_ms: u64) -> &'static str {
+        match self.phase_at(now_ms) {
+            SalePhase::Closed => "closed",
+            _ if self.paused => "paused",
+            p => p.as_str(),
+        }
+    }
+
+    /// The seed, once the opening has revealed it.
+    pub fn revealed_seed(&self) -> Option<&str> {
+        self.opened_at_ms.and(self.seed.as_deref())
+    }
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes of lowercase or uppercase hex; `None` if it is not hex.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Lowercase hex SHA-256 of the seed bytes: what is published before the opening.
+pub fn seed_commitment(seed: &[u8]) -> String {
+    hex(&Sha256::digest(seed))
+}
+
+/// The opening order: users sorted by HMAC-SHA256(seed, decimal user id), ascending as
+/// unsigned big-endian bytes (ties, which need a collision, by user id).
+pub fn opening_order(seed: &[u8], users: &[UserId]) -> Vec<UserId> {
+    let mut keyed: Vec<([u8; 32], UserId)> = users
+        .iter()
+        .map(|&u| {
+            let mut mac = Hmac::<Sha256>::new_from_slice(seed).expect("hmac accepts keys of any length");
+            mac.update(u.0.to_string().as_bytes());
+            (mac.finalize().into_bytes().into(), u)
+        })
+        .collect();
+    keyed.sort_unstable();
+    keyed.dedup_by_key(|(_, u)| *u);
+    keyed.into_iter().map(|(_, u)| u).collect()
+}
+
+/// Who changed the sale's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaleSource {
+    Command,
+    Schedule,
+    PurchaseApi,
+}
+
+impl SaleSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Command => "command",
+            Self::Schedule => "schedule",
+            Self::PurchaseApi => "purchase-api",
+        }
+    }
+}
+
+/// One operator (or purchase API) change of a sale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaleControl {
+    Pause,
+    Resume,
+    Close {
+        message: String,
+        source: SaleSource,
+    },
+    /// Back to the always-open behaviour: the schedule, seed and pre-queue go; the ledger stays.
+    Clear,
+}
+
+/// One row of a target's admission ledger (`queue:{T}:ledger`, newest first).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum LedgerEntry {
+    /// One admission step: the mark before and after, users admitted, the instance that ran it.
+    #[serde(rename_all = "camelCase")]
+    Admission { at_ms: u64, mark_before: u64, mark_after: u64, admitted: u64, instance: String },
+    #[serde(rename_all = "camelCase")]
+    Opening { at_ms: u64, prequeued: u64, seed_commitment: String, seed: String },
+    #[serde(rename_all = "camelCase")]
+    Pause { at_ms: u64, source: String },
+    #[serde(rename_all = "camelCase")]
+    Resume { at_ms: u64, source: String },
+    #[serde(rename_all = "camelCase")]
+    Close { at_ms: u64, source: String, message: String },
+    #[serde(rename_all = "camelCase")]
+    Clear { at_ms: u64, source: String },
+}
+
+impl LedgerEntry {
+    /// Parses a stored row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
+    /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`.
+    pub fn decode(row: &str) -> Option<Self> {
+        let mut p = row.splitn(6, '|');
+        let kind = p.next()?;
+        let at_ms = p.next()?.parse().ok()?;
+        let mut next = || p.next().map(str::to_owned);
+        Some(match kind {
+            "admit" => Self::Admission {
+                at_ms,
+                mark_before: next()?.parse().ok()?,
+                mark_after: next()?.parse().ok()?,
+                admitted: next()?.parse().ok()?,
+                instance: next().unwrap_or_default(),
+            },
+            "open" => Self::Opening {
+                at_ms,
+                prequeued: next()?.parse().ok()?,
+                seed_commitment: next()?,
+                seed: next().unwrap_or_default(),
+            },
+            "pause" => Self::Pause { at_ms, source: next()? },
+            "resume" => Self::Resume { at_ms, source: next()? },
+            "close" => {
+                let source = next()?;
+                // The message may hold '|': it is the rest of the row.
+                let rest: Vec<String> = std::iter::from_fn(&mut next).collect();
+                Self::Close { at_ms, source, message: rest.join("|") }
+            }
+            "clear" => Self::Clear { at_ms, source: next()? },
+            _ => return None,
+        })
+    }
+
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Self::Admission { at_ms, .. }
+            | Self::Opening { at_ms, .. }
+            | Self::Pause { at_ms, .. }
+            | Self::Resume { at_ms, .. }
+            | Self::Close { at_ms, .. }
+            | Self::Clear { at_ms, .. } => *at_ms,
+        }
+    }
+}
+
+/// Users admitted in all the ledger's admission rows.
+pub fn ledger_admitted(entries: &[LedgerEntry]) -> u64 {
+    entries.iter().map(|e| if let LedgerEntry::Admission { admitted, .. } = e { *admitted } else { 0 }).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_utc_and_offsets() {
+        assert_eq!(parse_instant("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(parse_instant("2026-12-24T10:00:00Z"), Ok(1_798_106_400_000));
+        assert_eq!(parse_instant("2026-12-24T11:00:00+01:00"), Ok(1_798_106_400_000));
+        assert_eq!(parse_instant("2026-12-24T05:30:00-0430"), Ok(1_798_106_400_000));
+        assert_eq!(parse_instant("2026-12-24 10:00Z"), Ok(1_798_106_400_000));
+        assert_eq!(parse_instant("2026-12-24T10:00:00.25Z"), Ok(1_798_106_400_250));
+        assert_eq!(parse_instant("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+    }
+
+    #[test]
+    fn refuses_what_is_not_an_instant() {
+        for bad in [
+            "",
+            "tomorrow",
+            "2026-12-24",
+            "2026-12-24T10:00:00",
+            "2026-13-01T00:00:00Z",
+            "2026-02-29T00:00:00Z",
+            "2026-12-24T24:00:00Z",
+            "2026-12-24T10:00:00+25:00",
+            "2026-12-24T10:00:00Zjunk",
+            "2026-12-24T10:00:00.Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert!(matches!(parse_instant(bad), Err(ScheduleError::BadTime(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn formats_back() {
+        assert_eq!(format_instant(1_798_106_400_000), "2026-12-24T10:00:00Z");
+        assert_eq!(format_instant(1_798_106_400_250), "2026-12-24T10:00:00.250Z");
+    }
+
+    #[test]
+    fn schedule_checks_its_order() {
+        let s = |o, p, c| SaleSchedule { opens_at_ms: o, prequeue_from_ms: p, closes_at_ms: c };
+        assert!(s(2000, Some(1500), Some(3000)).validate(1000).is_ok());
+        assert!(matches!(s(900, None, None).validate(1000), Err(ScheduleError::OpensInPast { .. })));
+        assert!(matches!(s(2000, Some(2000), None).validate(1000), Err(ScheduleError::PrequeueAfterOpening { .. })));
+        assert!(matches!(s(2000, None, Some(2000)).validate(1000), Err(ScheduleError::ClosesBeforeOpening { .. })));
+    }
+
+    #[test]
+    fn phases_follow_the_clock() {
+        let r = SaleRecord {
+            opens_at_ms: Some(2000),
+            prequeue_from_ms: Some(1000),
+            closes_at_ms: Some(5000),
+            ..SaleRecord::default()
+        };
+        assert_eq!(r.phase_at(999), SalePhase::Scheduled);
+        assert_eq!(r.phase_at(1000), SalePhase::PreQueue);
+        assert_eq!(r.phase_at(2000), SalePhase::Opening);
+        let opened = SaleRecord { opened_at_ms: Some(2001), ..r.clone() };
+        assert_eq!(opened.phase_at(2001), SalePhase::Open);
+        assert_eq!(opened.phase_at(5000), SalePhase::Closed);
+        let no_prequeue = SaleRecord { prequeue_from_ms: None, ..r };
+        assert_eq!(no_prequeue.phase_at(1999), SalePhase::Scheduled);
+        let paused = SaleRecord { paused: true, ..opened };
+        assert_eq!(paused.state_at(3000), "paused");
+        assert_eq!(paused.state_at(6000), "closed");
+    }
+
+    #[test]
+    fn opening_order_sorts_by_hmac() {
+        let seed = [7u8; 32];
+        let users: Vec<UserId> = (1..=50).map(UserId).collect();
+        let order = opening_order(&seed, &users);
+        assert_eq!(order.len(), 50);
+        let mac = |u: UserId| {
+            let mut m = Hmac::<Sha256>::new_from_slice(&seed).unwrap();
+            m.update(u.0.to_string().as_bytes());
+            m.finalize().into_bytes().to_vec()
+        };
+        assert!(order.windows(2).all(|w| mac(w[0]) < mac(w[1])));
+        assert_ne!(order, users, "the order is not the arrival order");
+        let mut reversed = users.clone();
+        reversed.reverse();
+        assert_eq!(opening_order(&seed, &reversed), order, "independent of the input order");
+    }
+
+    #[test]
+    fn ledger_rows_round_trip() {
+        assert_eq!(
+            LedgerEntry::decode("admit|5|0|10|10|host-1:99"),
+            Some(LedgerEntry::Admission {
+                at_ms: 5,
+                mark_before: 0,
+                mark_after: 10,
+                admitted: 10,
+                instance: "host-1:99".into()
+            })
+        );
+        assert_eq!(
+            LedgerEntry::decode("close|7|purchase-api|Sold | out"),
+            Some(LedgerEntry::Close { at_ms: 7, source: "purchase-api".into(), message: "Sold | out".into() })
+        );
+        assert_eq!(LedgerEntry::decode("nonsense"), None);
+        assert_eq!(hex(&unhex("00ff10").unwrap()), "00ff10");
+        assert_eq!(seed_commitment(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
+}

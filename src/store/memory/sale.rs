@@ -1,0 +1,288 @@
+//! The embedded store's sale lifecycle: what `enter.lua`, `status.lua`, `admit.lua` and the
+//! `sale_*.lua` scripts do with a target's sale, under the store's one mutex.
+//!
+//! One process holds the embedded store, so the opening is written in the same step that
+//! freezes the pre-queue (no pump race to guard against); the order is the same function of
+//! the seed as on Redis.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::Inner;
+use crate::domain::{LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, UserId};
+use crate::store::{LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
+
+/// One target's sale.
+#[derive(Default)]
+pub(super) struct MemSale {
+    pub(super) record: SaleRecord,
+    seed: Vec<u8>,
+    /// Pre-queued users and their arrival (ms).
+    pub(super) prequeue: HashMap<UserId, u64>,
+    /// When the pre-queue was frozen (ms).
+    frozen_at: Option<u64>,
+    /// Newest first.
+    ledger: VecDeque<LedgerEntry>,
+}
+
+impl MemSale {
+    fn record(&mut self, entry: LedgerEntry) {
+        self.ledger.push_front(entry);
+        self.ledger.truncate(LEDGER_MAX_ROWS as usize);
+    }
+
+    fn notice(&self) -> SaleNotice {
+        SaleNotice {
+            opens_at_ms: self.record.opens_at_ms,
+            prequeue_from_ms: self.record.prequeue_from_ms,
+            paused: self.record.paused,
+            message: self.record.message.clone(),
+        }
+    }
+}
+
+/// The ledger keeps existing after a clear; the schedule goes.
+pub(super) fn ledger_entry(inner: &mut Inner, target: QueueTarget, entry: LedgerEntry) {
+    inner.sales.entry(target).or_default().record(entry);
+}
+
+/// What the sale decides for one enter or poll before the queue is looked at.
+pub(super) enum Gate {
+    /// Answer this (the user is not let into the queue).
+    PreQueue(SaleNotice),
+    Scheduled(SaleNotice),
+    Closed(SaleNotice),
+    Full,
+    /// Go on into the queue as without a sale.
+    Queue,
+}
+
+/// The phase of `target`'s sale at `now`, writing the opening first if it is due.
+fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Option<SalePhase> {
+    let phase = inner.sales.get(&target).filter(|s| has_schedule(&s.record))?.record.phase_at(now);
+    if phase == SalePhase::Opening {
+        open(inner, target, now, ttl_ms);
+        return Some(SalePhase::Open);
+    }
+    Some(phase)
+}
+
+fn has_schedule(r: &SaleRecord) -> bool {
+    r.opens_at_ms.is_some() || r.closes_at_ms.is_some() || r.closed || r.paused
+}
+
+/// Freezes the pre-queue and writes its order: seqs after the last one given, in the order
+/// of HMAC-SHA256(seed, user id); users without a heartbeat any more are not placed.
+fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
+    let Some(sale) = inner.sales.get_mut(&target) else { return };
+    let users: Vec<UserId> = sale.prequeue.drain().map(|(u, _)| u).collect();
+    let order = crate::domain::opening_order(&sale.seed, &users);
+    sale.frozen_at = Some(now);
+    sale.record.prequeued = Some(order.len() as u64);
+    sale.record.opened_at_ms = Some(now);
+    let entry = LedgerEntry::Opening {
+        at_ms: now,
+        prequeued: order.len() as u64,
+        seed_commitment: sale.record.commitment.clone().unwrap_or_default(),
+        seed: sale.record.seed.clone().unwrap_or_default(),
+    };
+    sale.record(entry);
+    let opens_at = sale.record.opens_at_ms.unwrap_or(now);
+    let q = &mut inner.target(target, now).queue;
+    for user in order {
+        q.seq += 1;
+        if q.heartbeat.contains_key(&user) {
+            q.waiting.insert(q.seq, user);
+            q.seq_of.insert(user, q.seq);
+            q.entered_at.insert(user, opens_at);
+        }
+    }
+    q.expires_at = Some(now + ttl_ms);
+}
+
+/// The sale's decision for a user who is neither waiting nor holding a token.
+pub(super) fn gate_newcomer(
+    inner: &mut Inner,
+    target: QueueTarget,
+    user: UserId,
+    now: u64,
+    entering: bool,
+    max_capacity: u64,
+    ttl_ms: u64,
+) -> Gate {
+    let Some(phase) = phase(inner, target, now, ttl_ms) else { return Gate::Queue };
+    let waiting = inner.targets.get(&target).map_or(0, |t| t.queue.waiting_count());
+    let Some(sale) = inner.sales.get_mut(&target) else { return Gate::Queue };
+    let notice = sale.notice();
+    match phase {
+        SalePhase::Closed => Gate::Closed(notice),
+        SalePhase::Scheduled if entering => Gate::Scheduled(notice),
+        SalePhase::PreQueue if sale.prequeue.contains_key(&user) => {
+            inner.target(target, now).queue.heartbeat.insert(user, now);
+            Gate::PreQueue(notice)
+        }
+        SalePhase::PreQueue if entering => {
+            if waiting + sale.prequeue.len() as u64 >= max_capacity {
+                return Gate::Full;
+            }
+            sale.prequeue.insert(user, now);
+            let q = &mut inner.target(target, now).queue;
+            q.heartbeat.insert(user, now);
+            q.expires_at = Some(now + ttl_ms);
+            Gate::PreQueue(notice)
+        }
+        _ => Gate::Queue,
+    }
+}
+
+/// For a user already waiting: a closed sale answers CLOSED (unless admitted).
+pub(super) fn gate_waiting(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Gate {
+    match phase(inner, target, now, ttl_ms) {
+        Some(SalePhase::Closed) => Gate::Closed(inner.sales.get(&target).map(MemSale::notice).unwrap_or_default()),
+        Some(_) | None => Gate::Queue,
+    }
+}
+
+/// Whether admission is held this tick (before the opening, paused, closed); closes the sale
+/// when `closes_at` has passed, once, recorded with the schedule as source.
+pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> bool {
+    if let Some(sale) = inner.sales.get_mut(&target)
+        && !sale.record.closed
+        && sale.record.closes_at_ms.is_some_and(|c| now >= c)
+    {
+        sale.record.closed = true;
+        sale.record.close_source = Some("schedule".into());
+        let message = sale.record.message.clone().unwrap_or_default();
+        sale.record(LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
+    }
+    match phase(inner, target, now, ttl_ms) {
+        None => false,
+        Some(SalePhase::Open) => inner.sales.get(&target).is_some_and(|s| s.record.paused),
+        Some(_) => true,
+    }
+}
+
+/// Takes a user out of the pre-queue (left, or evicted).
+pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: UserId) -> bool {
+    inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(&user).is_some())
+}
+
+pub(super) fn schedule(inner: &mut Inner, target: QueueTarget, s: SaleSchedule, seed: [u8; 32]) -> ScheduleOutcome {
+    let sale = inner.sales.entry(target).or_default();
+    if let Some(frozen_at_ms) = sale.frozen_at {
+        return ScheduleOutcome::AlreadyOpened { frozen_at_ms };
+    }
+    if sale.record.commitment.is_none() {
+        sale.seed = seed.to_vec();
+        sale.record.seed = Some(crate::domain::hex(&seed));
+        sale.record.commitment = Some(crate::domain::seed_commitment(&seed));
+    }
+    sale.record.opens_at_ms = Some(s.opens_at_ms);
+    sale.record.prequeue_from_ms = s.prequeue_from_ms;
+    sale.record.closes_at_ms = s.closes_at_ms;
+    sale.record.closed = false;
+    sale.record.close_source = None;
+    sale.record.message = None;
+    ScheduleOutcome::Scheduled { commitment: sale.record.commitment.clone().unwrap_or_default() }
+}
+
+pub(super) fn read(inner: &Inner, target: QueueTarget, now: u64) -> (Option<SaleView>, u64) {
+    let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record) || s.record.commitment.is_some())
+    else {
+        return (None, 0);
+    };
+    (Some(SaleView { record: sale.record.clone(), now_ms: now }), sale.prequeue.len() as u64)
+}
+
+pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleControl, now: u64) -> bool {
+    let sale = inner.sales.entry(target).or_default();
+    let r = &mut sale.record;
+    let entry = match control {
+        SaleControl::Pause if !r.paused => {
+            r.paused = true;
+            LedgerEntry::Pause { at_ms: now, source: "command".into() }
+        }
+        SaleControl::Resume if r.paused => {
+            r.paused = false;
+            LedgerEntry::Resume { at_ms: now, source: "command".into() }
+        }
+        SaleControl::Close { message, source } if !r.closed => {
+            r.closed = true;
+            r.close_source = Some(source.as_str().into());
+            r.message = Some(message.clone());
+            LedgerEntry::Close { at_ms: now, source: source.as_str().into(), message }
+        }
+        SaleControl::Clear if has_schedule(r) || r.commitment.is_some() || !sale.prequeue.is_empty() => {
+            let ledger = std::mem::take(&mut sale.ledger);
+            *sale = MemSale { ledger, ..MemSale::default() };
+            LedgerEntry::Clear { at_ms: now, source: "command".into() }
+        }
+        _ => return false,
+    };
+    sale.record(entry);
+    true
+}
+
+pub(super) fn ledger(inner: &Inner, target: QueueTarget) -> Vec<LedgerEntry> {
+    inner.sales.get(&target).map(|s| s.ledger.iter().cloned().collect()).unwrap_or_default()
+}
+
+/// The sale's answer to an enter that found no stored token, if it keeps the user out of the
+/// queue (`None`: on into the queue as without a sale).
+pub(super) fn enter_gate(
+    inner: &mut Inner,
+    target: QueueTarget,
+    user: UserId,
+    now: u64,
+    max_capacity: u64,
+    ttl_ms: u64,
+) -> Option<crate::store::EnterOutcome> {
+    use crate::store::EnterOutcome;
+    if !inner.sales.contains_key(&target) {
+        return None;
+    }
+    let (known, mark) =
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
+    let gate = match known {
+        Some(seq) if seq <= mark => return None,
+        Some(_) => gate_waiting(inner, target, now, ttl_ms),
+        None => gate_newcomer(inner, target, user, now, true, max_capacity, ttl_ms),
+    };
+    match gate {
+        Gate::PreQueue(n) => Some(EnterOutcome::PreQueue(n)),
+        Gate::Scheduled(n) => Some(EnterOutcome::Scheduled(n)),
+        Gate::Closed(n) => Some(EnterOutcome::Closed(n)),
+        Gate::Full => Some(EnterOutcome::Full),
+        Gate::Queue => None,
+    }
+}
+
+/// The sale's answer to a poll that found no stored token, as [`enter_gate`].
+pub(super) fn status_gate(
+    inner: &mut Inner,
+    target: QueueTarget,
+    user: UserId,
+    now: u64,
+    ttl_ms: u64,
+) -> Option<crate::store::StatusOutcome> {
+    use crate::store::StatusOutcome;
+    if !inner.sales.contains_key(&target) {
+        return None;
+    }
+    let (known, mark) =
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
+    let gate = match known {
+        Some(seq) if seq <= mark => return None,
+        Some(_) => gate_waiting(inner, target, now, ttl_ms),
+        None => gate_newcomer(inner, target, user, now, false, u64::MAX, ttl_ms),
+    };
+    match gate {
+        Gate::PreQueue(n) => Some(StatusOutcome::PreQueue(n)),
+        Gate::Closed(n) => Some(StatusOutcome::Closed(n)),
+        Gate::Scheduled(_) | Gate::Full | Gate::Queue => None,
+    }
+}
+
+/// Whether waiting answers say paused.
+pub(super) fn paused(inner: &Inner, target: QueueTarget) -> bool {
+    inner.sales.get(&target).is_some_and(|s| s.record.paused)
+}
