@@ -244,23 +244,6 @@ pub fn verify(
     Ok(claims)
 }
 
-/// Formats epoch seconds as ISO-8601 UTC (`2026-12-02T11:55:42Z`).
-pub fn iso8601(epoch_s: u64) -> String {
-    let days = (epoch_s / 86_400) as i64;
-    let secs = epoch_s % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, (secs / 60) % 60, secs % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,12 +330,5 @@ mod tests {
         assert_eq!(verify(&keys, &by_old, target(), UserId(7), 1300), Err(TokenError::Expired { at: 1300 }));
         assert_eq!(verify(&secret(), &by_old, target(), UserId(7), 1000), Err(TokenError::BadSignature));
         assert_eq!(secret().with_previous(secret()).unwrap_err(), SecretError::PreviousIsCurrent);
-    }
-
-    #[test]
-    fn iso8601_formats_utc() {
-        assert_eq!(iso8601(0), "1970-01-01T00:00:00Z");
-        assert_eq!(iso8601(1_767_225_600), "2026-01-01T00:00:00Z");
-        assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00Z");
     }
 }

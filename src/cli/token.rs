@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use crate::clock::now_epoch_ms;
 use crate::config::secret_from_env;
+use crate::domain::format_instant;
 use crate::domain::{QueueTarget, UserId};
-use crate::token::{self, KeyUsed, SecretError, TokenError, iso8601};
+use crate::token::{self, KeyUsed, SecretError, TokenError};
 
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  VQ_TOKEN_SECRET=… vq mint --target limited-drop:42 --user 7 --json")]
@@ -33,7 +34,7 @@ pub fn mint(a: MintArgs) -> anyhow::Result<ExitCode> {
             "{}",
             serde_json::json!({
                 "token": t.raw, "targetType": a.target.kind.as_str(), "targetId": a.target.id,
-                "userId": a.user.0, "expiresAt": t.expires_at, "expiresAtIso": iso8601(t.expires_at),
+                "userId": a.user.0, "expiresAt": t.expires_at, "expiresAtIso": format_instant(t.expires_at * 1000),
             })
         );
     } else {
@@ -117,7 +118,7 @@ fn report(
             v["targetId"] = c.target.id.into();
             v["userId"] = c.user.0.into();
             v["expiresAt"] = c.expires_at.into();
-            v["expiresAtIso"] = iso8601(c.expires_at).into();
+            v["expiresAtIso"] = format_instant(c.expires_at * 1000).into();
         }
         if let Some(e) = &err {
             v["reason"] = e.to_string().into();
@@ -127,7 +128,7 @@ fn report(
         if let Some(c) = claims {
             println!("target:  {}", c.target);
             println!("user:    {}", c.user);
-            println!("expires: {} ({})", iso8601(c.expires_at), c.expires_at);
+            println!("expires: {} ({})", format_instant(c.expires_at * 1000), c.expires_at);
         }
         if !signature_checked && claims.is_some() {
             println!("signature: NOT CHECKED (VQ_TOKEN_SECRET is not set)");

@@ -431,6 +431,8 @@ mod tests {
     fn formats_back() {
         assert_eq!(format_instant(1_798_106_400_000), "2026-12-24T10:00:00Z");
         assert_eq!(format_instant(1_798_106_400_250), "2026-12-24T10:00:00.250Z");
+        assert_eq!(format_instant(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_instant(951_782_400_000), "2000-02-29T00:00:00Z");
     }
 
     #[test]

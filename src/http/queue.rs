@@ -10,7 +10,6 @@ use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::{format_instant, poll_after_seconds};
 use crate::service::{QueueStats, QueueStatus};
 use crate::store::QueueStore;
-use crate::token::iso8601;
 
 /// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
 const STORE_RETRY_AFTER_S: u64 = 2;
@@ -70,9 +69,11 @@ impl From<QueueStatus> for StatusBody {
                 paused: paused.then_some(true),
                 ..Self::sale("WAITING")
             },
-            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => {
-                Self { token_expires_at: Some(iso8601(t.expires_at)), entry_token: Some(t.raw), ..Self::sale(admitted) }
-            }
+            QueueStatus::Admitted(t) | QueueStatus::DirectAdmitted(t) => Self {
+                token_expires_at: Some(format_instant(t.expires_at * 1000)),
+                entry_token: Some(t.raw),
+                ..Self::sale(admitted)
+            },
             QueueStatus::PreQueue { opens_at_ms, paused } => Self {
                 opens_at: Some(format_instant(opens_at_ms)),
                 paused: paused.then_some(true),
