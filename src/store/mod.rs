@@ -4,6 +4,10 @@
 //! the key layout is a contract (README, Redis). [`MemoryStore`] has the same semantics in one
 //! process, for trial runs of a single instance. Both pass the conformance suite in
 //! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`.
+//!
+//! One file (over 400 lines): the trait is the stores' contract, and every operation's
+//! signature stands next to the domain types it speaks (outcomes, views, errors), read in one
+//! place by whoever implements or calls a store.
 
 mod coalesce;
 mod memory;

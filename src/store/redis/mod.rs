@@ -9,6 +9,10 @@
 //! contract are the same code in both modes. No command here may need more than one slot, and
 //! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
 //!
+//! One file (over 400 lines): the `QueueStore` impl, one method per operation, each a few
+//! lines building one script call; the keys, scripts, connection and coalesced calls live in
+//! the sibling modules.
+//!
 //! Layout: this file holds [`RedisStore`] and its `QueueStore` impl (one method per store
 //! operation, which is why it is long); `keys.rs` the key names, `scripts.rs` the scripts and
 //! their invocation, `conn.rs` the connection (one server or cluster), `coalesced.rs` the shared
