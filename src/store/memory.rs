@@ -288,14 +288,13 @@ impl QueueStore for MemoryStore {
     ) -> Result<StatusOutcome, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        let Some(t) = inner.existing(target, now) else {
-            return Ok(StatusOutcome::NotInQueue);
-        };
-        if !t.queue.seq_of.contains_key(&user)
+        if let Some(t) = inner.existing(target, now)
+            && !t.queue.seq_of.contains_key(&user)
             && let Some(token) = t.live_token(user, now)
         {
             return Ok(StatusOutcome::Admitted(token));
         }
+        // Before the target's queue holds anyone, a sale may still answer (closed: CLOSED).
         if let Some(answer) = sale::status_gate(&mut inner, target, user, now, self.key_ttl_ms()) {
             return Ok(answer);
         }

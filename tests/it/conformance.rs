@@ -515,6 +515,8 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
             other => panic!("{other:?}"),
         }
         assert!(matches!(s.enter(t(), UserId(9), &"tok").await.unwrap(), EnterOutcome::Closed(_)));
+        // A user the queue never saw (or forgot) is told the sale is closed, not to enter again.
+        assert!(matches!(s.status(t(), UserId(99), &"tok").await.unwrap(), StatusOutcome::Closed(_)), "unknown user");
         assert_eq!(s.status(t(), UserId(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         next_tick(tick).await;
         assert_eq!(s.admit(t(), 3, tick).await.unwrap().admitted, 0, "closed");
@@ -535,6 +537,30 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
         assert_eq!(vq::domain::ledger_admitted(&ledger), snap.admitted_total);
         assert!(s.control_sale(t(), SaleControl::Clear).await.unwrap());
         assert_eq!(seq(s.enter(t(), UserId(10), &"tok").await.unwrap()), 5, "cleared: always open");
+    })
+    .await;
+}
+
+/// A sale closed before anyone entered: an enter and a poll of a user the target never saw
+/// are both told CLOSED, with the message, on both stores.
+#[tokio::test]
+async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both_stores() {
+    use vq::domain::{SaleControl, SaleSource};
+    use vq::store::ScheduleOutcome;
+    with_both(async |s, _| {
+        let schedule = sale_in(60_000, Some(-1000));
+        assert!(matches!(s.schedule_sale(t(), schedule, [5; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
+        let close = SaleControl::Close { message: "Cancelled".into(), source: SaleSource::Command };
+        assert!(s.control_sale(t(), close).await.unwrap());
+        match s.status(t(), UserId(42), &"tok").await.unwrap() {
+            StatusOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
+            other => panic!("poll: {other:?}"),
+        }
+        match s.enter(t(), UserId(42), &"tok").await.unwrap() {
+            EnterOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
+            other => panic!("enter: {other:?}"),
+        }
+        assert_eq!(s.snapshot(t()).await.unwrap().waiting, 0, "nobody recorded");
     })
     .await;
 }
