@@ -153,7 +153,7 @@ pub async fn run(
     }
     tracker.close();
 
-    let gate = Gate::new(&settings.gate).map_err(|e| anyhow::anyhow!("gate.routes: {e}"))?;
+    let gate = Gate::new(&settings.gate)?;
     let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
     let cors = Cors::new(settings.http.cors_origin_list().map_err(|e| anyhow::anyhow!(e))?);
     let app = router(Arc::new(AppState { service, gate, page }), cors);

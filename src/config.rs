@@ -323,6 +323,8 @@ pub enum SettingError {
     NotWebUrl { key: &'static str, value: String },
     #[error("gate.upstream must be an http:// URL, got `{0}`")]
     UpstreamNotHttp(String),
+    #[error("gate.close_header (VQ_GATE__CLOSE_HEADER) must be an HTTP header name such as X-Queue-Close, got `{0}`")]
+    CloseHeaderNotAName(String),
 }
 
 impl Settings {
@@ -379,6 +381,9 @@ impl Settings {
         }
         if let Some(u) = g.upstream.as_ref().filter(|u| !(u.starts_with("http://") && u.len() > 7)) {
             return Err(SettingError::UpstreamNotHttp(u.clone()));
+        }
+        if axum::http::HeaderName::from_bytes(g.close_header.as_bytes()).is_err() {
+            return Err(SettingError::CloseHeaderNotAName(g.close_header.clone()));
         }
         Ok(())
     }
@@ -516,6 +521,16 @@ mod tests {
             jail.set_env("VQ_QUEUE__KEY_TTL_S", "120");
             jail.set_env("VQ_GATE__UPSTREAM", "https://shop");
             assert!(matches!(load(), ConfigError::Invalid(SettingError::UpstreamNotHttp(_))));
+            jail.set_env("VQ_GATE__UPSTREAM", "http://127.0.0.1:9000");
+            for bad in ["", "Sold Out", "x-queue-close:", "\u{e9}t\u{e9}"] {
+                jail.set_env("VQ_GATE__CLOSE_HEADER", bad);
+                let err = load();
+                let named = SettingError::CloseHeaderNotAName(bad.into());
+                assert!(matches!(&err, ConfigError::Invalid(e) if *e == named), "{bad:?}: {err:?}");
+                assert!(err.to_string().contains("gate.close_header (VQ_GATE__CLOSE_HEADER)"), "{err}");
+            }
+            jail.set_env("VQ_GATE__CLOSE_HEADER", "X-Sold-Out");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().gate.close_header, "X-Sold-Out");
             let missing = Settings::load(Some(Path::new("nope.toml")), &Overrides::default()).unwrap_err();
             assert_eq!(missing.to_string(), "config file nope.toml does not exist");
             Ok(())

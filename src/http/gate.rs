@@ -23,8 +23,8 @@ use hyper_util::rt::TokioExecutor;
 
 use super::metrics::RouteLabel;
 use super::{ApiError, ErrorCode, SharedState};
-use crate::config::GateSettings;
-use crate::gate::{CanonicalPath, GateRoutes, RouteError};
+use crate::config::{GateSettings, SettingError};
+use crate::gate::{CanonicalPath, GateRoutes};
 use crate::service::{ClaimMode, GatePass, Pace};
 use crate::token::TokenError;
 
@@ -42,7 +42,9 @@ pub struct Gate {
 const CLOSE_MESSAGE_MAX: usize = 200;
 
 impl Gate {
-    pub fn new(settings: &GateSettings) -> Result<Self, RouteError> {
+    /// The same checks as loading the settings: a route that does not compile or a close
+    /// header that is not a header name is an error, never a fallback.
+    pub fn new(settings: &GateSettings) -> Result<Self, SettingError> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -51,10 +53,8 @@ impl Gate {
             upstream: settings.upstream.as_ref().map(|u| u.trim_end_matches('/').to_owned()),
             timeout: Duration::from_millis(settings.timeout_ms),
             client: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
-            close_header: HeaderName::from_bytes(settings.close_header.as_bytes()).unwrap_or_else(|_| {
-                tracing::warn!(close_header = %settings.close_header, "gate.close_header is not a header name: using X-Queue-Close");
-                HeaderName::from_static("x-queue-close")
-            }),
+            close_header: HeaderName::from_bytes(settings.close_header.as_bytes())
+                .map_err(|_| SettingError::CloseHeaderNotAName(settings.close_header.clone()))?,
         })
     }
 
