@@ -16,6 +16,40 @@
     root.setAttribute("data-vq-status", status);
     root.setAttribute("data-vq-position", position == null ? "" : String(position));
   }
+
+  // The sale's opening, counted down against the server's clock: `skew` is the server's
+  // `Date` header minus the browser's clock at the last answer (a buyer's clock may be
+  // minutes off; the header's one-second resolution is the countdown's).
+  var skew = 0, opensAt = null, countdown = null, countdownText = null;
+  function duration(seconds) {
+    var h = Math.floor(seconds / 3600), m = Math.floor(seconds % 3600 / 60), s = seconds % 60;
+    var parts = [];
+    if (h) parts.push(T.hours.replace("{n}", String(h)));
+    if (h || m) parts.push(T.minutes.replace("{n}", String(m)));
+    if (!h) parts.push(T.seconds.replace("{n}", String(s)));
+    return parts.join(" ");
+  }
+  function clock(ms) {
+    return new Date(ms).toLocaleTimeString(document.documentElement.lang, { hour: "2-digit", minute: "2-digit" });
+  }
+  function showCountdown() {
+    if (opensAt === null) return;
+    var left = Math.max(0, Math.ceil((opensAt - (Date.now() + skew)) / 1000));
+    $("vq-eta").textContent = duration(left);
+    say(countdownText.replace("{t}", duration(left)).replace("{at}", clock(opensAt)));
+  }
+  function opening(b) {
+    opensAt = Date.parse(b.opensAt);
+    root.setAttribute("data-vq-opens-at", b.opensAt);
+    countdownText = b.status === "PRE_QUEUE" ? T.prequeue : T.scheduled;
+    showCountdown();
+    if (countdown === null) countdown = setInterval(showCountdown, 1000);
+  }
+  function stopCountdown() {
+    if (countdown !== null) clearInterval(countdown);
+    countdown = null;
+    opensAt = null;
+  }
   function progress(share) {
     var pct = Math.max(0, Math.min(100, Math.round(share * 100)));
     $("vq-progress").style.width = pct + "%";
@@ -47,6 +81,8 @@
   function call(method, path) {
     return fetch(api + path, { method: method, headers: { "X-User-Id": String(cfg.user) }, cache: "no-store" })
       .then(function (r) {
+        var date = Date.parse(r.headers.get("Date") || "");
+        if (!isNaN(date)) skew = date - Date.now();
         var retry = Number(r.headers.get("Retry-After")) || null;
         return r.json().catch(function () { return null; })
           .then(function (body) { return { status: r.status, retryAfter: retry, body: body }; });
@@ -59,6 +95,7 @@
   }
 
   function admitted(body) {
+    stopCountdown();
     state(body.status, null);
     progress(1);
     $("vq-ahead").textContent = "0";
@@ -74,13 +111,14 @@
   }
 
   function waiting(b) {
+    stopCountdown();
     state("WAITING", b.position);
     if (firstAhead === null) firstAhead = b.aheadCount;
     $("vq-position").textContent = String(b.position);
     $("vq-ahead").textContent = String(b.aheadCount);
     $("vq-eta").textContent = eta(b.etaSeconds);
     progress((firstAhead - b.aheadCount + 1) / (firstAhead + 1));
-    say(T.waiting);
+    say(b.paused ? T.paused : T.waiting);
   }
 
   function run(entered) {
@@ -98,7 +136,24 @@
       var b = r.body;
       if (b.status === "ADMITTED" || b.status === "DIRECT_ADMITTED") { admitted(b); return null; }
       if (b.status === "WAITING") waiting(b);
-      else { state(b.status, b.position); say(b.message || b.status); if (b.status === "CLOSED") return null; }
+      else if (b.status === "CLOSED") {
+        stopCountdown();
+        state("CLOSED", null);
+        $("vq-eta").textContent = "–";
+        say(b.message || T.closed);
+        return null;
+      } else if (b.status === "PRE_QUEUE" || b.status === "SCHEDULED") {
+        state(b.status, null);
+        opening(b);
+      } else { state(b.status, b.position); say(b.message || b.status); }
+      if (b.status === "SCHEDULED") {
+        // Not recorded yet: enter again once the pre-queue opens (at most a minute from now,
+        // so a changed schedule is seen), spread over two seconds so that pages do not all
+        // enter in the same millisecond.
+        var until = Date.parse(b.prequeueOpensAt || b.opensAt) - (Date.now() + skew);
+        var wait = Math.min(60000, Math.max(1000, isNaN(until) ? 5000 : until)) + Math.random() * 2000;
+        return pause(wait).then(function () { return run(false); });
+      }
       return pause((b.pollAfterSeconds || 5) * 1000).then(function () { return run(true); });
     }).catch(function () {
       state(root.getAttribute("data-vq-status") || "OFFLINE", null);

@@ -86,6 +86,13 @@ fn texts(lang: Lang) -> serde_json::Value {
             "reentering": "Your place had expired — joining the queue again.",
             "offline": "The waiting room does not answer — retrying in {n} s.",
             "admitted": "It is your turn!",
+            "prequeue": "You are in the pre-queue. The sale opens in {t} (at {at}); then places are drawn at random among everyone here.",
+            "scheduled": "The waiting room opens in {t} (at {at}); this page joins it by itself.",
+            "paused": "The sale is paused — you keep your place.",
+            "closed": "The sale is closed.",
+            "hours": "{n} h",
+            "minutes": "{n} min",
+            "seconds": "{n} s",
         }),
         Lang::Ko => json!({
             "title": "대기열에 들어와 있습니다",
@@ -101,6 +108,13 @@ fn texts(lang: Lang) -> serde_json::Value {
             "reentering": "대기 순서가 만료되어 다시 대기열에 들어갑니다.",
             "offline": "대기실이 응답하지 않습니다 — {n}초 후 다시 시도합니다.",
             "admitted": "차례가 되었습니다!",
+            "prequeue": "사전 대기열에 들어와 있습니다. 판매는 {t} 후({at})에 시작되며, 그때 여기 있는 모든 분의 순서를 무작위로 정합니다.",
+            "scheduled": "대기실은 {t} 후({at})에 열립니다. 이 페이지가 자동으로 들어갑니다.",
+            "paused": "판매가 일시 중지되었습니다 — 순서는 그대로 유지됩니다.",
+            "closed": "판매가 종료되었습니다.",
+            "hours": "{n}시간",
+            "minutes": "{n}분",
+            "seconds": "{n}초",
         }),
     }
 }

@@ -271,3 +271,5 @@ async fn a_web_app_on_another_origin_can_call_the_queue_api_only_when_allowed() 
     let refused = browser.eval(&call(closed.addr.clone())).await;
     assert!(refused.as_str().unwrap().starts_with("refused"), "{refused}");
 }
+
+mod sale;

@@ -1,0 +1,143 @@
+//! The waiting page through the sale lifecycle, in the real browser: the pre-queue's
+//! countdown and the opening, a page that waits for the pre-queue to open and joins by
+//! itself, pause and resume, and a close whose message is shown as text and stops the polls.
+
+use vq::domain::{SaleControl, SaleSchedule, SaleSource};
+use vq::store::{AnyStore, QueueStore, ScheduleOutcome};
+
+use super::*;
+use crate::support::open_store;
+
+fn target() -> QueueTarget {
+    "LIMITED_DROP:42".parse().unwrap()
+}
+
+/// Schedules the page's target: pre-queue from `prequeue_in` ms (negative: already open),
+/// opening `opens_in` ms from now.
+async fn schedule(store: &AnyStore, prequeue_in: i64, opens_in: u64) {
+    let now = vq::service::now_epoch_ms();
+    let s = SaleSchedule {
+        opens_at_ms: now + opens_in,
+        prequeue_from_ms: Some((now as i64 + prequeue_in) as u64),
+        closes_at_ms: None,
+    };
+    let outcome = store.schedule_sale(target(), s, [9; 32]).await.unwrap();
+    assert!(matches!(outcome, ScheduleOutcome::Scheduled { .. }), "{outcome:?}");
+}
+
+async fn message(browser: &Browser) -> String {
+    browser.eval("return document.getElementById('vq-message').textContent").await.as_str().unwrap().to_owned()
+}
+
+/// Waits until the message line satisfies `done` (bounded, `secs`).
+async fn wait_message(browser: &Browser, secs: u64, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let m = message(browser).await;
+        if done(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "the message never changed as expected; last {m:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The countdown's seconds in "… opens in 1 min 5 s (at …)" / "opens in 8 s".
+fn seconds_left(message: &str) -> u64 {
+    let t = message.split(" opens in ").nth(1).and_then(|r| r.split(" (at ").next()).unwrap_or_else(|| {
+        panic!("no countdown in {message:?}");
+    });
+    let mut total = 0;
+    let words: Vec<&str> = t.split(' ').collect();
+    for pair in words.chunks(2) {
+        let n: u64 = pair[0].parse().unwrap_or_else(|_| panic!("{message:?}"));
+        total += n * match pair.get(1).copied() {
+            Some("h") => 3600,
+            Some("min") => 60,
+            _ => 1,
+        };
+    }
+    total
+}
+
+#[tokio::test]
+async fn the_page_counts_down_the_pre_queue_then_lands_on_the_shop_after_the_opening() {
+    let redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    schedule(&store, -1000, 8000).await;
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=21")).await;
+    browser.wait_status("PRE_QUEUE", 20).await;
+    let opens_at = browser.eval("return document.getElementById('vq-root').getAttribute('data-vq-opens-at')").await;
+    assert!(opens_at.as_str().is_some_and(|s| s.ends_with('Z')), "{opens_at}");
+    let first = message(&browser).await;
+    assert!(first.starts_with("You are in the pre-queue"), "{first}");
+    let left = seconds_left(&first);
+    assert!((1..=8).contains(&left), "{first}");
+    // The countdown moves on screen between polls.
+    let later = wait_message(&browser, 5, |m| m.contains(" opens in ") && seconds_left(m) < left).await;
+    assert!(later.contains("(at "), "{later}");
+    let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 40).await;
+    verifies(&token_in(&url), 21);
+}
+
+#[tokio::test]
+async fn a_page_opened_before_the_pre_queue_joins_it_by_itself() {
+    let redis = RedisServer::spawn();
+    let (app, _) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    schedule(&store, 3000, 60_000).await;
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=22")).await;
+    browser.wait_status("SCHEDULED", 20).await;
+    let m = message(&browser).await;
+    assert!(m.starts_with("The waiting room opens in"), "{m}");
+    assert_eq!(store.snapshot(target()).await.unwrap().prequeued, 0, "not recorded before the pre-queue");
+    browser.wait_status("PRE_QUEUE", 20).await;
+    assert_eq!(store.snapshot(target()).await.unwrap().prequeued, 1, "the page entered once the pre-queue opened");
+}
+
+#[tokio::test]
+async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
+    let redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=23")).await;
+    browser.wait_status("WAITING", 20).await;
+    let m = wait_message(&browser, 10, |m| m.contains("paused")).await;
+    assert_eq!(m, "The sale is paused — you keep your place.");
+    assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
+    let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 40).await;
+    verifies(&token_in(&url), 23);
+}
+
+#[tokio::test]
+async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
+    let redis = RedisServer::spawn();
+    let (app, _) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    // Paused, so the buyer waits until the close reaches them.
+    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=24")).await;
+    browser.wait_status("WAITING", 20).await;
+    let text = "<b>Sold</b> out & thanks";
+    let close = SaleControl::Close { message: text.into(), source: SaleSource::Command };
+    assert!(store.control_sale(target(), close).await.unwrap());
+    browser.wait_status("CLOSED", 30).await;
+    assert_eq!(message(&browser).await, text, "the message as text");
+    let markup = browser.eval("return document.querySelectorAll('#vq-message *').length").await;
+    assert_eq!(markup, 0, "no element made from the server's text");
+    // Count the page's requests from now on: none come, over several poll intervals.
+    browser.eval("window.vqCalls = 0; var f = window.fetch; window.fetch = function () { window.vqCalls++; return f.apply(this, arguments); }; return 0").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(browser.eval("return window.vqCalls").await, 0, "a closed page does not poll");
+    assert_eq!(browser.state().await.0, "CLOSED");
+}
