@@ -141,3 +141,43 @@ async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
     assert_eq!(browser.eval("return window.vqCalls").await, 0, "a closed page does not poll");
     assert_eq!(browser.state().await.0, "CLOSED");
 }
+
+/// A buyer who switches to another tab keeps polling from the hidden one (its timers run in
+/// a worker) and keeps the place; back in front, the page goes on.
+#[tokio::test]
+async fn a_page_in_a_background_tab_keeps_polling_and_its_place() {
+    let redis = RedisServer::spawn();
+    let (app, shop) = page_app(&redis, |_| {}).await;
+    flag_on(&redis).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=25")).await;
+    browser.wait_status("WAITING", 20).await;
+    browser
+        .eval(
+            "window.vqSeen = []; window.vqHiddenCalls = 0;
+             document.addEventListener('visibilitychange', function () { vqSeen.push(document.visibilityState); });
+             var f = window.fetch;
+             window.fetch = function () { if (document.hidden) vqHiddenCalls++; return f.apply(this, arguments); };
+             return 0",
+        )
+        .await;
+    let page = browser.call(reqwest::Method::GET, &format!("/session/{}/window", browser.session), Value::Null).await;
+    let tab = browser
+        .call(reqwest::Method::POST, &format!("/session/{}/window/new", browser.session), json!({"type": "tab"}))
+        .await;
+    let windows = format!("/session/{}/window", browser.session);
+    browser.call(reqwest::Method::POST, &windows, json!({"handle": tab["handle"]})).await;
+    // Paused: the place holds; the page is told to poll every tick (2 s) or so.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    browser.call(reqwest::Method::POST, &windows, json!({"handle": page})).await;
+    let seen = browser.eval("return [window.vqSeen, window.vqHiddenCalls]").await;
+    assert_eq!(seen[0][0], "hidden", "the tab was in the background: {seen}");
+    let calls = seen[1].as_u64().unwrap();
+    assert!(calls >= 2, "polls while hidden: {seen}");
+    assert_eq!(browser.state().await.0, "WAITING", "the place is kept");
+    assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
+    let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 40).await;
+    verifies(&token_in(&url), 25);
+}
