@@ -1,4 +1,5 @@
 -- enter.lua: put users in a target's queue, or tell them where they already are.
+-- (vq sends it with lua/prelude.lua in front: the codes and helpers named below live there.)
 --
 -- One call carries every entry for this target that reached an instance while its previous
 -- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
@@ -25,14 +26,14 @@
 -- ARGV[3] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
 --         admission tick uses Redis' own TIME in admit.lua)
 -- ARGV[3+i] user i
--- returns {mark, batch_override_or_0, then per user i: code, a, b}
---   code 1 WAITING   a = seq, b = users ahead still waiting
---   code 2 ADMITTED  a = token (issued before)
---   code 3 FULL
---   code 5 ISSUE     admitted and still waiting: the caller signs a token and calls issue.lua
---   code 6 PRE_QUEUE recorded in the pre-queue (or in the frozen one, not yet placed)
---   code 7 SCHEDULED before the pre-queue opens: not recorded
---   code 8 CLOSED    the sale is closed: not recorded (admitted users still get their token)
+-- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
+--   WAITING   a = seq, b = users ahead still waiting
+--   ADMITTED  a = token (issued before)
+--   FULL
+--   ISSUE     admitted and still waiting: the caller signs a token and calls issue.lua
+--   PRE_QUEUE recorded in the pre-queue (or in the frozen one, not yet placed)
+--   SCHEDULED before the pre-queue opens: not recorded
+--   CLOSED    the sale is closed: not recorded (admitted users still get their token)
 -- then, when the sale keys are given: phase (0 no sale, 1 scheduled, 2 pre-queue, 3 opening,
 -- 4 open, 5 closed), opens_at ms or 0, prequeue_from ms or 0, paused 0|1, close message
 --
@@ -49,88 +50,33 @@ local mark = tonumber(st[1] or '0')
 local batch = tonumber(st[2] or '0')
 local max = tonumber(ARGV[1])
 local now = ARGV[3]
--- The sale's phase (see the header); 0 without a sale.
-local phase, sale = 0, nil
 local saleKey, preKey, openKey = KEYS[8 + n], KEYS[9 + n], KEYS[10 + n]
-if saleKey then
-  sale = redis.call('HMGET', saleKey, 'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at')
-  if sale[1] or sale[3] or sale[5] then
-    local t = redis.call('TIME')
-    local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local opens = tonumber(sale[1] or '0')
-    if sale[5] == '1' or (sale[3] and clock >= tonumber(sale[3])) then
-      phase = 5
-    elseif opens == 0 then
-      phase = 4
-    elseif clock < tonumber(sale[2] or sale[1]) then
-      phase = 1
-    elseif clock < opens then
-      phase = 2
-    elseif sale[8] then
-      phase = 4
-    else
-      phase = 3
-      if not sale[7] then
-        -- The opening: freeze the pre-queue once; its users get seqs base+1 .. base+N.
-        local base = tonumber(st[3] or '0')
-        local frozen = redis.call('ZCARD', preKey)
-        if frozen > 0 then
-          redis.call('RENAME', preKey, openKey)
-        end
-        redis.call('SET', KEYS[3], base + frozen, 'EX', tonumber(ARGV[2]))
-        redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', clock)
-        st[3] = tostring(base + frozen)
-      end
-    end
+local phase, sale, clock = sale_phase(saleKey)
+if phase == P_OPENING and not sale[7] then
+  -- The opening: freeze the pre-queue once; its users get seqs base+1 .. base+N.
+  local base = tonumber(st[3] or '0')
+  local frozen = redis.call('ZCARD', preKey)
+  if frozen > 0 then
+    redis.call('RENAME', preKey, openKey)
   end
+  redis.call('SET', KEYS[3], base + frozen, 'EX', tonumber(ARGV[2]))
+  redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', clock)
+  st[3] = tostring(base + frozen)
+  sale[7] = tostring(frozen)
 end
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 4, 3 + n))
 -- In the pre-queue (or the frozen one): pre[i] is set when user i is in it.
 local pre = {}
-if phase == 2 or phase == 3 then
-  pre = redis.call('ZMSCORE', phase == 2 and preKey or openKey, unpack(ARGV, 4, 3 + n))
+if phase == P_PRE_QUEUE or phase == P_OPENING then
+  pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, 4, 3 + n))
 end
 local prequeued = 0
-if phase == 2 then
+if phase == P_PRE_QUEUE then
   prequeued = redis.call('ZCARD', preKey)
 end
 local preAdds = {}
--- Tokens of the users not waiting (admitted before, or new): toks[i] is user i's.
-local toks = {}
-local notwaiting = 0
-for i = 1, n do
-  if not seqs[i] then
-    notwaiting = notwaiting + 1
-  end
-end
-if notwaiting == n then
-  toks = redis.call('MGET', unpack(KEYS, 8, 7 + n))
-elseif notwaiting > 0 then
-  local tk = {}
-  for i = 1, n do
-    if not seqs[i] then
-      tk[#tk + 1] = KEYS[7 + i]
-    end
-  end
-  local got, j = redis.call('MGET', unpack(tk)), 0
-  for i = 1, n do
-    if not seqs[i] then
-      j = j + 1
-      toks[i] = got[j]
-    end
-  end
-end
--- Users ahead of a waiting user: every seq between the mark and theirs was given to a user
--- who is still waiting or departed (left, evicted); admission only takes seqs at or below the
--- mark. So the count is arithmetic plus the departed in between, without a rank.
-local departed = redis.call('ZCARD', KEYS[7])
-local function ahead(seq)
-  local gone = 0
-  if departed > 0 then
-    gone = redis.call('ZCOUNT', KEYS[7], '(' .. mark, '(' .. seq)
-  end
-  return math.max(0, seq - mark - 1 - gone)
-end
+local toks = tokens_of(seqs, n, 7)
+local ahead = ahead_counter(KEYS[7], mark)
 -- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
 -- Per user i: out[3i], out[3i+1], out[3i+2] = code, a, b (see above); a user twice in one
@@ -143,38 +89,29 @@ for i = 1, n do
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
-    local seq = seqs[i] and tonumber(seqs[i])
-    if seq and seq <= mark then
-      out[o], out[o + 1], out[o + 2] = 5, seq, 0
-    elseif seq and phase ~= 5 then
-      beats[#beats + 1], beats[#beats + 2] = now, user
-      out[o], out[o + 1], out[o + 2] = 1, seq, ahead(seq)
-    elseif toks[i] then
-      -- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-      local tok = toks[i]
-      if string.sub(tok, 1, 5) == 'used:' then
-        tok = string.sub(tok, 6)
+    local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    if code then
+      if beat then
+        beats[#beats + 1], beats[#beats + 2] = now, user
       end
-      out[o], out[o + 1], out[o + 2] = 2, tok, 0
-    elseif phase == 5 then
-      out[o], out[o + 1], out[o + 2] = 8, 0, 0
-    elseif phase == 1 then
-      out[o], out[o + 1], out[o + 2] = 7, 0, 0
+      out[o], out[o + 1], out[o + 2] = code, a, b
+    elseif phase == P_SCHEDULED then
+      out[o], out[o + 1], out[o + 2] = SCHEDULED, 0, 0
     elseif pre[i] then
       beats[#beats + 1], beats[#beats + 2] = now, user
-      out[o], out[o + 1], out[o + 2] = 6, 0, 0
-    elseif phase == 2 then
+      out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
+    elseif phase == P_PRE_QUEUE then
       -- Pre-queued users count against the capacity like waiting ones.
       if not above then
         above = ahead(tonumber(st[3] or '0') + 1)
       end
       if above + prequeued >= max then
-        out[o], out[o + 1], out[o + 2] = 3, 0, 0
+        out[o], out[o + 1], out[o + 2] = FULL, 0, 0
       else
         preAdds[#preAdds + 1], preAdds[#preAdds + 2] = now, user
         beats[#beats + 1], beats[#beats + 2] = now, user
         prequeued = prequeued + 1
-        out[o], out[o + 1], out[o + 2] = 6, 0, 0
+        out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
       end
     else
       -- Everyone waiting above the mark is ahead of a new user.
@@ -182,10 +119,10 @@ for i = 1, n do
         above = ahead(tonumber(st[3] or '0') + 1)
       end
       if above >= max then
-        out[o], out[o + 1], out[o + 2] = 3, 0, 0
+        out[o], out[o + 1], out[o + 2] = FULL, 0, 0
       else
         fresh[#fresh + 1] = i
-        out[o], out[o + 1], out[o + 2] = 1, 0, above
+        out[o], out[o + 1], out[o + 2] = WAITING, 0, above
         above = above + 1
       end
     end
@@ -235,8 +172,6 @@ if #preAdds > 0 then
   end
 end
 if saleKey then
-  local nn = #out
-  out[nn + 1], out[nn + 2], out[nn + 3] = phase, tonumber(sale[1] or '0'), tonumber(sale[2] or '0')
-  out[nn + 4], out[nn + 5] = sale[4] == '1' and 1 or 0, sale[6] or ''
+  sale_tail(out, phase, sale)
 end
 return out

@@ -1,4 +1,5 @@
 -- issue.lua: store the token of a user enter.lua or status.lua found admitted (seq at or below
+-- (vq sends it with lua/prelude.lua in front: the codes and helpers named below live there.)
 -- the mark) and take them out of the queue; idempotent: a user whose token is already stored
 -- gets that one back (two polls of one user racing, on one instance or two).
 --
@@ -11,8 +12,8 @@
 -- ARGV[2] the token signed by the caller
 -- ARGV[3] token ttl seconds
 -- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0} with
---   code 2 ADMITTED      a = the caller's token if stored now, else the stored one
---   code 4 NOT_IN_QUEUE  neither waiting nor holding a token
+--   ADMITTED      a = the caller's token if stored now, else the stored one
+--   NOT_IN_QUEUE  neither waiting nor holding a token
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq and tonumber(seq) <= mark then
@@ -20,14 +21,10 @@ if seq and tonumber(seq) <= mark then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
-  return {mark, 0, 2, ARGV[2], 0}
+  return {mark, 0, ADMITTED, ARGV[2], 0}
 end
 local tok = redis.call('GET', KEYS[5])
 if not tok then
-  return {mark, 0, 4, 0, 0}
+  return {mark, 0, NOT_IN_QUEUE, 0, 0}
 end
--- A token marked used by the gate is still this user's token (a reuse gets 403 there).
-if string.sub(tok, 1, 5) == 'used:' then
-  tok = string.sub(tok, 6)
-end
-return {mark, 0, 2, tok, 0}
+return {mark, 0, ADMITTED, stored_token(tok), 0}

@@ -46,8 +46,8 @@
 #       commandstats) divided by N. Steadier than req/s on this machine: how a change to a
 #       script is judged before `pair`. With several directories (default: lua/) their
 #       scripts take turns, ROUNDS times each, e.g.
-#         mkdir /tmp/old && git show HEAD~1:lua/enter.lua >/tmp/old/enter.lua &&
-#         git show HEAD~1:lua/status.lua >/tmp/old/status.lua && scripts/bench.sh lua /tmp/old lua
+#         mkdir /tmp/old && git archive HEAD~1 lua | tar -x -C /tmp/old && scripts/bench.sh lua /tmp/old/lua lua
+#       (a directory's prelude.lua, when it has one, goes in front of each script, as vq sends it)
 #
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release
 # (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
@@ -357,6 +357,10 @@ lua_scenario() {
   use_work_dir
   start_redis
   rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+  with_prelude() { # dir script
+    if [ -f "$1/prelude.lua" ]; then printf '%s\n' "$(cat "$1/prelude.lua")"; fi
+    cat "$1/$2"
+  }
   # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
   # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
   # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users.
@@ -393,8 +397,9 @@ EOF
   for round in $(seq "$lrounds"); do
     for d in "${dirs[@]}"; do
       rcli flushall >/dev/null
-      enter_sha=$(rcli script load "$(cat "$d/enter.lua")")
-      status_sha=$(rcli script load "$(cat "$d/status.lua")")
+      # As vq sends them: the directory's prelude.lua (when it has one) in front of each.
+      enter_sha=$(rcli script load "$(with_prelude "$d" enter.lua)")
+      status_sha=$(rcli script load "$(with_prelude "$d" status.lua)")
       rcli config resetstat >/dev/null
       calls "$d/enter.lua" enter "$enter_sha" | rcli --pipe >/dev/null
       entered=$(rcli get 'queue:{LIMITED_DROP:1}:seq')

@@ -10,7 +10,7 @@ use serde_json::Value;
 use vq::domain::{QueueTarget, UserId};
 use vq::store::{EnterOutcome, QueueStore, StatusOutcome};
 
-use crate::support::{RedisCluster, VqProcess, cluster_settings, open_store, spawn_app, vq_bin};
+use crate::support::{RedisCluster, VqProcess, cluster_settings, lua_as_sent, open_store, spawn_app, vq_bin};
 
 /// Turns the queue on for everyone through the cluster, as `vq flag on` does.
 async fn cluster_flag_on(cluster: &RedisCluster) {
@@ -157,7 +157,7 @@ async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
     // Each node now holds the scripts of the targets it serves.
     for (_, node) in &targets {
         let mut c = cluster.node_conn(*node).await;
-        let sha = redis::Script::new(include_str!("../../lua/enter.lua")).get_hash().to_owned();
+        let sha = redis::Script::new(&lua_as_sent(include_str!("../../lua/enter.lua"))).get_hash().to_owned();
         let exists: Vec<u8> = redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).query_async(&mut c).await.unwrap();
         assert_eq!(exists, vec![1], "enter.lua on node {node}");
     }

@@ -5,7 +5,7 @@
 
 use redis::aio::MultiplexedConnection;
 
-use crate::support::RedisServer;
+use crate::support::{RedisServer, lua_as_sent};
 
 const P: &str = "queue:{LIMITED_DROP:1}:";
 
@@ -42,15 +42,32 @@ async fn call(
         .collect()
 }
 
+/// The script as vq sends it (`lua/prelude.lua` in front) and its target keys before the
+/// per-user ones, read from its header (`-- KEYS[<n>] queue:{T}:<name>`), the one place that
+/// order is written for Lua.
+fn script(text: &str) -> (String, Vec<String>) {
+    let names = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("-- KEYS["))
+        .filter_map(|r| r.split_once(']'))
+        .filter(|(i, _)| i.chars().all(|c| c.is_ascii_digit()))
+        .filter_map(|(_, k)| k.split_whitespace().next()?.strip_prefix("queue:{T}:").map(str::to_owned))
+        .filter(|n| !n.contains('{'))
+        .collect();
+    (lua_as_sent(text), names)
+}
+
 async fn enter(c: &mut MultiplexedConnection, max: u64, now: u64, users: &[u64]) -> Vec<String> {
-    let names = ["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"];
+    let (text, names) = script(include_str!("../../lua/enter.lua"));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let head = [max.to_string(), "1800".to_owned(), now.to_string()];
-    call(c, include_str!("../../lua/enter.lua"), &names, &head, users).await
+    call(c, &text, &names, &head, users).await
 }
 
 async fn status(c: &mut MultiplexedConnection, now: u64, users: &[u64]) -> Vec<String> {
-    let names = ["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
-    call(c, include_str!("../../lua/status.lua"), &names, &[now.to_string()], users).await
+    let (text, names) = script(include_str!("../../lua/status.lua"));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    call(c, &text, &names, &[now.to_string()], users).await
 }
 
 fn answers(mark: u64, batch: u64, each: &[(u8, &str, u64)]) -> Vec<String> {

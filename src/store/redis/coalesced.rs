@@ -8,7 +8,9 @@ use redis::{Script, Value};
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
-use super::scripts::{ENTER, ISSUE, STATUS, eval_hot};
+use super::scripts::{
+    Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, LEAVE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, eval_hot, on_target,
+};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
@@ -36,11 +38,7 @@ impl RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<Answer, StoreError> {
-        let reply: Value = ISSUE
-            .key(keys::of(target, "waiting"))
-            .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "admitted_count"))
-            .key(keys::of(target, "waits"))
+        let reply: Value = on_target(&ISSUE, target, ISSUE_KEYS)
             .key(keys::token(target, user))
             .arg(user.0)
             .arg(candidate.token())
@@ -80,9 +78,6 @@ pub(super) enum Answer {
     Closed(SaleNotice),
 }
 
-/// The sale's keys, passed after the token keys to `enter.lua` and `status.lua`.
-const SALE_KEYS: [&str; 3] = ["sale", "prequeue", "opening"];
-
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
 /// answers each job. A job that already waited longer than a command may take, or whose
 /// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
@@ -103,15 +98,8 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
     }
     let now = crate::clock::now_epoch_ms();
     let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
-        Op::Enter => (
-            &ENTER,
-            "enter.lua",
-            &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"],
-            vec![limits.max_capacity, limits.key_ttl_s, now],
-        ),
-        Op::Status => {
-            (&STATUS, "status.lua", &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"], vec![now])
-        }
+        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS, vec![limits.max_capacity, limits.key_ttl_s, now]),
+        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, vec![now]),
     };
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
@@ -171,15 +159,11 @@ async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, tar
 async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
     let mut pipe = redis::pipe();
     for user in &users {
-        pipe.cmd("EVAL")
-            .arg(include_str!("../../../lua/leave.lua"))
-            .arg(4)
-            .arg(keys::of(target, "waiting"))
-            .arg(keys::of(target, "heartbeat"))
-            .arg(keys::of(target, "departed"))
-            .arg(keys::of(target, "prequeue"))
-            .arg(user.0)
-            .arg(limits.key_ttl_s);
+        pipe.cmd("EVAL").arg(include_str!("../../../lua/leave.lua")).arg(LEAVE_KEYS.len());
+        for name in LEAVE_KEYS {
+            pipe.arg(keys::of(target, name));
+        }
+        pipe.arg(user.0).arg(limits.key_ttl_s);
     }
     let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
     tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
@@ -216,23 +200,23 @@ fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool
     };
     items[2..2 + 3 * users]
         .chunks_exact(3)
-        .map(|a| match (int(&a[0]), &a[1], int(&a[2])) {
-            (Some(1), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
+        .map(|a| match (int(&a[0]).and_then(Code::of), &a[1], int(&a[2])) {
+            (Some(Code::Waiting), v, Some(ahead)) => Ok(Answer::Waiting(Waiting {
                 seq: int(v).ok_or_else(|| bad(&items))?,
                 mark,
                 ahead,
                 batch_override: (batch > 0).then_some(batch),
                 paused: notice.paused,
             })),
-            (Some(6), _, _) => Ok(Answer::PreQueue(notice.clone())),
-            (Some(7), _, _) => Ok(Answer::Scheduled(notice.clone())),
-            (Some(8), _, _) => Ok(Answer::Closed(notice.clone())),
-            (Some(2), Value::BulkString(token), _) => {
+            (Some(Code::PreQueue), _, _) => Ok(Answer::PreQueue(notice.clone())),
+            (Some(Code::Scheduled), _, _) => Ok(Answer::Scheduled(notice.clone())),
+            (Some(Code::Closed), _, _) => Ok(Answer::Closed(notice.clone())),
+            (Some(Code::Admitted), Value::BulkString(token), _) => {
                 Ok(Answer::Admitted(String::from_utf8(token.clone()).map_err(|_| bad(&items))?))
             }
-            (Some(3), _, _) => Ok(Answer::Full),
-            (Some(4), _, _) => Ok(Answer::NotInQueue),
-            (Some(5), _, _) => Ok(Answer::Issue),
+            (Some(Code::Full), _, _) => Ok(Answer::Full),
+            (Some(Code::NotInQueue), _, _) => Ok(Answer::NotInQueue),
+            (Some(Code::Issue), _, _) => Ok(Answer::Issue),
             _ => Err(bad(&items)),
         })
         .collect()

@@ -37,8 +37,9 @@ use redis::cluster::ClusterClient;
 use self::coalesced::{Answer, Job, Op};
 use self::conn::{Conn, LazyCluster};
 use self::scripts::{
-    ADMIT, EVICT, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, LEAVE, SALE_CONTROL, SALE_PLACE, SALE_READ, SALE_SCHEDULE,
-    TOKEN_CLAIM, TOKEN_RELEASE, num, reply_err,
+    ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
+    SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
+    SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
@@ -96,12 +97,7 @@ impl RedisStore {
 
     /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
     async fn read_sale_and_prequeue(&self, target: QueueTarget) -> Result<(Option<SaleView>, u64), StoreError> {
-        let r: Vec<String> = SALE_READ
-            .key(keys::of(target, "sale"))
-            .key(keys::of(target, "prequeue"))
-            .key(keys::of(target, "opening"))
-            .invoke_async(&mut self.conn())
-            .await?;
+        let r: Vec<String> = on_target(&SALE_READ, target, SALE_READ_KEYS).invoke_async(&mut self.conn()).await?;
         let now_ms = num("sale_read.lua", &r, 0)?;
         let prequeued = num("sale_read.lua", &r, 1)?;
         let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
@@ -187,11 +183,7 @@ impl QueueStore for RedisStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
-        let removed: u64 = LEAVE
-            .key(keys::of(target, "waiting"))
-            .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "departed"))
-            .key(keys::of(target, "prequeue"))
+        let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
             .arg(user.0)
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
@@ -222,22 +214,7 @@ impl QueueStore for RedisStore {
         tick_ms: u64,
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
-        let r: Vec<String> = ADMIT
-            .key(keys::of(target, "waiting"))
-            .key(keys::of(target, "admitted_count"))
-            .key(keys::of(target, "last_tick"))
-            .key(keys::of(target, "batch_size"))
-            .key(keys::of(target, "admissions"))
-            .key(keys::of(target, "entry_times"))
-            .key(keys::of(target, "waits"))
-            .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "seq"))
-            .key(keys::of(target, "evicted"))
-            .key(keys::of(target, "departed"))
-            .key(keys::of(target, "sale"))
-            .key(keys::of(target, "prequeue"))
-            .key(keys::of(target, "opening"))
-            .key(keys::of(target, "ledger"))
+        let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
@@ -259,12 +236,7 @@ impl QueueStore for RedisStore {
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        Ok(EVICT
-            .key(keys::of(target, "waiting"))
-            .key(keys::of(target, "heartbeat"))
-            .key(keys::of(target, "evicted"))
-            .key(keys::of(target, "departed"))
-            .key(keys::of(target, "prequeue"))
+        Ok(on_target(&EVICT, target, EVICT_KEYS)
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)
@@ -447,9 +419,7 @@ impl QueueStore for RedisStore {
         tick_ms: u64,
         ahead: u64,
     ) -> Result<Option<PaceSlot>, StoreError> {
-        let r: Vec<u64> = GATE_PACE
-            .key(keys::of(target, "forwarded"))
-            .key(keys::of(target, "batch_size"))
+        let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
             .arg(tick_ms)
             .arg(default_budget)
             .arg(PACE_GUARD_MS)
@@ -501,8 +471,7 @@ impl QueueStore for RedisStore {
     ) -> Result<ScheduleOutcome, StoreError> {
         let last_ms = schedule.closes_at_ms.unwrap_or(schedule.opens_at_ms).max(schedule.opens_at_ms);
         let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-        let r: Vec<String> = SALE_SCHEDULE
-            .key(keys::of(target, "sale"))
+        let r: Vec<String> = on_target(&SALE_SCHEDULE, target, SALE_SCHEDULE_KEYS)
             .arg(schedule.opens_at_ms)
             .arg(opt(schedule.prequeue_from_ms))
             .arg(opt(schedule.closes_at_ms))
@@ -529,11 +498,7 @@ impl QueueStore for RedisStore {
             SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
             SaleControl::Clear => ("clear", "command", ""),
         };
-        let changed: u64 = SALE_CONTROL
-            .key(keys::of(target, "sale"))
-            .key(keys::of(target, "ledger"))
-            .key(keys::of(target, "prequeue"))
-            .key(keys::of(target, "opening"))
+        let changed: u64 = on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
             .arg(action)
             .arg(source)
             .arg(message)
@@ -591,10 +556,7 @@ impl QueueStore for RedisStore {
         opens_at_ms: u64,
         last: bool,
     ) -> Result<bool, StoreError> {
-        let mut inv = SALE_PLACE.prepare_invoke();
-        for name in ["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger"] {
-            inv.key(keys::of(target, name));
-        }
+        let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
         inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
         for (seq, user) in places {
             inv.arg(*seq).arg(user.0);

@@ -1,16 +1,104 @@
 //! The Lua scripts (one per atomic operation, see `lua/`), how they are run, and the
 //! helpers that read their replies.
+//!
+//! Written once on each side and checked against each other by the tests below: the reply
+//! codes ([`Code`], the `local` constants of `lua/prelude.lua`), and each script's KEYS order
+//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header). `enter.lua`, `status.lua`
+//! and `issue.lua` are sent with `lua/prelude.lua` in front, where the rules they share live.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
 use super::conn::Conn;
+use super::keys;
+use crate::domain::QueueTarget;
 use crate::store::StoreError;
 
-pub(super) static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/enter.lua")));
-pub(super) static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/status.lua")));
-pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/issue.lua")));
+/// The prelude and a script, as one text.
+macro_rules! with_prelude {
+    ($file:literal) => {
+        concat!(include_str!("../../../lua/prelude.lua"), "\n", include_str!(concat!("../../../lua/", $file)))
+    };
+}
+
+pub(super) static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("enter.lua")));
+pub(super) static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("status.lua")));
+pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("issue.lua")));
+
+/// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
+/// and the sale's keys follow where the script's header says.
+pub(super) const ENTER_KEYS: &[&str] =
+    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"];
+pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
+pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits"];
+/// After the per-user keys of `enter.lua` and `status.lua`.
+pub(super) const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
+pub(super) const ADMIT_KEYS: &[&str] = &[
+    "waiting",
+    "admitted_count",
+    "last_tick",
+    "batch_size",
+    "admissions",
+    "entry_times",
+    "waits",
+    "heartbeat",
+    "seq",
+    "evicted",
+    "departed",
+    "sale",
+    "prequeue",
+    "opening",
+    "ledger",
+];
+pub(super) const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue"];
+pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue"];
+pub(super) const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
+pub(super) const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
+pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale"];
+pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening"];
+pub(super) const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
+pub(super) const SALE_PLACE_KEYS: &[&str] =
+    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger"];
+
+/// An invocation of `script` with `target`'s keys `names`, in that order.
+pub(super) fn on_target<'a>(script: &'a Script, target: QueueTarget, names: &[&str]) -> ScriptInvocation<'a> {
+    let mut inv = script.prepare_invoke();
+    for name in names {
+        inv.key(keys::of(target, name));
+    }
+    inv
+}
+
+/// The per-user reply codes of `enter.lua`, `status.lua` and `issue.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Code {
+    Waiting = 1,
+    Admitted = 2,
+    Full = 3,
+    NotInQueue = 4,
+    Issue = 5,
+    PreQueue = 6,
+    Scheduled = 7,
+    Closed = 8,
+}
+
+impl Code {
+    const ALL: [Code; 8] = [
+        Code::Waiting,
+        Code::Admitted,
+        Code::Full,
+        Code::NotInQueue,
+        Code::Issue,
+        Code::PreQueue,
+        Code::Scheduled,
+        Code::Closed,
+    ];
+
+    pub(super) fn of(n: u64) -> Option<Code> {
+        Self::ALL.into_iter().find(|c| *c as u64 == n)
+    }
+}
 pub(super) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/leave.lua")));
 pub(super) static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
 pub(super) static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/evict.lua")));
@@ -56,4 +144,94 @@ pub(super) fn reply_err(what: &'static str, reply: &[String]) -> StoreError {
 
 pub(super) fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64, StoreError> {
     reply.get(i).and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| reply_err(what, reply))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
+
+    /// `local NAME = n` lines of the prelude.
+    fn lua_constants() -> Vec<(String, u64)> {
+        PRELUDE
+            .lines()
+            .filter_map(|l| l.strip_prefix("local ")?.split_once(" = "))
+            .filter_map(|(name, v)| Some((name.to_owned(), v.trim().parse().ok()?)))
+            .collect()
+    }
+
+    #[test]
+    fn reply_codes_are_the_preludes() {
+        let lua = lua_constants();
+        let name = |c: Code| match c {
+            Code::Waiting => "WAITING",
+            Code::Admitted => "ADMITTED",
+            Code::Full => "FULL",
+            Code::NotInQueue => "NOT_IN_QUEUE",
+            Code::Issue => "ISSUE",
+            Code::PreQueue => "PRE_QUEUE",
+            Code::Scheduled => "SCHEDULED",
+            Code::Closed => "CLOSED",
+        };
+        for c in Code::ALL {
+            assert!(lua.contains(&(name(c).to_owned(), c as u64)), "{c:?} is not `local {} = {}`", name(c), c as u64);
+            assert_eq!(Code::of(c as u64), Some(c));
+        }
+        let codes = lua.iter().filter(|(n, _)| !n.starts_with("P_") && n != "NO_SALE").count();
+        assert_eq!(codes, Code::ALL.len(), "a code in the prelude that Rust does not know: {lua:?}");
+        assert_eq!(Code::of(0), None);
+        assert_eq!(Code::of(9), None);
+    }
+
+    /// The target key names of `-- KEYS[<digits>] queue:{T}:<name>` lines, in order, and of
+    /// the lines after the per-user keys (`-- KEYS[<k>+n] …`).
+    fn header_keys(script: &str) -> (Vec<String>, Vec<String>) {
+        let (mut fixed, mut after) = (Vec::new(), Vec::new());
+        for line in script.lines() {
+            let Some(rest) = line.strip_prefix("-- KEYS[") else { continue };
+            let Some((index, key)) = rest.split_once(']') else { continue };
+            let Some(name) = key.split_whitespace().next().and_then(|k| k.strip_prefix("queue:{T}:")) else {
+                continue;
+            };
+            if name.contains('{') {
+                continue; // a per-user key
+            }
+            if index.chars().all(|c| c.is_ascii_digit()) {
+                fixed.push(name.to_owned());
+            } else if index.ends_with("+n") {
+                after.push(name.to_owned());
+            }
+        }
+        (fixed, after)
+    }
+
+    #[test]
+    fn key_lists_are_the_script_headers() {
+        macro_rules! lua {
+            ($f:literal) => {
+                ($f, include_str!(concat!("../../../lua/", $f)))
+            };
+        }
+        type Case = ((&'static str, &'static str), &'static [&'static str], &'static [&'static str]);
+        let cases: [Case; 12] = [
+            (lua!("enter.lua"), ENTER_KEYS, SALE_KEYS),
+            (lua!("status.lua"), STATUS_KEYS, SALE_KEYS),
+            (lua!("issue.lua"), ISSUE_KEYS, &[]),
+            (lua!("admit.lua"), ADMIT_KEYS, &[]),
+            (lua!("evict.lua"), EVICT_KEYS, &[]),
+            (lua!("leave.lua"), LEAVE_KEYS, &[]),
+            (lua!("view.lua"), VIEW_KEYS, &[]),
+            (lua!("gate_pace.lua"), GATE_PACE_KEYS, &[]),
+            (lua!("sale_schedule.lua"), SALE_SCHEDULE_KEYS, &[]),
+            (lua!("sale_control.lua"), SALE_CONTROL_KEYS, &[]),
+            (lua!("sale_read.lua"), SALE_READ_KEYS, &[]),
+            (lua!("sale_place.lua"), SALE_PLACE_KEYS, &[]),
+        ];
+        for ((file, text), keys, after) in cases {
+            let (fixed, tail) = header_keys(text);
+            assert_eq!(fixed, keys, "{file}: KEYS before the per-user keys");
+            assert_eq!(tail, after, "{file}: KEYS after the per-user keys");
+        }
+    }
 }

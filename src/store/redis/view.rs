@@ -3,7 +3,8 @@
 
 use redis::Value;
 
-use super::{RedisStore, keys};
+use super::RedisStore;
+use super::scripts::{VIEW, VIEW_KEYS, on_target};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::StoreError;
 
@@ -51,14 +52,8 @@ impl RedisStore {
         }
         for (i, users) in chunks.into_iter().enumerate() {
             let first = i == 0;
-            let mut inv = super::scripts::VIEW.key(keys::of(target, "waiting"));
-            inv.key(keys::of(target, "heartbeat"))
-                .key(keys::of(target, "admitted_count"))
-                .key(keys::of(target, "batch_size"))
-                .key(keys::of(target, "departed"))
-                .key(keys::of(target, "sale"))
-                .arg(now_ms)
-                .arg(u8::from(first));
+            let mut inv = on_target(&VIEW, target, VIEW_KEYS);
+            inv.arg(now_ms).arg(u8::from(first));
             for u in users {
                 inv.arg(u.0);
             }

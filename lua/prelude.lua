@@ -1,0 +1,112 @@
+-- prelude.lua: what enter.lua, status.lua and issue.lua share, written once. vq sends it in
+-- front of each of them (src/store/redis/scripts.rs); Redis scripts cannot load one another.
+--
+-- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
+local WAITING = 1
+local ADMITTED = 2
+local FULL = 3
+local NOT_IN_QUEUE = 4
+local ISSUE = 5
+local PRE_QUEUE = 6
+local SCHEDULED = 7
+local CLOSED = 8
+-- The sale's phases in the replies' trailing items.
+local NO_SALE = 0
+local P_SCHEDULED = 1
+local P_PRE_QUEUE = 2
+local P_OPENING = 3
+local P_OPEN = 4
+local P_CLOSED = 5
+
+-- A token marked used by the gate ("used:<token>") is still this user's token: a reuse gets
+-- 403 at the gate, not a second place here.
+local function stored_token(tok)
+  if string.sub(tok, 1, 5) == 'used:' then
+    return string.sub(tok, 6)
+  end
+  return tok
+end
+
+-- The sale's hash and its phase by Redis' clock: NO_SALE without a schedule or a close;
+-- P_OPENING once `opens_at` has passed and before the opening has placed everyone (enter.lua
+-- and admit.lua freeze the pre-queue then; status.lua never does). Also Redis' clock in ms.
+local function sale_phase(saleKey)
+  if not saleKey then
+    return NO_SALE, nil, nil
+  end
+  local sale = redis.call('HMGET', saleKey, 'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at')
+  if not (sale[1] or sale[3] or sale[5]) then
+    return NO_SALE, sale, nil
+  end
+  local t = redis.call('TIME')
+  local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local opens = tonumber(sale[1] or '0')
+  if sale[5] == '1' or (sale[3] and clock >= tonumber(sale[3])) then
+    return P_CLOSED, sale, clock
+  elseif opens == 0 or sale[8] then
+    return P_OPEN, sale, clock
+  elseif clock < tonumber(sale[2] or sale[1]) then
+    return P_SCHEDULED, sale, clock
+  elseif clock < opens then
+    return P_PRE_QUEUE, sale, clock
+  end
+  return P_OPENING, sale, clock
+end
+
+-- The stored tokens of the users not waiting (admitted before, new or unknown), in one MGET:
+-- toks[i] is user i's; token keys are KEYS[first + i].
+local function tokens_of(seqs, n, first)
+  local toks, tk = {}, {}
+  for i = 1, n do
+    if not seqs[i] then
+      tk[#tk + 1] = KEYS[first + i]
+    end
+  end
+  if #tk > 0 then
+    local got, j = redis.call('MGET', unpack(tk)), 0
+    for i = 1, n do
+      if not seqs[i] then
+        j = j + 1
+        toks[i] = got[j]
+      end
+    end
+  end
+  return toks
+end
+
+-- Users ahead of a waiting user: every seq between the mark and theirs was given to a user
+-- who is still waiting or departed (left, evicted); admission only takes seqs at or below the
+-- mark. So the count is arithmetic plus the departed in between, without a rank.
+local function ahead_counter(departedKey, mark)
+  local departed = redis.call('ZCARD', departedKey)
+  return function(seq)
+    local gone = 0
+    if departed > 0 then
+      gone = redis.call('ZCOUNT', departedKey, '(' .. mark, '(' .. seq)
+    end
+    return math.max(0, seq - mark - 1 - gone)
+  end
+end
+
+-- The answer every poll and enter gives a user the queue knows, or who holds a token, or to
+-- anyone once the sale is closed: code, a, b, and whether the user's heartbeat is refreshed;
+-- nil when the caller decides (a new or unknown user).
+local function known_answer(seq, tok, mark, phase, ahead)
+  if seq and seq <= mark then
+    return ISSUE, seq, 0, false
+  elseif seq and phase ~= P_CLOSED then
+    return WAITING, seq, ahead(seq), true
+  elseif tok then
+    return ADMITTED, stored_token(tok), 0, false
+  elseif phase == P_CLOSED then
+    return CLOSED, 0, 0, false
+  end
+  return nil
+end
+
+-- The sale's five trailing items of a reply: phase, opens_at, prequeue_from, paused, message.
+local function sale_tail(out, phase, sale)
+  local nn = #out
+  out[nn + 1], out[nn + 2], out[nn + 3] = phase, tonumber(sale[1] or '0'), tonumber(sale[2] or '0')
+  out[nn + 4], out[nn + 5] = sale[4] == '1' and 1 or 0, sale[6] or ''
+end
