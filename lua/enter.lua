@@ -1,10 +1,12 @@
 -- enter.lua: put users in a target's queue, or tell them where they already are.
--- (vq sends it with lua/prelude.lua in front: the codes and helpers named below live there.)
 --
 -- One call carries every entry for this target that reached an instance while its previous
 -- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
 -- about 8000 unpacked values). Users are handled one after the other, each exactly as if
 -- alone; only the reads every user needs (mark, batch size, counts) are made once.
+--
+-- vq sends this script with lua/prelude.lua in front: the reply codes and the helpers it
+-- calls live there.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user

@@ -1,7 +1,9 @@
 -- issue.lua: store the token of a user enter.lua or status.lua found admitted (seq at or below
--- (vq sends it with lua/prelude.lua in front: the codes and helpers named below live there.)
 -- the mark) and take them out of the queue; idempotent: a user whose token is already stored
 -- gets that one back (two polls of one user racing, on one instance or two).
+--
+-- vq sends this script with lua/prelude.lua in front: the reply codes and the helpers it
+-- calls live there.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user

@@ -1,11 +1,13 @@
 -- status.lua: polls in one round trip. Refreshes each waiting user's heartbeat and tells
--- (vq sends it with lua/prelude.lua in front: the codes and helpers named below live there.)
 -- where they are; once the mark has reached a user's seq, the caller signs a token and
 -- issue.lua stores it (once) and takes the user out of the queue.
 --
 -- One call carries every poll for this target that reached an instance while its previous
 -- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
 -- about 8000 unpacked values), handled one after the other, each exactly as if alone.
+--
+-- vq sends this script with lua/prelude.lua in front: the reply codes and the helpers it
+-- calls live there.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
