@@ -35,32 +35,30 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// On a free port; when another process takes that port first (the child exits), on
+    /// another one.
     pub fn spawn() -> Self {
-        Self::spawn_on(free_port())
+        let mut last = String::new();
+        for _ in 0..5 {
+            match Self::try_spawn_on(free_port()) {
+                Ok(server) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server did not start on five free ports; last: {last}");
     }
 
     pub fn spawn_on(port: u16) -> Self {
+        Self::try_spawn_on(port).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_spawn_on(port: u16) -> Result<Self, String> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it: apt-get install -y redis-server)");
-        let server = Self { port, child: Some(child), _dir: dir };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let pong = redis::Client::open(server.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
-            if pong.is_ok() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "redis-server did not answer PING on port {port}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        server
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .current_dir(dir.path());
+        let child = launch(cmd, port)?;
+        Ok(Self { port, child: Some(child), _dir: dir })
     }
 
     pub fn url(&self) -> String {
@@ -102,24 +100,28 @@ impl RedisCluster {
     pub fn spawn() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cluster = Self { ports: Vec::new(), children: Vec::new(), _dir: dir };
-        for _ in 0..3 {
+        let mut tries = 0;
+        while cluster.ports.len() < 3 {
             let (port, bus) = (free_port(), free_port());
             let node_dir = cluster._dir.path().join(port.to_string());
-            std::fs::create_dir(&node_dir).expect("node dir");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--cluster-port", &bus.to_string(), "--bind", "127.0.0.1"])
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--cluster-port", &bus.to_string(), "--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
                 .args(["--save", "", "--appendonly", "no"])
-                .current_dir(&node_dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be installed (scripts/test.sh installs it)");
-            cluster.ports.push(port);
-            cluster.children.push(child);
-        }
-        for port in &cluster.ports {
-            wait_for_ping(&format!("redis://127.0.0.1:{port}"));
+                .current_dir(&node_dir);
+            match launch(cmd, port) {
+                Ok(child) => {
+                    cluster.ports.push(port);
+                    cluster.children.push(child);
+                }
+                // Another process took one of the two ports first: new ones.
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("cluster node: {e}; trying other ports");
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
         let addrs: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
@@ -201,16 +203,41 @@ impl Drop for RedisCluster {
     }
 }
 
-fn wait_for_ping(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+/// Starts `redis-server` and waits (at most 30 s: a loaded machine starts it slowly) until it
+/// answers on `port` as itself (its `process_id`); an error when it exits first or another
+/// server holds the port, or it never answers.
+fn launch(mut cmd: Command, port: u16) -> Result<Child, String> {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (scripts/test.sh installs it: apt-get install -y redis-server)");
+    let url = format!("redis://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let pong = redis::Client::open(url)
-            .and_then(|c| c.get_connection())
-            .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn));
-        if pong.is_ok() {
-            return;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server on port {port} exited ({status})"));
         }
-        assert!(Instant::now() < deadline, "redis-server did not answer PING at {url}");
+        // The server answering must be this child, not another test's that took the port.
+        let info = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut conn| {
+                conn.set_read_timeout(Some(Duration::from_millis(500)))?;
+                redis::cmd("INFO").arg("server").query::<String>(&mut conn)
+            });
+        if let Ok(info) = info {
+            if info.lines().any(|l| l.trim() == format!("process_id:{}", child.id())) {
+                return Ok(child);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("port {port} is another redis-server's"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("redis-server did not answer PING on port {port} within 30 s"));
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -449,4 +476,15 @@ pub async fn enter_round_robin(procs: &[VqProcess], target: &str, users: u64) {
 /// `status.lua` and `issue.lua` with `lua/prelude.lua` in front.
 pub fn lua_as_sent(script: &str) -> String {
     format!("{}\n{script}", include_str!("../../lua/prelude.lua"))
+}
+
+/// A port another process holds is never mistaken for a started server.
+#[test]
+fn a_taken_port_is_refused_not_shared() {
+    let held = StdListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    assert!(RedisServer::try_spawn_on(port).is_err(), "a port held by a listener");
+    let first = RedisServer::spawn();
+    let second = RedisServer::try_spawn_on(first.port);
+    assert!(second.is_err(), "a port another redis-server holds");
 }
