@@ -87,6 +87,11 @@ pub struct Args {
     /// --poll-min-ms..--poll-max-ms
     #[arg(long)]
     follow_poll_after: bool,
+    /// Simulate a sale's opening SECS after the start: the target's sale is scheduled through
+    /// Redis with its pre-queue open from the start; the report shows how the pre-queued
+    /// users' places relate to their arrival order (the fair opening's shuffle)
+    #[arg(long, value_name = "SECS", conflicts_with = "sweep_batch")]
+    opening_in: Option<f64>,
     /// One short round per batch size, set at runtime on the target through Redis
     #[arg(long, value_name = "N,N,…", value_delimiter = ',')]
     sweep_batch: Vec<u64>,
@@ -133,6 +138,11 @@ impl Args {
         if self.concurrency == 0 {
             anyhow::bail!("--concurrency must be at least 1");
         }
+        if let Some(s) = self.opening_in
+            && !(s > 0.0 && s.is_finite() && s < self.duration)
+        {
+            anyhow::bail!("--opening-in must be positive and shorter than --duration ({} s)", self.duration);
+        }
         Ok(())
     }
 
@@ -154,6 +164,7 @@ impl Args {
             tick_ms: server.map_or(settings.queue.tick_ms, |f| f.tick_ms),
             seed: self.seed,
             follow_poll_after: self.follow_poll_after,
+            opening_in: self.opening_in.map(Duration::from_secs_f64),
         }
     }
 }
@@ -177,6 +188,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let reports = rt.block_on(async {
         let redis = reachable_redis(&settings).await;
+        if args.opening_in.is_some() && redis.is_none() {
+            anyhow::bail!(
+                "--opening-in schedules the target's sale in Redis, but {} does not answer (set VQ_REDIS__URL or --config)",
+                settings.redis.url
+            );
+        }
         if !args.sweep_batch.is_empty() && redis.is_none() {
             anyhow::bail!(
                 "--sweep-batch sets the batch size in Redis, but {} does not answer (set VQ_REDIS__URL or --config)",
@@ -393,6 +410,15 @@ fn print_report(r: &Report, with_sink: bool) {
         r.redis_bytes_per_waiting_user.map_or_else(|| "not measured".to_owned(), |b| format!("{b:.0}")),
     );
     row("status counts", r.status_counts.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "));
+    if let Some(o) = &r.opening {
+        let rho = |v: Option<f64>| v.map_or_else(|| "too few".to_owned(), |x| format!("{x:+.3}"));
+        row("pre-queued / placed by the opening", format!("{} / {}", o.prequeued, o.prequeued_placed));
+        row("arrival vs place, pre-queued (Spearman)", rho(o.prequeued_rank_correlation));
+        row(
+            "arrival vs place, after the opening (Spearman)",
+            format!("{} ({} users)", rho(o.later_rank_correlation), o.later),
+        );
+    }
     println!("{t}");
 
     let mut lat = table();

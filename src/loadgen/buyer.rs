@@ -31,6 +31,8 @@ struct StatusReply<'a> {
     entry_token: Option<Cow<'a, str>>,
     #[serde(default)]
     poll_after_seconds: Option<u64>,
+    #[serde(default)]
+    position: Option<u64>,
 }
 
 fn parse_reply(body: &[u8]) -> Option<StatusReply<'_>> {
@@ -205,6 +207,14 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
         }
         _ => {}
     }
+    let opening = ctx.opts.opening_in.is_some();
+    // Pre-queued: their place comes with the opening, seen at a poll after it.
+    let mut unplaced = reply.status == "PRE_QUEUE";
+    if opening && unplaced {
+        ctx.rec.prequeued.fetch_add(1, Ordering::Relaxed);
+    } else if let (true, "WAITING", Some(place)) = (opening, reply.status.as_ref(), reply.position) {
+        ctx.rec.later_places.lock().map(|mut v| v.push((idx, place))).ok();
+    }
     let eta_ms = reply.eta_seconds.map(|s| s * 1000);
     let mut told = reply.poll_after_seconds;
     ctx.live.waiting.fetch_add(1, Ordering::Relaxed);
@@ -249,7 +259,13 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
                     ctx.purchase(user, r.entry_token.as_deref()).await;
                     return;
                 }
-                Some(r) => told = r.poll_after_seconds,
+                Some(r) => {
+                    if let (true, "WAITING", Some(place)) = (opening && unplaced, r.status.as_ref(), r.position) {
+                        unplaced = false;
+                        ctx.rec.prequeued_places.lock().map(|mut v| v.push((idx, place))).ok();
+                    }
+                    told = r.poll_after_seconds;
+                }
                 None => {}
             },
             Answer::Http(404, _) => {

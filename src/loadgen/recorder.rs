@@ -127,6 +127,11 @@ pub(super) struct Recorder {
     pub(super) evicted_seen: AtomicU64,
     pub(super) still_waiting: AtomicU64,
     pub(super) purchase_attempts: AtomicU64,
+    /// With an opening: users pre-queued, and (arrival index, place) of those placed by it
+    /// and of those who entered after it.
+    pub(super) prequeued: AtomicU64,
+    pub(super) prequeued_places: Mutex<Vec<(u64, u64)>>,
+    pub(super) later_places: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Recorder {
@@ -149,6 +154,9 @@ impl Recorder {
             evicted_seen: AtomicU64::new(0),
             still_waiting: AtomicU64::new(0),
             purchase_attempts: AtomicU64::new(0),
+            prequeued: AtomicU64::new(0),
+            prequeued_places: Mutex::new(Vec::new()),
+            later_places: Mutex::new(Vec::new()),
         }
     }
 }

@@ -206,6 +206,27 @@ pub struct Report {
     pub eta_error_seconds: EtaError,
     /// Growth of Redis `used_memory` per waiting user, at the sample with most users waiting.
     pub redis_bytes_per_waiting_user: Option<f64>,
+    /// With `--opening-in`: the shuffle's effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opening: Option<OpeningFigures>,
+}
+
+/// What a simulated opening did to the order (`--opening-in`): Spearman's rank correlation
+/// between arrival order and place, for the users who gathered in the pre-queue (≈ 0: where
+/// they arrived did not matter) and for those who came after the opening (≈ 1: first come,
+/// first served).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpeningFigures {
+    /// Users whose enter answered PRE_QUEUE.
+    pub prequeued: u64,
+    /// Of them, those who saw their place after the opening (the others were admitted, or
+    /// the run ended, before a poll showed it).
+    pub prequeued_placed: u64,
+    pub prequeued_rank_correlation: Option<f64>,
+    /// Users who entered after the opening with a place in the answer.
+    pub later: u64,
+    pub later_rank_correlation: Option<f64>,
 }
 
 impl Report {
