@@ -1,6 +1,11 @@
 //! `vq loadgen` and `vq batch`, run as real processes against `vq serve` on a real Redis,
-//! plus the purchase contract against a stand-in server (the gate is not on this branch).
-//! These tests assert behaviour and report shape, never speed.
+//! plus the purchase contract against a stand-in server (`stand_in.rs`) and a simulated
+//! sale opening (`opening.rs`). These tests assert behaviour and report shape, never speed.
+
+mod opening;
+mod stand_in;
+
+use self::stand_in::{options, stand_in};
 
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
@@ -266,109 +271,6 @@ async fn sink_counts_every_arrival_in_its_tick_window() {
     assert!(f.max_per_tick >= 2, "{f:?}");
 }
 
-/// What the stand-in server saw of purchase requests: (path, X-User-Id, X-Entry-Token).
-type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
-
-/// A stand-in for vq serve + gate: every enter is admitted at once with a per-user token,
-/// purchase routes record their headers and answer 200 (after forwarding to `upstream`, as
-/// the gate does, when one is given).
-async fn stand_in(upstream: Option<String>) -> (String, Seen) {
-    let seen: Seen = Arc::default();
-    let s = seen.clone();
-    let client = reqwest::Client::new();
-    let app = Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
-        let (s, client, upstream) = (s.clone(), client.clone(), upstream.clone());
-        async move {
-            let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-            if uri.path().starts_with("/virtual-queues/") {
-                let user = h("x-user-id");
-                return format!(
-                    "{{\"status\":\"ADMITTED\",\"position\":null,\"aheadCount\":0,\"etaSeconds\":0,\
-                     \"entryToken\":\"tok-{user}\",\"tokenExpiresAt\":\"2030-01-01T00:00:00Z\"}}"
-                );
-            }
-            s.lock().unwrap().push((uri.path().to_owned(), h("x-user-id"), h("x-entry-token")));
-            if let Some(up) = upstream {
-                client.post(format!("{up}{}", uri.path())).send().await.unwrap();
-            }
-            "{}".to_owned()
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (addr, seen)
-}
-
-fn options(url: String, target: &str) -> Options {
-    Options {
-        url,
-        target: target.parse::<QueueTarget>().unwrap(),
-        users: 20,
-        first_user: 100,
-        arrivals: Arrivals { curve: ArrivalCurve::Constant, rate: 200.0, warmup: Duration::ZERO },
-        duration: Duration::from_secs(1),
-        poll_min: Duration::from_millis(100),
-        poll_max: Duration::from_millis(150),
-        abandon: 0.0,
-        purchase: true,
-        concurrency: 8,
-        leave_at_end: false,
-        batch_size: 100,
-        tick_ms: 2000,
-        seed: 1,
-        follow_poll_after: false,
-        opening_in: None,
-    }
-}
-
-#[tokio::test]
-async fn admitted_users_purchase_on_the_gated_route_with_their_own_token() {
-    for (target, path) in
-        [("limited-drop:9", "/limited-drops/9/orders"), ("ticketing-event:9", "/events/9/seats/select")]
-    {
-        let (url, seen) = stand_in(None).await;
-        let report = vq::loadgen::run(options(url, target), Arc::new(Live::default()), None, None).await;
-        assert_eq!(report.admitted, 20);
-        assert_eq!((report.purchase_attempts, report.purchases), (20, 20));
-        let seen = seen.lock().unwrap().clone();
-        assert_eq!(seen.len(), 20);
-        for (p, user, token) in seen {
-            assert_eq!(p, path);
-            assert_eq!(token, format!("tok-{user}"), "each user sends the token it was given");
-        }
-    }
-}
-
-#[tokio::test]
-async fn purchases_that_reach_the_sink_are_counted_as_downstream_arrivals() {
-    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000).await.unwrap();
-    let (url, _) = stand_in(Some(format!("http://{}", sink.addr))).await;
-    let report = vq::loadgen::run(options(url, "limited-drop:9"), Arc::new(Live::default()), None, Some(&sink)).await;
-    assert_eq!(report.purchases, 20);
-    assert_eq!(report.downstream_total, Some(20));
-    // 60 s windows: all 20 in one window, or split in two if a boundary passed.
-    assert!(report.downstream_max_per_tick.unwrap() >= 10, "{report:?}");
-    assert!(report.downstream_rate_per_sec.unwrap() > 0.0);
-}
-
-/// The batch size and tick in the report are the loaded server's, not loadgen's own config
-/// (which here says 100 per 2000 ms).
-#[tokio::test]
-async fn loadgen_reports_the_batch_size_and_tick_of_the_server_it_loads() {
-    let redis = RedisServer::spawn();
-    let envs = [("VQ_QUEUE__TICK_MS", "1000".to_owned()), ("VQ_QUEUE__BATCH_SIZE", "7".to_owned())];
-    let server = VqProcess::serve(&redis, &envs).await;
-    flag_on(&redis).await;
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let args = loadgen_args(&server.addr, json.to_str().unwrap(), &[]);
-    let out = Command::new(vq_bin()).args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("run loadgen");
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let report = read_json(&json);
-    assert_eq!((report["batchSize"].as_u64(), report["tickMs"].as_u64()), (Some(7), Some(1000)), "{report}");
-}
-
 #[tokio::test]
 async fn unusable_loadgen_input_is_refused_before_the_run() {
     let dead = format!("http://127.0.0.1:{}", free_port());
@@ -489,73 +391,4 @@ async fn a_run_held_back_by_its_own_concurrency_says_the_client_was_the_limit() 
     assert!(why.contains("the figures are the client's limit, not the server's"), "{why}");
     assert!(why.contains("--concurrency 1 slots"), "{why}");
     assert!(report.client.cpu_cores.is_some(), "{:?}", report.client);
-}
-
-/// `--opening-in`: users arriving before the opening gather in the pre-queue and are placed
-/// by the seed's shuffle, so their places do not follow their arrival order; users after the
-/// opening are first come, first served. (The seed is the run's: the figures are the same on
-/// every run, the bounds are loose for n ≈ 300, where chance alone gives |r| ≈ 0.06.)
-#[tokio::test]
-async fn a_simulated_opening_shows_that_arrival_order_does_not_decide_the_pre_queue() {
-    let redis = RedisServer::spawn();
-    let server = VqProcess::serve(&redis, &serve_env()).await;
-    flag_on(&redis).await;
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("opening.json");
-    let out = vq(
-        &redis,
-        &[
-            "loadgen",
-            "--url",
-            &server.addr,
-            "--target",
-            "limited-drop:12",
-            "--users",
-            "400",
-            "--rate",
-            "200",
-            "--arrival",
-            "constant",
-            "--duration",
-            "5",
-            "--opening-in",
-            "1.5",
-            "--poll-min-ms",
-            "300",
-            "--poll-max-ms",
-            "500",
-            "--concurrency",
-            "64",
-            "--quiet",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("arrival vs place, pre-queued (Spearman)"), "{stdout}");
-    let o = &read_json(&json)["opening"];
-    let prequeued = o["prequeued"].as_u64().unwrap();
-    assert!((250..=320).contains(&prequeued), "about 1.5 s × 200/s pre-queued: {o}");
-    assert!(o["prequeuedPlaced"].as_u64().unwrap() >= 200, "{o}");
-    let shuffled = o["prequeuedRankCorrelation"].as_f64().unwrap();
-    assert!(shuffled.abs() < 0.3, "pre-queued places follow arrival order: {o}");
-    assert!(o["later"].as_u64().unwrap() >= 50, "{o}");
-    assert!(o["laterRankCorrelation"].as_f64().unwrap() > 0.9, "after the opening, first come first served: {o}");
-}
-
-/// Without Redis the opening cannot be scheduled: a clear error, not a run without it.
-#[tokio::test]
-async fn an_opening_without_redis_is_a_clear_error() {
-    let redis = RedisServer::spawn();
-    let server = VqProcess::serve(&redis, &serve_env()).await;
-    let out = Command::new(vq_bin())
-        .args(["loadgen", "--url", &server.addr, "--target", "limited-drop:1", "--opening-in", "2", "--quiet"])
-        .env("VQ_REDIS__URL", format!("redis://127.0.0.1:{}", free_port()))
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--opening-in"), "{stderr}");
 }

@@ -1,5 +1,8 @@
 //! Test harness: a real `redis-server` per test on a free loopback port, and `vq serve`
 //! in-process on 127.0.0.1:0 (or as a real process for multi-instance tests).
+//!
+//! One file (over 400 lines): every test module imports its helpers from here, so a newcomer
+//! finds how a test gets Redis, a cluster, an app or a process in one place.
 
 #![allow(dead_code)]
 

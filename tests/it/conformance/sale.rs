@@ -1,0 +1,148 @@
+//! The sale lifecycle on both stores: the pre-queue and the opening order, pause, close,
+//! clear and the ledger, and a close before anyone entered.
+
+use super::*;
+
+/// The sale's schedule in ms from now.
+fn sale_in(opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedule {
+    let now = vq::service::now_epoch_ms();
+    vq::domain::SaleSchedule {
+        opens_at_ms: now + opens_in,
+        prequeue_from_ms: prequeue_from.map(|d| (now as i64 + d) as u64),
+        closes_at_ms: None,
+    }
+}
+
+/// Before the pre-queue: SCHEDULED and nothing recorded; in it: PRE_QUEUE once per user,
+/// counted against the capacity; at the opening the HMAC order of the seed, then first come.
+#[tokio::test]
+async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
+    use std::sync::Arc;
+    use vq::store::ScheduleOutcome;
+    with_both(async |s, _| {
+        let later = sale_in(60_000, Some(30_000));
+        assert!(matches!(s.schedule_sale(t(), later, [3; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
+        assert!(matches!(s.enter(t(), UserId(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
+        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+
+        let schedule = sale_in(700, Some(-1000));
+        let ScheduleOutcome::Scheduled { commitment } = s.schedule_sale(t(), schedule, [4; 32]).await.unwrap() else {
+            panic!("not scheduled")
+        };
+        assert_eq!(commitment, vq::domain::seed_commitment(&[3; 32]), "the first seed is kept");
+        for u in 1..=5 {
+            assert!(matches!(s.enter(t(), UserId(u), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)), "{u}");
+        }
+        assert!(matches!(s.enter(t(), UserId(1), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)));
+        assert!(matches!(s.status(t(), UserId(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)));
+        assert_eq!(s.status(t(), UserId(9), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.enter(t(), UserId(6), &"tok").await.unwrap(), EnterOutcome::Full, "capacity 5");
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!(snap.prequeued, 5);
+        let view = snap.sale.expect("sale");
+        assert_eq!(view.record.state_at(view.now_ms), "pre-queue");
+        assert!(view.record.revealed_seed().is_none());
+
+        tokio::time::sleep(Duration::from_millis(750)).await;
+        s.register_active(t()).await.unwrap();
+        s.set_batch_size(None, Some(2)).await.unwrap();
+        let settings = Arc::new(test_settings(None));
+        let pump = vq::pump::Pump::new(s.clone(), settings, "c".into());
+        next_tick(500).await;
+        let ticks = pump.tick().await.unwrap();
+        assert_eq!(ticks[0].as_ref().unwrap().admit.unwrap().admitted, 2, "the opening tick admits");
+        let view = s.read_sale(t()).await.unwrap().expect("sale");
+        assert_eq!(view.record.revealed_seed(), Some(vq::domain::hex(&[3; 32]).as_str()));
+        assert_eq!(view.record.prequeued, Some(5));
+        let users: Vec<UserId> = (1..=5).map(UserId).collect();
+        let order = vq::domain::opening_order(&[3; 32], &users);
+        for (i, u) in order.iter().enumerate() {
+            match s.status(t(), *u, &"tok").await.unwrap() {
+                StatusOutcome::Admitted(_) => assert!(i < 2, "{u:?} at {i}"),
+                StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (i as u64 + 1, i as u64 - 2), "{u:?}"),
+                other => panic!("{u:?}: {other:?}"),
+            }
+        }
+        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 6, "after the pre-queue");
+        s.set_batch_size(None, None).await.unwrap();
+    })
+    .await;
+}
+
+/// Pause holds admission, resume releases it, close answers CLOSED to all but the admitted,
+/// and the ledger's admissions add up to the admitted count.
+#[tokio::test]
+async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
+    use vq::domain::{LedgerEntry, SaleControl, SaleSource};
+    with_both(async |s, tick| {
+        for u in 1..=4 {
+            s.enter(t(), UserId(u), &"tok").await.unwrap();
+        }
+        assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        assert!(!s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        match s.enter(t(), UserId(4), &"tok").await.unwrap() {
+            EnterOutcome::Waiting(w) => assert!(w.paused),
+            other => panic!("{other:?}"),
+        }
+        next_tick(tick).await;
+        let a = s.admit(t(), 3, tick).await.unwrap();
+        assert_eq!((a.advanced, a.admitted), (false, 0), "paused");
+        assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
+        let a = s.admit(t(), 3, tick).await.unwrap();
+        assert_eq!(a.admitted, 3);
+        let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
+        assert!(s.control_sale(t(), close).await.unwrap());
+        match s.status(t(), UserId(4), &"tok").await.unwrap() {
+            StatusOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Sold out")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(s.enter(t(), UserId(9), &"tok").await.unwrap(), EnterOutcome::Closed(_)));
+        // A user the queue never saw (or forgot) is told the sale is closed, not to enter again.
+        assert!(matches!(s.status(t(), UserId(99), &"tok").await.unwrap(), StatusOutcome::Closed(_)), "unknown user");
+        assert_eq!(s.status(t(), UserId(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        next_tick(tick).await;
+        assert_eq!(s.admit(t(), 3, tick).await.unwrap().admitted, 0, "closed");
+        let ledger = s.sale_ledger(t()).await.unwrap();
+        let kinds: Vec<&str> = ledger
+            .iter()
+            .map(|e| match e {
+                LedgerEntry::Admission { .. } => "admission",
+                LedgerEntry::Opening { .. } => "opening",
+                LedgerEntry::Pause { .. } => "pause",
+                LedgerEntry::Resume { .. } => "resume",
+                LedgerEntry::Close { .. } => "close",
+                LedgerEntry::Clear { .. } => "clear",
+            })
+            .collect();
+        assert_eq!(kinds, ["close", "admission", "resume", "pause"]);
+        let snap = s.snapshot(t()).await.unwrap();
+        assert_eq!(vq::domain::ledger_admitted(&ledger), snap.admitted_total);
+        assert!(s.control_sale(t(), SaleControl::Clear).await.unwrap());
+        assert_eq!(seq(s.enter(t(), UserId(10), &"tok").await.unwrap()), 5, "cleared: always open");
+    })
+    .await;
+}
+
+/// A sale closed before anyone entered: an enter and a poll of a user the target never saw
+/// are both told CLOSED, with the message, on both stores.
+#[tokio::test]
+async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both_stores() {
+    use vq::domain::{SaleControl, SaleSource};
+    use vq::store::ScheduleOutcome;
+    with_both(async |s, _| {
+        let schedule = sale_in(60_000, Some(-1000));
+        assert!(matches!(s.schedule_sale(t(), schedule, [5; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
+        let close = SaleControl::Close { message: "Cancelled".into(), source: SaleSource::Command };
+        assert!(s.control_sale(t(), close).await.unwrap());
+        match s.status(t(), UserId(42), &"tok").await.unwrap() {
+            StatusOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
+            other => panic!("poll: {other:?}"),
+        }
+        match s.enter(t(), UserId(42), &"tok").await.unwrap() {
+            EnterOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
+            other => panic!("enter: {other:?}"),
+        }
+        assert_eq!(s.snapshot(t()).await.unwrap().waiting, 0, "nobody recorded");
+    })
+    .await;
+}
