@@ -100,16 +100,31 @@ async fn a_page_opened_before_the_pre_queue_joins_it_by_itself() {
     assert_eq!(store.snapshot(target()).await.unwrap().prequeued, 1, "the page entered once the pre-queue opened");
 }
 
-#[tokio::test]
-async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
+/// A paused sale and a buyer `user` waiting on the page: nobody is admitted until the test
+/// resumes or closes it. `None` when the browser tests are skipped.
+struct Paused {
+    _redis: RedisServer,
+    _app: TestApp,
+    shop: String,
+    store: AnyStore,
+    browser: Browser,
+}
+
+async fn paused_page(user: u64) -> Option<Paused> {
     let redis = RedisServer::spawn();
     let (app, shop) = page_app(&redis, |_| {}).await;
     flag_on(&redis).await;
     let store = open_store(&test_settings(Some(&redis)));
     assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
-    let Some(browser) = Browser::start().await else { return };
-    browser.goto(&app.url("/waiting-room/limited-drop/42?user=23")).await;
+    let browser = Browser::start().await?;
+    browser.goto(&app.url(&format!("/waiting-room/limited-drop/42?user={user}"))).await;
     browser.wait_status("WAITING", 20).await;
+    Some(Paused { _redis: redis, _app: app, shop, store, browser })
+}
+
+#[tokio::test]
+async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
+    let Some(Paused { store, browser, shop, _redis, _app }) = paused_page(23).await else { return };
     let m = wait_message(&browser, 10, |m| m.contains("paused")).await;
     assert_eq!(m, "The sale is paused — you keep your place.");
     assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
@@ -119,15 +134,8 @@ async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
 
 #[tokio::test]
 async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
-    let redis = RedisServer::spawn();
-    let (app, _) = page_app(&redis, |_| {}).await;
-    flag_on(&redis).await;
-    let store = open_store(&test_settings(Some(&redis)));
     // Paused, so the buyer waits until the close reaches them.
-    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
-    let Some(browser) = Browser::start().await else { return };
-    browser.goto(&app.url("/waiting-room/limited-drop/42?user=24")).await;
-    browser.wait_status("WAITING", 20).await;
+    let Some(Paused { store, browser, _redis, _app, .. }) = paused_page(24).await else { return };
     let text = "<b>Sold</b> out & thanks";
     let close = SaleControl::Close { message: text.into(), source: SaleSource::Command };
     assert!(store.control_sale(target(), close).await.unwrap());
@@ -146,14 +154,7 @@ async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
 /// a worker) and keeps the place; back in front, the page goes on.
 #[tokio::test]
 async fn a_page_in_a_background_tab_keeps_polling_and_its_place() {
-    let redis = RedisServer::spawn();
-    let (app, shop) = page_app(&redis, |_| {}).await;
-    flag_on(&redis).await;
-    let store = open_store(&test_settings(Some(&redis)));
-    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
-    let Some(browser) = Browser::start().await else { return };
-    browser.goto(&app.url("/waiting-room/limited-drop/42?user=25")).await;
-    browser.wait_status("WAITING", 20).await;
+    let Some(Paused { store, browser, shop, _redis, _app }) = paused_page(25).await else { return };
     browser
         .eval(
             "window.vqSeen = []; window.vqHiddenCalls = 0;
