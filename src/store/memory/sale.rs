@@ -226,6 +226,31 @@ pub(super) fn ledger(inner: &Inner, target: QueueTarget) -> Vec<LedgerEntry> {
     inner.sales.get(&target).map(|s| s.ledger.iter().cloned().collect()).unwrap_or_default()
 }
 
+/// The sale's gate for a user of `target`: `None` without a sale or for an admitted user;
+/// `capacity` is the enter's bound (`None`: a poll, which records nobody new).
+fn gate_of(
+    inner: &mut Inner,
+    target: QueueTarget,
+    user: UserId,
+    now: u64,
+    capacity: Option<u64>,
+    ttl_ms: u64,
+) -> Option<Gate> {
+    if !inner.sales.contains_key(&target) {
+        return None;
+    }
+    let (known, mark) =
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
+    Some(match known {
+        Some(seq) if seq <= mark => return None,
+        Some(_) => gate_waiting(inner, target, now, ttl_ms),
+        None => {
+            let entering = capacity.is_some();
+            gate_newcomer(inner, target, user, now, entering, capacity.unwrap_or(u64::MAX), ttl_ms)
+        }
+    })
+}
+
 /// The sale's answer to an enter that found no stored token, if it keeps the user out of the
 /// queue (`None`: on into the queue as without a sale).
 pub(super) fn enter_gate(
@@ -237,17 +262,7 @@ pub(super) fn enter_gate(
     ttl_ms: u64,
 ) -> Option<crate::store::EnterOutcome> {
     use crate::store::EnterOutcome;
-    if !inner.sales.contains_key(&target) {
-        return None;
-    }
-    let (known, mark) =
-        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
-    let gate = match known {
-        Some(seq) if seq <= mark => return None,
-        Some(_) => gate_waiting(inner, target, now, ttl_ms),
-        None => gate_newcomer(inner, target, user, now, true, max_capacity, ttl_ms),
-    };
-    match gate {
+    match gate_of(inner, target, user, now, Some(max_capacity), ttl_ms)? {
         Gate::PreQueue(n) => Some(EnterOutcome::PreQueue(n)),
         Gate::Scheduled(n) => Some(EnterOutcome::Scheduled(n)),
         Gate::Closed(n) => Some(EnterOutcome::Closed(n)),
@@ -265,17 +280,7 @@ pub(super) fn status_gate(
     ttl_ms: u64,
 ) -> Option<crate::store::StatusOutcome> {
     use crate::store::StatusOutcome;
-    if !inner.sales.contains_key(&target) {
-        return None;
-    }
-    let (known, mark) =
-        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
-    let gate = match known {
-        Some(seq) if seq <= mark => return None,
-        Some(_) => gate_waiting(inner, target, now, ttl_ms),
-        None => gate_newcomer(inner, target, user, now, false, u64::MAX, ttl_ms),
-    };
-    match gate {
+    match gate_of(inner, target, user, now, None, ttl_ms)? {
         Gate::PreQueue(n) => Some(StatusOutcome::PreQueue(n)),
         Gate::Closed(n) => Some(StatusOutcome::Closed(n)),
         Gate::Scheduled(_) | Gate::Full | Gate::Queue => None,
