@@ -249,9 +249,12 @@ async fn stats_are_served_per_target() {
 #[tokio::test]
 async fn answers_pace_polls_and_are_never_cached() {
     let redis = RedisServer::spawn();
+    // A Redis answer later than redis.timeout_ms fails open (200): on a loaded machine that
+    // would turn the 429 below into a 200; this test is about headers, not fail-open.
     let app = app_with_queue_on(&redis, |s| {
         s.queue.batch_size = 10;
         s.queue.max_capacity = 2000;
+        s.redis.timeout_ms = 5000;
     })
     .await;
     let no_store =
