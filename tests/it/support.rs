@@ -264,8 +264,14 @@ pub fn test_settings(redis: Option<&RedisServer>) -> Settings {
     s.queue.tick_ms = 500;
     s.queue.batch_size = 10;
     s.flag.refresh_ms = 100;
+    s.redis.timeout_ms = TEST_REDIS_TIMEOUT_MS;
     s
 }
+
+/// `redis.timeout_ms` of the tests' apps and processes: under the whole suite on two cores a
+/// healthy Redis call can take longer than the default 250 ms, and a request would then fail
+/// open where a test expects the queue. Tests of fail-open on a slow Redis set their own.
+pub const TEST_REDIS_TIMEOUT_MS: u64 = 2000;
 
 pub fn open_store(settings: &Settings) -> AnyStore {
     match settings.store {
@@ -411,7 +417,7 @@ impl VqProcess {
     /// Starts `vq serve` on a free port with the test secret and the given env, and waits
     /// until /healthz answers.
     pub async fn serve(redis: &RedisServer, envs: &[(&str, String)]) -> Self {
-        let mut all = vec![("VQ_REDIS__URL", redis.url())];
+        let mut all = vec![("VQ_REDIS__URL", redis.url()), ("VQ_REDIS__TIMEOUT_MS", TEST_REDIS_TIMEOUT_MS.to_string())];
         all.extend(envs.iter().cloned());
         Self::serve_env(&all).await
     }
