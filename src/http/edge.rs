@@ -1,5 +1,8 @@
 //! What every request meets first, in one layer (each layer costs allocations per request):
 //!
+//! - Every request is timed by route template and status (`virtual_queue_http_request_duration_seconds`):
+//!   the matched route (vq's own, or the gated route the gate sets on its response as
+//!   [`RouteLabel`]), never the raw path; other forwarded paths are `unmatched`.
 //! - `X-User-Id` or `X-Entry-Token` sent twice is refused on every route (400): servers behind
 //!   vq read one value or join them, and vq must not decide on another than they use.
 //!   `/gate/verify` answers 403 for it itself (nginx turns a 400 into a 500).
@@ -10,13 +13,20 @@
 //!   refuses to hand the answer to the page).
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
+use crate::metrics;
+
+/// The route template of a gated purchase, set on its response by the gate, which has matched
+/// the canonical path already.
+#[derive(Clone)]
+pub struct RouteLabel(pub Arc<str>);
 
 /// The allowed origins, lower-case.
 pub struct Cors(Vec<String>);
@@ -56,6 +66,16 @@ fn is_api(path: &str) -> bool {
 }
 
 pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let resp = edge(&cors, req, next).await;
+    let gated = resp.extensions().get::<RouteLabel>();
+    let route = matched.as_ref().map(MatchedPath::as_str).or(gated.map(|l| &*l.0)).unwrap_or("unmatched");
+    metrics::http_request(route, resp.status().as_u16(), started.elapsed());
+    resp
+}
+
+async fn edge(cors: &Cors, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if let Some(name) = repeated_identity(req.headers())
         && path != "/gate/verify"

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::metrics::RouteLabel;
+use super::edge::RouteLabel;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, SettingError};
 use crate::gate::{CanonicalPath, GateRoutes};

@@ -50,6 +50,5 @@ pub fn router(state: SharedState, cors: Arc<edge::Cors>) -> Router {
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(cors, edge::layer))
-        .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }
