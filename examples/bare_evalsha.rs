@@ -4,6 +4,8 @@
 //!
 //! Every path and method gets that handler, so wrk's enter and poll scripts can be sent to it
 //! too: the same calibration under the requests vq gets (their client-side cost included).
+//! `GET /no-redis` answers without Redis: the cost of HTTP alone on this machine, the floor
+//! under any request whatever the server does with it.
 //!
 //! Usage: cargo run --release --example bare_evalsha -- REDIS_URL LISTEN_ADDR
 
@@ -27,7 +29,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => e.to_string(),
         }
     }
-    let app = Router::new().route("/", get(handler)).fallback(handler).with_state(conn);
+    let app = Router::new()
+        .route("/", get(handler))
+        .route("/no-redis", get(|| async { "1" }))
+        .fallback(handler)
+        .with_state(conn);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     axum::serve(listener, app).await?;
     Ok(())

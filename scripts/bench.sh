@@ -21,8 +21,10 @@
 #       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
 #   scripts/bench.sh [wrk] [SECONDS] [CONNECTIONS]
 #       wrk -t2 against enter and poll (SECONDS default DURATION or 10, 64 connections), next
-#       to the calibration: a bare axum handler doing one EVALSHA ("return 1") per request
-#       (examples/bare_evalsha.rs), the ceiling of any Redis-backed handler here, also run
+#       to the HTTP floor (the same bare axum server answering without Redis: what HTTP
+#       alone costs here) and the calibration: a bare axum handler doing one EVALSHA
+#       ("return 1") per request (examples/bare_evalsha.rs), the ceiling of any Redis-backed
+#       handler here, also run
 #       under the very requests of each run (the same wrk script, path and headers, so the
 #       client's share of the cost is the same). Each round on a target of its own (the
 #       polled queue has the same size every round); polls go through the queue in entry
@@ -251,6 +253,8 @@ wrk_scenario() {
     rps=$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out")
     LAST_RPS=$rps
     calls=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
+    # The floor makes no script calls (what Redis counts then is vq's own background work).
+    [[ "$name" != "HTTP floor"* ]] || calls=0
     read -r p50 p95 p99 < <(awk '/^percentiles us:/ {printf "%.2f %.2f %.2f\n", $3 / 1000, $4 / 1000, $5 / 1000}' <<<"$out")
     local share="-" same_share="-" five="-"
     [ -z "$base" ] || share=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.0f", 100 * a / b}')
@@ -266,6 +270,7 @@ wrk_scenario() {
   local round base same entered
   for round in $(seq "$rounds"); do
     wrk_args=()
+    measured "HTTP floor (no Redis)" "$bpid" "$bport" "" "" -s scripts/wrk/floor.lua
     measured calibration "$bpid" "$bport" "" "" -s scripts/wrk/base.lua
     base=$LAST_RPS
     wrk_args=(2 "$round")
