@@ -61,8 +61,9 @@ pub struct RedisSettings {
     pub url: RedisUrl,
     /// Comma-separated `redis://host:port`; set = Redis Cluster mode.
     pub cluster_nodes: Option<String>,
-    /// Bound on all of a request's Redis work (and on each command), so a dead or stalled
-    /// Redis cannot hang requests: past it, enter and poll fail open.
+    /// A request's Redis work, so a dead or stalled Redis cannot hang requests: past it, enter
+    /// and poll fail open, unless Redis answered other calls of this instance within the last
+    /// second (the instance is busy, not Redis dead: the request waits on, up to 5 s).
     pub timeout_ms: u64,
 }
 

@@ -28,12 +28,18 @@ pub(super) struct Degraded {
     logs: [(Mutex<Option<Instant>>, AtomicU64); 2],
     /// Epoch ms before which enter/poll/gate do not call the store (0 = call it).
     skip_until_ms: AtomicU64,
+    /// Epoch ms of the last answer of the store (0 = none yet).
+    answered_ms: AtomicU64,
 }
 
 impl Degraded {
     pub(super) fn new() -> Self {
         crate::metrics::register_store_errors(&StoreErrorKind::ALL.map(StoreErrorKind::label));
-        Self { logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))), skip_until_ms: AtomicU64::new(0) }
+        Self {
+            logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))),
+            skip_until_ms: AtomicU64::new(0),
+            answered_ms: AtomicU64::new(0),
+        }
     }
 
     pub(super) fn skipping(&self) -> bool {
@@ -44,6 +50,19 @@ impl Degraded {
     /// The store answered (the flag refresher's probe): requests use it again at once.
     pub(super) fn store_answers(&self) {
         self.skip_until_ms.store(0, Ordering::Relaxed);
+        self.answered();
+    }
+
+    /// A store call of this instance got its answer.
+    pub(super) fn answered(&self) {
+        self.answered_ms.store(now_epoch_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether the store answered a call of this instance within `window`: it is serving,
+    /// and a call still waiting waits behind the others, not on a dead or stalled store.
+    pub(super) fn answering_within(&self, window: Duration) -> bool {
+        let at = self.answered_ms.load(Ordering::Relaxed);
+        at != 0 && now_epoch_ms().saturating_sub(at) < window.as_millis() as u64
     }
 
     /// A request that failed open without calling the store.

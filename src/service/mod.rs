@@ -37,6 +37,10 @@ use crate::token::{self, EntryToken, Secret};
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
 /// dropped it between its keys expiring and a new entry.
 const REGISTER_EVERY: Duration = Duration::from_secs(5);
+/// Past `redis.timeout_ms`, a request waits on only while the store answered another call of
+/// this instance within this long (or within the timeout, if longer): a store silent for a
+/// second is taken for dead or stalled, and requests fail open.
+const STORE_SILENT_MS: u64 = 1000;
 
 pub use crate::clock::now_epoch_ms;
 
@@ -113,10 +117,33 @@ impl QueueService {
 
     /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many
     /// commands it takes (an enter that finds the user admitted is two scripts) and however
-    /// long it queued for a shared call. Past it the request fails open; the store takes a
-    /// user told DIRECT_ADMITTED out of the queue if the late call gave them a place.
+    /// long it queued for a shared call. Past it the request goes on waiting only while the
+    /// store answers other calls of this instance (within the last [`STORE_SILENT_MS`] or
+    /// the timeout, whichever is longer): then this instance is busy, not Redis dead, and
+    /// the request waits behind the others, up to [`crate::store::BUSY_WAIT_MAX`] in all.
+    /// Otherwise it fails open; the store takes a user told DIRECT_ADMITTED out of the queue
+    /// if the late call gave them a place.
     async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-        tokio::time::timeout(self.settings.redis_timeout(), work).await.unwrap_or(Err(StoreError::Timeout))
+        let timeout = self.settings.redis_timeout();
+        let silent = timeout.max(Duration::from_millis(STORE_SILENT_MS));
+        let started = tokio::time::Instant::now();
+        let mut deadline = started + timeout;
+        tokio::pin!(work);
+        let result = loop {
+            match tokio::time::timeout_at(deadline, &mut work).await {
+                Ok(result) => break result,
+                Err(_)
+                    if self.degraded.answering_within(silent) && deadline - started < crate::store::BUSY_WAIT_MAX =>
+                {
+                    deadline += timeout;
+                }
+                Err(_) => break Err(StoreError::Timeout),
+            }
+        };
+        if result.is_ok() {
+            self.degraded.answered();
+        }
+        result
     }
 
     fn now_s() -> u64 {

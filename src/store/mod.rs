@@ -14,6 +14,7 @@ mod memory;
 mod redis;
 
 use std::future::Future;
+use std::time::Duration;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
@@ -32,6 +33,12 @@ pub struct StoreLimits {
     /// Lifetime of the stored token key (= the token's own lifetime).
     pub token_ttl_s: u64,
 }
+
+/// The longest a request waits for a store that is answering other calls of its instance
+/// (an instance busier than `redis.timeout_ms` allows, see `QueueService::bounded`); also each
+/// Redis command's own response timeout, so a command that queued behind others is not cut
+/// short while its request still waits.
+pub const BUSY_WAIT_MAX: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {

@@ -93,3 +93,39 @@ async fn enters_during_a_stall_fail_open_and_leave_no_place_behind() {
     let waiting: u64 = c.zcard("queue:{LIMITED_DROP:1}:waiting").await.unwrap();
     assert_eq!(waiting, 1, "user 1, who entered before the stall, keeps their place");
 }
+
+/// The flash sale's own load: this instance has more requests than it can get through Redis
+/// within `redis.timeout_ms`, while Redis answers every call. Buyers wait for their place; the
+/// instance does not take that for a dead Redis and let them all in (DIRECT_ADMITTED, with
+/// the gate unpaced) — which on a saturated machine turned tens of thousands of buyers of a
+/// sale straight into buyers of the purchase API.
+#[tokio::test]
+async fn an_instance_slower_than_its_redis_timeout_keeps_buyers_queued_while_redis_answers() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    // The smallest timeout there is: 800 enters at a time (4000 in all) take far longer than
+    // it to go through two script calls of at most 128 users at a time.
+    s.redis.timeout_ms = 10;
+    let app = std::sync::Arc::new(spawn_app(s, false).await);
+    flag_on(&redis).await;
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(800));
+    let mut tasks = Vec::new();
+    for u in 1..=4000u64 {
+        let (app, in_flight) = (app.clone(), in_flight.clone());
+        tasks.push(tokio::spawn(async move {
+            let _slot = in_flight.acquire().await.unwrap();
+            let v: Value = app.json(app.enter("limited-drop/1", u).await).await;
+            v["status"].as_str().unwrap_or("?").to_string()
+        }));
+    }
+    let mut statuses = std::collections::BTreeMap::<String, u64>::new();
+    for t in tasks {
+        *statuses.entry(t.await.unwrap()).or_default() += 1;
+    }
+    assert_eq!(statuses.get("WAITING"), Some(&4000), "while Redis answered: {statuses:?}");
+    let mut c = redis.conn().await;
+    let waiting: u64 = c.zcard("queue:{LIMITED_DROP:1}:waiting").await.unwrap();
+    assert_eq!(waiting, 4000);
+    // And the instance serves from the queue afterwards (no fail-open window left open).
+    assert_eq!(app.json(app.enter("limited-drop/1", 5000).await).await["status"], "WAITING");
+}

@@ -2,7 +2,6 @@
 //! user queued for it (see `store::coalesce`), and its reply is split into per-user answers.
 
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 use tokio::sync::oneshot;
@@ -20,11 +19,11 @@ impl RedisStore {
     /// One user's enter or poll, sent with whatever else is queued for the same target.
     pub(super) async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
-            let (conn, limits, timeout) = (self.conn.clone(), self.limits, self.timeout);
-            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, timeout, op, target, jobs))
+            let (conn, limits) = (self.conn.clone(), self.limits);
+            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, op, target, jobs))
         });
         let (reply, answer) = oneshot::channel();
-        let job = Job { user, queued: Instant::now(), reply };
+        let job = Job { user, reply };
         if lanes.submit((op, target), job).is_err() {
             return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
         }
@@ -61,7 +60,6 @@ pub(super) enum Op {
 /// One user's enter or poll, waiting for its answer.
 pub(super) struct Job {
     user: UserId,
-    queued: Instant,
     reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
@@ -79,17 +77,17 @@ pub(super) enum Answer {
 }
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
-/// answers each job. A job that already waited longer than a command may take, or whose
-/// caller gave up, is answered with a timeout instead (its caller fails open), so a stalled
-/// Redis cannot pile them up.
+/// answers each job. A job whose caller gave up (its request failed open: Redis did not
+/// answer for too long, `QueueService::bounded`) is left out, so a stalled Redis cannot pile
+/// them up; a job that only waited long behind other calls goes out (this instance is busy,
+/// Redis is not dead).
 ///
 /// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
 /// whose answer came too late and gave them a place (or whose call timed out, and so may
 /// still run) are taken out again with `leave.lua`, sent on the same connection after the
 /// call, so Redis runs it after the call whatever the stall was.
-async fn execute(conn: Conn, limits: StoreLimits, timeout: Duration, op: Op, target: QueueTarget, jobs: Vec<Job>) {
-    let (stale, jobs): (Vec<Job>, Vec<Job>) =
-        jobs.into_iter().partition(|j| j.queued.elapsed() > timeout || j.reply.is_closed());
+async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, jobs: Vec<Job>) {
+    let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
     }

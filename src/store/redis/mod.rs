@@ -43,8 +43,8 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening, QueueStore, SaleView,
-    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening,
+    QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
@@ -56,7 +56,6 @@ use crate::domain::{
 pub struct RedisStore {
     conn: Conn,
     limits: StoreLimits,
-    timeout: Duration,
     /// Enters and polls go out coalesced per target (see [`Coalescer`]); started at first use,
     /// on the runtime of the caller.
     lanes: Arc<OnceLock<Coalescer<(Op, QueueTarget), Job>>>,
@@ -64,16 +63,18 @@ pub struct RedisStore {
 
 impl RedisStore {
     /// Connects lazily: `vq serve` starts (and fails open) even while Redis is down, and the
-    /// manager reconnects by itself. `timeout` bounds every command on the request path.
+    /// manager reconnects by itself. `timeout` bounds connecting; a command's answer may take
+    /// up to [`BUSY_WAIT_MAX`] (the request path decides when to stop waiting:
+    /// `QueueService::bounded`).
     pub fn connect(url: &str, limits: StoreLimits, timeout: Duration) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout.max(BUSY_WAIT_MAX)))
             .set_connection_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self { conn: Conn::Single(conn), limits, timeout, lanes: Arc::default() })
+        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default() })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -82,13 +83,13 @@ impl RedisStore {
     pub fn connect_cluster(nodes: &[String], limits: StoreLimits, timeout: Duration) -> Result<Self, StoreError> {
         let client = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout)
-            .response_timeout(timeout)
+            .response_timeout(timeout.max(BUSY_WAIT_MAX))
             // Redirections (MOVED/ASK after a resharding) need a retry or two within the bound.
-            .overall_response_timeout(Some(timeout * 2))
+            .overall_response_timeout(Some(timeout.max(BUSY_WAIT_MAX) * 2))
             .retries(2)
             .build()?;
         let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
-        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, timeout, lanes: Arc::default() })
+        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default() })
     }
 
     fn conn(&self) -> Conn {
