@@ -126,6 +126,21 @@ async fn an_instance_slower_than_its_redis_timeout_keeps_buyers_queued_while_red
     let mut c = redis.conn().await;
     let waiting: u64 = c.zcard("queue:{LIMITED_DROP:1}:waiting").await.unwrap();
     assert_eq!(waiting, 4000);
+    // Their polls, all at once too (the first poll of a user near the front asks Redis).
+    let mut tasks = Vec::new();
+    for u in 1..=4000u64 {
+        let (app, in_flight) = (app.clone(), in_flight.clone());
+        tasks.push(tokio::spawn(async move {
+            let _slot = in_flight.acquire().await.unwrap();
+            let v: Value = app.json(app.poll("limited-drop/1", u).await).await;
+            v["status"].as_str().unwrap_or("?").to_string()
+        }));
+    }
+    let mut polled = std::collections::BTreeMap::<String, u64>::new();
+    for t in tasks {
+        *polled.entry(t.await.unwrap()).or_default() += 1;
+    }
+    assert_eq!(polled.get("WAITING"), Some(&4000), "polls while Redis answered: {polled:?}");
     // And the instance serves from the queue afterwards (no fail-open window left open).
     assert_eq!(app.json(app.enter("limited-drop/1", 5000).await).await["status"], "WAITING");
 }
