@@ -35,8 +35,7 @@
 -- written (sale_place.lua), while paused, or once closed; such a tick is not used up
 -- (advanced 0, last_tick unchanged). The first call at or after `opens_at` freezes the
 -- pre-queue as enter.lua does; the first at or after `closes_at` closes the sale and records it.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local tick = math.floor(now / tonumber(ARGV[2]))
 local ttl = tonumber(ARGV[3])
 local mark = tonumber(redis.call('GET', KEYS[2]) or '0')

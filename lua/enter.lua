@@ -25,9 +25,8 @@
 --                                    given it its order (sale_place.lua)
 -- ARGV[1] max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key ttl seconds (sliding)
--- ARGV[3] now, epoch ms, from the calling instance's clock (heartbeat and entry time; the
---         admission tick uses Redis' own TIME in admit.lua)
--- ARGV[3+i] user i
+-- ARGV[2+i] user i
+-- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING   a = seq, b = users ahead still waiting
 --   ADMITTED  a = token (issued before)
@@ -45,15 +44,15 @@
 -- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
 -- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
-local n = #ARGV - 3
+local n = #ARGV - 2
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
 local mark = tonumber(st[1] or '0')
 local batch = tonumber(st[2] or '0')
 local max = tonumber(ARGV[1])
-local now = ARGV[3]
+local now = now_ms()
 local saleKey, preKey, openKey = KEYS[8 + n], KEYS[9 + n], KEYS[10 + n]
-local phase, sale, clock = sale_phase(saleKey)
+local phase, sale = sale_phase(saleKey, now)
 if phase == P_OPENING and not sale[7] then
   -- The opening: freeze the pre-queue once; its users get seqs base+1 .. base+N.
   local base = tonumber(st[3] or '0')
@@ -62,15 +61,15 @@ if phase == P_OPENING and not sale[7] then
     redis.call('RENAME', preKey, openKey)
   end
   redis.call('SET', KEYS[3], base + frozen, 'EX', tonumber(ARGV[2]))
-  redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', clock)
+  redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
   st[3] = tostring(base + frozen)
   sale[7] = tostring(frozen)
 end
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 4, 3 + n))
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
 -- In the pre-queue (or the frozen one): pre[i] is set when user i is in it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, 4, 3 + n))
+  pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, 3, 2 + n))
 end
 local prequeued = 0
 if phase == P_PRE_QUEUE then
@@ -85,7 +84,7 @@ local above
 -- call gets the first answer twice.
 local out, first, beats, fresh = {mark, batch}, {}, {}, {}
 for i = 1, n do
-  local user = ARGV[3 + i]
+  local user = ARGV[2 + i]
   local o, j = 3 * i, first[user]
   if j then
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
@@ -138,7 +137,7 @@ if nfresh > 0 then
   local adds, refresh = {}, false
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
-    local user = ARGV[3 + i]
+    local user = ARGV[2 + i]
     out[3 * i + 1] = seq
     adds[2 * j - 1], adds[2 * j] = seq, user
     beats[#beats + 1], beats[#beats + 2] = now, user
@@ -155,7 +154,7 @@ if nfresh > 0 then
   end
   -- Duplicates of a new user were copied before their seq was known.
   for i = 1, n do
-    local j = first[ARGV[3 + i]]
+    local j = first[ARGV[2 + i]]
     if j ~= i then
       out[3 * i + 1] = out[3 * j + 1]
     end

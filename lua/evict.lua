@@ -12,8 +12,7 @@
 -- ARGV[2] max users to evict in this call
 -- ARGV[3] key ttl seconds
 -- returns the number of users evicted
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local cutoff = now - tonumber(ARGV[1])
 local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff, 'LIMIT', 0, tonumber(ARGV[2]))
 if #stale == 0 then

@@ -12,8 +12,7 @@
 -- ARGV[5] "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
 -- ARGV[6] the flag the instance applies, one line for the operator (e.g. "on 100%")
 -- returns 1
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], ARGV[1],
   ARGV[2] .. ':' .. ARGV[3] .. ':' .. string.format('%.0f', now + ttl) .. ':' .. ARGV[5] .. ':' .. ARGV[6])

@@ -3,8 +3,7 @@
 -- KEYS[1] virtual-queue:acks   HASH instance ->
 --                              "version:applied_at_ms:expires_at_ms[:missing:state]"
 -- returns {instance, "version:applied_at_ms[:missing:state]", instance, ...} of live instances
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local all = redis.call('HGETALL', KEYS[1])
 local live = {}
 for i = 1, #all, 2 do

@@ -17,8 +17,7 @@
 -- returns {1, ms until the reserved tick starts, ms until it ends} with a reserved place (by
 -- Redis' clock: the gate forwards only inside that window, else reserves again), or
 -- {0, ms until the next tick} when full
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local tick_ms = tonumber(ARGV[1])
 local budget = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
 local first = math.floor((now + tonumber(ARGV[3])) / tick_ms)

@@ -1,5 +1,12 @@
--- prelude.lua: what enter.lua, status.lua and issue.lua share, written once. vq sends it in
--- front of each of them (src/store/redis/scripts.rs); Redis scripts cannot load one another.
+-- prelude.lua: what the scripts share, written once. vq sends it in front of every script
+-- (src/store/redis/scripts.rs); Redis scripts cannot load one another.
+--
+-- One clock: every time a script compares or stores (heartbeats, entry times, ticks, the
+-- sale's instants, expiries) is Redis' own TIME, never an instance's clock.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 --
 -- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
 local WAITING = 1
@@ -27,30 +34,28 @@ local function stored_token(tok)
   return tok
 end
 
--- The sale's hash and its phase by Redis' clock: NO_SALE without a schedule or a close;
--- P_OPENING once `opens_at` has passed and before the opening has placed everyone (enter.lua
--- and admit.lua freeze the pre-queue then; status.lua never does). Also Redis' clock in ms.
-local function sale_phase(saleKey)
+-- The sale's hash and its phase at `clock` (now_ms()): NO_SALE without a schedule or a
+-- close; P_OPENING once `opens_at` has passed and before the opening has placed everyone
+-- (enter.lua and admit.lua freeze the pre-queue then; status.lua never does).
+local function sale_phase(saleKey, clock)
   if not saleKey then
-    return NO_SALE, nil, nil
+    return NO_SALE, nil
   end
   local sale = redis.call('HMGET', saleKey, 'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at')
   if not (sale[1] or sale[3] or sale[5]) then
-    return NO_SALE, sale, nil
+    return NO_SALE, sale
   end
-  local t = redis.call('TIME')
-  local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local opens = tonumber(sale[1] or '0')
   if sale[5] == '1' or (sale[3] and clock >= tonumber(sale[3])) then
-    return P_CLOSED, sale, clock
+    return P_CLOSED, sale
   elseif opens == 0 or sale[8] then
-    return P_OPEN, sale, clock
+    return P_OPEN, sale
   elseif clock < tonumber(sale[2] or sale[1]) then
-    return P_SCHEDULED, sale, clock
+    return P_SCHEDULED, sale
   elseif clock < opens then
-    return P_PRE_QUEUE, sale, clock
+    return P_PRE_QUEUE, sale
   end
-  return P_OPENING, sale, clock
+  return P_OPENING, sale
 end
 
 -- The stored tokens of the users not waiting (admitted before, new or unknown), in one MGET:

@@ -12,8 +12,7 @@
 -- ARGV[4] key ttl seconds
 -- ARGV[5] ledger rows kept
 -- returns 1 when the state changed, 0 when it already was so (nothing recorded)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[4])
 local action, source = ARGV[1], ARGV[2]
 local row

@@ -51,8 +51,7 @@ if #ARGV >= 5 then
   redis.call('EXPIRE', KEYS[4], ttl)
 end
 if ARGV[1] == '1' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = now_ms()
   redis.call('HSET', KEYS[5], 'opened_at', now)
   redis.call('UNLINK', KEYS[6])
   redis.call('LPUSH', KEYS[7], 'open|' .. now .. '|' .. s[1] .. '|' .. (s[3] or '') .. '|' .. (s[4] or ''))

@@ -4,8 +4,7 @@
 -- KEYS[2] queue:{T}:prequeue   ZSET pre-queued users
 -- KEYS[3] queue:{T}:opening    ZSET the frozen pre-queue, until its order is written
 -- returns {now ms, pre-queued users, then the hash's field, value pairs}
-local t = redis.call('TIME')
-local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
+local out = {now_ms(),
   redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])}
 for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do
   out[#out + 1] = v

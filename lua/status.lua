@@ -18,8 +18,7 @@
 -- KEYS[6+n] queue:{T}:sale           HASH the sale (optional, with the next two)
 -- KEYS[7+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
 -- KEYS[8+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
--- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat)
--- ARGV[1+i] user i
+-- ARGV[i] user i (heartbeats are Redis' TIME)
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING       a = seq, b = users ahead still waiting
 --   ADMITTED      a = token (issued before)
@@ -34,25 +33,25 @@
 -- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
 -- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
 -- waits).
-local n = #ARGV - 1
+local n = #ARGV
 local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark = tonumber(st[1] or '0')
 local batch = tonumber(st[2] or '0')
-local now = ARGV[1]
+local now = now_ms()
 local saleKey, preKey, openKey = KEYS[6 + n], KEYS[7 + n], KEYS[8 + n]
-local phase, sale = sale_phase(saleKey)
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
+local phase, sale = sale_phase(saleKey, now)
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 1, n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 2, 1 + n))
+  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 1, n))
 end
 local toks = tokens_of(seqs, n, 5)
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats = {mark, batch}, {}, {}
 for i = 1, n do
-  local user = ARGV[1 + i]
+  local user = ARGV[i]
   local o, j = 3 * i, first[user]
   if j then
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]

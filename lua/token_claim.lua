@@ -12,8 +12,7 @@
 -- ARGV[1] the token presented
 -- ARGV[2] seconds until the token expires (its mark lives as long)
 -- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when already used
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local used = 'used:' .. ARGV[1]
 local v = redis.call('GET', KEYS[1])

@@ -11,15 +11,15 @@
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
 -- KEYS[6] queue:{T}:sale             HASH the sale (optional)
--- ARGV[1] now, epoch ms, from the calling instance's clock (the heartbeat of every user below)
--- ARGV[2] 1 to return the departed seqs above the mark, 0 not to (the later calls of one round)
--- ARGV[2+i] user i, who polled since the previous call (at most a few thousand per call)
+-- ARGV[1] 1 to return the departed seqs above the mark, 0 not to (the later calls of one round)
+-- ARGV[1+i] user i, who polled since the previous call (at most a few thousand per call);
+--         their heartbeat is Redis' TIME (now_ms)
 -- returns {mark, batch_override_or_0, g, [sale,] gone users 1..g, then departed seqs above the
 -- mark}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
 -- (closed, or not opened yet: the answer is not WAITING as the copy would say)
 --   gone = users not waiting any more (admitted and issued, left, evicted): the instance
 --   forgets them, so their next poll asks status.lua
-local n = #ARGV - 2
+local n = #ARGV - 1
 local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark = tonumber(st[1] or '0')
 local out = {mark, tonumber(st[2] or '0'), 0}
@@ -30,8 +30,7 @@ if KEYS[6] then
   if s[4] == '1' or (s[1] and not s[5]) then
     flag = 2
   elseif s[2] then
-    local t = redis.call('TIME')
-    if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(s[2]) then
+    if now_ms() >= tonumber(s[2]) then
       flag = 2
     end
   end
@@ -42,13 +41,14 @@ if KEYS[6] then
   head = 4
 end
 if n > 0 then
-  local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
+  local now = now_ms()
+  local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
   local beats = {}
   for i = 1, n do
     if seqs[i] then
-      beats[#beats + 1], beats[#beats + 2] = ARGV[1], ARGV[2 + i]
+      beats[#beats + 1], beats[#beats + 2] = now, ARGV[1 + i]
     else
-      out[#out + 1] = ARGV[2 + i]
+      out[#out + 1] = ARGV[1 + i]
     end
   end
   out[3] = #out - head
@@ -58,7 +58,7 @@ if n > 0 then
     redis.call('ZADD', KEYS[2], 'XX', unpack(beats))
   end
 end
-if ARGV[2] == '1' then
+if ARGV[1] == '1' then
   for _, seq in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. mark, '+inf')) do
     out[#out + 1] = tonumber(seq)
   end

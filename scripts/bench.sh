@@ -368,11 +368,15 @@ lua_scenario() {
   }
   # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
   # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
-  # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users.
+  # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users: scripts whose
+  # prelude reads Redis' clock (`now_ms`) take no time from the caller.
   calls() { # script-file enter|status sha
-    python3 - "$1" "$2" "$3" "$n" "$b" <<'EOF'
+    local own_clock=0
+    if grep -qs 'function now_ms' "$(dirname "$1")/prelude.lua"; then own_clock=1; fi
+    python3 - "$1" "$2" "$3" "$n" "$b" "$own_clock" <<'EOF'
 import re, sys, time
 path, op, sha, n, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+own_clock = sys.argv[6] == "1"
 names = {}
 for line in open(path):
     m = re.match(r"--\s*KEYS\[(\d+)\]\s+queue:\{T\}:(\w+)", line)
@@ -381,7 +385,9 @@ for line in open(path):
 names = [names[k] for k in sorted(names)]
 p = "queue:{LIMITED_DROP:1}:"
 now = str(int(time.time() * 1000))
-head = ["100000000", "1800", now] if op == "enter" else [now]
+head = ["100000000", "1800"] if op == "enter" else []
+if not own_clock:
+    head.append(now)
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]

@@ -32,6 +32,8 @@ pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
 pub const HTTP_DURATION: &str = "virtual_queue_http_request_duration_seconds";
 pub const FLAG_MISSING: &str = "virtual_queue_flag_missing";
 pub const POLLS_LOCAL_TOTAL: &str = "virtual_queue_polls_answered_locally_total";
+pub const OVERLOADED_TOTAL: &str = "virtual_queue_overloaded_total";
+pub const CLOCK_OFFSET: &str = "virtual_queue_clock_offset_seconds";
 
 /// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
 /// are for alerting and dashboards).
@@ -78,6 +80,16 @@ fn describe() {
         "Waiting users' polls answered from this instance's copy of the mark (queue.local_polls)"
     );
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
+    describe_counter!(
+        OVERLOADED_TOTAL,
+        "Requests answered 503 OVERLOADED while Redis answered: shed at the door (reason in_flight) or \
+         given up after waiting behind this instance's other work (reason slow)"
+    );
+    describe_gauge!(
+        CLOCK_OFFSET,
+        metrics::Unit::Seconds,
+        "Redis' clock minus this instance's, as measured by its probe"
+    );
     describe_gauge!(
         FLAG_MISSING,
         "1 while the flag hash is missing from Redis and this instance keeps its last known flag"
@@ -94,6 +106,27 @@ fn register_at_zero() {
     counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
     counter!(REDIS_DEGRADED_TOTAL).absolute(0);
     counter!(POLLS_LOCAL_TOTAL).absolute(0);
+    for reason in OVERLOAD_REASONS {
+        counter!(OVERLOADED_TOTAL, "reason" => reason).absolute(0);
+    }
+}
+
+/// The `reason` label values of [`OVERLOADED_TOTAL`].
+const OVERLOAD_REASONS: [&str; 2] = ["in_flight", "slow"];
+
+/// A request given up with 503 OVERLOADED after waiting behind this instance's other work.
+pub fn overloaded() {
+    counter!(OVERLOADED_TOTAL, "reason" => "slow").increment(1);
+}
+
+/// A request shed at the door: this instance had `http.max_in_flight` requests already.
+pub fn shed() {
+    counter!(OVERLOADED_TOTAL, "reason" => "in_flight").increment(1);
+}
+
+/// Redis' clock minus this instance's, in ms.
+pub fn set_clock_offset(ms: i64) {
+    gauge!(CLOCK_OFFSET).set(ms as f64 / 1000.0);
 }
 
 /// The `event` label values of [`TOKENS_TOTAL`].
@@ -200,8 +233,8 @@ pub fn http_request(route: &str, status: u16, took: Duration) {
     map.write().unwrap_or_else(|e| e.into_inner()).entry(status).or_default().insert(route.to_owned(), h);
 }
 
-/// A store failure on the request path, by kind (`unavailable` opens the instance-wide
-/// fail-open window, `data` fails open one request of one target).
+/// A store failure on the request path, by kind (`unavailable`: Redis refused, reset or
+/// timed out the call; `data`: one call of one target failed). Either fails open that request.
 pub const STORE_ERRORS_TOTAL: &str = "virtual_queue_store_errors_total";
 
 pub fn store_error(kind: &'static str) {

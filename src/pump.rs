@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::now_epoch_ms;
 use crate::config::Settings;
 use crate::domain::QueueTarget;
 use crate::store::{AdmitOutcome, AnyStore, QueueStore, StoreError};
@@ -139,14 +138,14 @@ impl Pump {
         }
     }
 
-    /// Ticks until `cancel`, aligned to the tick boundaries of the wall clock (plus a small
-    /// offset), so instances on one host try at the same moment and each tick of admit.lua's
-    /// clock gets exactly one attempt. A tick in progress finishes before returning.
+    /// Ticks until `cancel`, aligned to the tick boundaries of Redis' clock (plus a small
+    /// offset), so every instance tries at the same moment and each tick of admit.lua's
+    /// clock gets exactly one attempt, whatever this host's clock says. A tick in progress finishes before returning.
     pub async fn run(self, cancel: CancellationToken) {
         let tick_ms = self.settings.queue.tick_ms;
         tracing::info!(instance = %self.instance_id, tick_ms, "admission pump started");
         loop {
-            let now = now_epoch_ms();
+            let now = self.store.now_ms();
             let wait = tick_ms - now % tick_ms + 20;
             tokio::select! {
                 () = cancel.cancelled() => break,

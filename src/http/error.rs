@@ -12,6 +12,10 @@ use crate::service::QueueError;
 /// ticks at a time; sooner retries only add load.
 const QUEUE_FULL_RETRY_AFTER_S: u64 = 5;
 
+/// `Retry-After` of 503 OVERLOADED: the instance sheds for as long as it cannot keep up,
+/// which is usually a moment; the buyer keeps their place meanwhile.
+pub const OVERLOADED_RETRY_AFTER_S: u64 = 1;
+
 /// Every error code vq answers with, and its HTTP status: the one place that pairs them.
 /// 4xx codes are stable (clients and docs/openapi.json name them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +24,7 @@ pub enum ErrorCode {
     NotInQueue,
     QueueFull,
     StoreUnavailable,
+    Overloaded,
     QueueBypassDenied,
     DownstreamBusy,
     UpstreamUnavailable,
@@ -35,6 +40,7 @@ impl ErrorCode {
             Self::NotInQueue => "NOT_IN_QUEUE",
             Self::QueueFull => "QUEUE_FULL",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
+            Self::Overloaded => "OVERLOADED",
             Self::QueueBypassDenied => "QUEUE_BYPASS_DENIED",
             Self::DownstreamBusy => "DOWNSTREAM_BUSY",
             Self::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
@@ -50,6 +56,7 @@ impl ErrorCode {
             Self::NotInQueue => StatusCode::NOT_FOUND,
             Self::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueBypassDenied => StatusCode::FORBIDDEN,
             Self::DownstreamBusy => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
@@ -87,6 +94,11 @@ impl ApiError {
     pub fn invalid(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidRequest, detail)
     }
+
+    /// 503 OVERLOADED: this instance cannot keep up right now; nothing was decided.
+    pub fn overloaded(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Overloaded, detail).retry_after(OVERLOADED_RETRY_AFTER_S)
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -105,6 +117,7 @@ impl From<QueueError> for ApiError {
         match e {
             QueueError::Full(_) => Self::new(ErrorCode::QueueFull, e.to_string()).retry_after(QUEUE_FULL_RETRY_AFTER_S),
             QueueError::NotInQueue(_) => Self::new(ErrorCode::NotInQueue, e.to_string()),
+            QueueError::Overloaded => Self::overloaded(e.to_string()),
         }
     }
 }

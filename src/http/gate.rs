@@ -22,11 +22,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::edge::RouteLabel;
+use super::error::OVERLOADED_RETRY_AFTER_S;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, SettingError};
 use crate::gate::{CanonicalPath, GateRoutes};
-use crate::service::{ClaimMode, GatePass, Pace};
-use crate::token::TokenError;
+use crate::service::{ClaimMode, GateDenial, GatePass, Pace};
 
 /// The gate's routes, upstream and pooled HTTP client.
 pub struct Gate {
@@ -138,8 +138,13 @@ fn busy(tick_ms: u64) -> Response {
     resp
 }
 
-fn denied(e: &TokenError) -> ApiError {
-    ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
+/// The proxy gate's refusal: 403 for a token that does not hold, 503 OVERLOADED when this
+/// instance could not decide in time (the token stays unused and valid).
+fn denied(e: &GateDenial) -> ApiError {
+    match e {
+        GateDenial::Token(t) => ApiError::new(ErrorCode::QueueBypassDenied, t.to_string()),
+        GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
+    }
 }
 
 /// Everything that is not one of vq's own routes.
@@ -244,6 +249,11 @@ pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Respon
     let token = header_str(&headers, "x-entry-token");
     match st.service.gate_check(target, user, token, ClaimMode::CheckOnly).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        // nginx passes only 401 and 403 on to the buyer (anything else becomes a 500), so an
+        // overloaded check is a 403 that says so and when to retry.
+        Err(e @ GateDenial::Overloaded) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
+            .retry_after(OVERLOADED_RETRY_AFTER_S)
+            .into_response(),
         Err(e) => denied(&e).into_response(),
     }
 }

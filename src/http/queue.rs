@@ -99,7 +99,7 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
         }
         // A pre-queued user heartbeats like a waiting one; the opening is their ETA.
         QueueStatus::PreQueue { opens_at_ms, .. } => {
-            let until_s = opens_at_ms.saturating_sub(crate::clock::now_epoch_ms()) / 1000;
+            let until_s = opens_at_ms.saturating_sub(st.service.now_ms()) / 1000;
             Some(poll_after_seconds(until_s, q.tick_ms, q.heartbeat_timeout_s))
         }
         QueueStatus::Admitted(_)

@@ -60,8 +60,6 @@ impl QueueService {
     /// its acknowledgement, `/readyz`), and applies the next flag written, whatever its version.
     pub async fn refresh_flag(&self) -> Result<AppliedFlag, StoreError> {
         let stored = self.store.read_stored_flag().await?;
-        // Redis answers again: let requests use it at once.
-        self.degraded.store_answers();
         let batch = self.store.global_batch_size().await?;
         self.global_batch.store(batch.unwrap_or(0), Ordering::Relaxed);
         let mut current = self.flag.state.write().unwrap_or_else(|e| e.into_inner());

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
-use crate::store::{QueueStore, TokenClaim};
+use crate::store::{QueueStore, StoreError, TokenClaim};
 use crate::token::{self, TokenError};
 
 /// What the gate lets through.
@@ -25,6 +25,17 @@ pub struct PendingClaim {
     user: UserId,
     token: String,
     previous: Option<String>,
+}
+
+/// Why the gate does not let a request through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateDenial {
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// Redis answers but this instance could not get the token's claim through in time: the
+    /// purchase is not forwarded (never unclaimed), the buyer retries.
+    #[error("this instance is overloaded: retry shortly, your entry token stays valid")]
+    Overloaded,
 }
 
 /// When a verified purchase may go to the purchase API (see `gate.pace`).
@@ -59,7 +70,7 @@ impl QueueService {
         user: Option<UserId>,
         token: Option<&str>,
         mode: ClaimMode,
-    ) -> Result<GatePass, TokenError> {
+    ) -> Result<GatePass, GateDenial> {
         let flag = self.flag();
         let applies = match user {
             Some(u) => flag.applies(target, u),
@@ -69,7 +80,7 @@ impl QueueService {
             return Ok(GatePass::FlagOff);
         }
         let verdict = self.verify_and_claim(target, user, token, mode).await;
-        if let Err(e) = &verdict {
+        if let Err(GateDenial::Token(e)) = &verdict {
             crate::metrics::bypass_attempt();
             if matches!(e, TokenError::Expired { .. }) {
                 crate::metrics::token_expired();
@@ -84,32 +95,41 @@ impl QueueService {
         user: Option<UserId>,
         token: Option<&str>,
         mode: ClaimMode,
-    ) -> Result<GatePass, TokenError> {
+    ) -> Result<GatePass, GateDenial> {
         let user = user.ok_or(TokenError::NoUser)?;
         let raw = token.filter(|t| !t.is_empty()).ok_or(TokenError::Missing)?;
-        let now = Self::now_s();
+        let now = self.now_s();
         let claims = token::verify(&self.secret, raw, target, user, now)?;
-        if self.degraded.skipping() {
+        if self.store.silent(Some(target)) {
+            // Redis is down: HMAC and expiry still hold; one-time use waits for Redis.
             self.degraded.record_skipped();
             return Ok(GatePass::Verified { claim: None });
         }
         let outcome = match mode {
-            ClaimMode::CheckOnly => match self.bounded(self.store.token_used(target, user, raw)).await {
-                Ok(true) => return Err(TokenError::AlreadyUsed),
+            ClaimMode::CheckOnly => match self.bounded(target, self.store.token_used(target, user, raw)).await {
+                Ok(true) => return Err(TokenError::AlreadyUsed.into()),
                 Ok(false) => GatePass::Verified { claim: None },
+                Err(StoreError::Busy) => {
+                    self.degraded.record("gate", target, &StoreError::Busy);
+                    return Err(GateDenial::Overloaded);
+                }
                 Err(e) => {
                     self.degraded.record("gate", target, &e);
                     GatePass::Verified { claim: None }
                 }
             },
             ClaimMode::Claim => {
-                match self.bounded(self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
-                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed),
+                match self.bounded(target, self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
+                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed.into()),
                     Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
                         claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
                     },
+                    Err(StoreError::Busy) => {
+                        self.degraded.record("gate", target, &StoreError::Busy);
+                        return Err(GateDenial::Overloaded);
+                    }
                     Err(e) => {
-                        // Best effort: without Redis, HMAC and expiry still hold.
+                        // Redis failed this call: HMAC and expiry still hold.
                         self.degraded.record("gate", target, &e);
                         GatePass::Verified { claim: None }
                     }
@@ -123,17 +143,18 @@ impl QueueService {
     /// place, waits for its tick, and answers [`Pace::Now`] only while that tick lasts. A
     /// process paused past the reserved tick (a long GC pause, a throttled container) reserves
     /// again instead of forwarding late. Without Redis the purchase goes at once (fail-open;
-    /// the downstream database is the last line).
+    /// the downstream database is the last line); an instance too busy to reserve in time
+    /// (Redis answering) does not forward: [`Pace::Full`].
     pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
         let gate = &self.settings.gate;
-        if !gate.pace || self.degraded.skipping() {
+        if !gate.pace || self.store.silent(Some(target)) {
             return Pace::Now;
         }
         let tick_ms = self.settings.queue.tick_ms;
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
             match self
-                .bounded(self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
+                .bounded(target, self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
                 .await
             {
                 Ok(Some(slot)) => {
@@ -151,7 +172,7 @@ impl QueueService {
                 Ok(None) => return Pace::Full,
                 Err(e) => {
                     self.degraded.record("gate pace", target, &e);
-                    return Pace::Now;
+                    return if matches!(e, StoreError::Busy) { Pace::Full } else { Pace::Now };
                 }
             }
         }
@@ -164,9 +185,10 @@ impl QueueService {
             // The queue's own token is what the claim found stored for the user.
             let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
             crate::metrics::token_consumed(through_queue);
-            self.bounded(self.store.confirm_token_used(claim.target, through_queue)).await
+            self.bounded(claim.target, self.store.confirm_token_used(claim.target, through_queue)).await
         } else {
-            self.bounded(self.store.release_token(claim.target, claim.user, &claim.token, claim.previous)).await
+            self.bounded(claim.target, self.store.release_token(claim.target, claim.user, &claim.token, claim.previous))
+                .await
         };
         if let Err(e) = result {
             self.degraded.record("gate settle", claim.target, &e);

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::{QueueService, now_epoch_ms};
+use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
 use crate::store::{AnyStore, TargetView, Waiting};
 
@@ -182,7 +182,7 @@ impl QueueService {
     pub async fn sync_local_views(&self) {
         let (Some(local), AnyStore::Redis(redis)) = (&self.local, &self.store) else { return };
         for (target, polled) in local.take_polled() {
-            match redis.sync_view(target, &polled, now_epoch_ms()).await {
+            match redis.sync_view(target, &polled).await {
                 Ok(sync) => local.synced(target, sync.view, &sync.gone),
                 Err(e) => {
                     self.degraded.record("poll heartbeats", target, &e);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use self::degraded::Degraded;
 pub use self::flag::AppliedFlag;
 use self::flag::FlagCache;
-pub use self::gate::{ClaimMode, GatePass, Pace, PendingClaim};
+pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
@@ -37,10 +37,9 @@ use crate::token::{self, EntryToken, Secret};
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
 /// dropped it between its keys expiring and a new entry.
 const REGISTER_EVERY: Duration = Duration::from_secs(5);
-/// Past `redis.timeout_ms`, a request waits on only while the store answered another call of
-/// this instance within this long (or within the timeout, if longer): a store silent for a
-/// second is taken for dead or stalled, and requests fail open.
-const STORE_SILENT_MS: u64 = 1000;
+/// Past `redis.timeout_ms`, how often a waiting request asks the liveness probe again (at
+/// least: the timeout itself if longer).
+const BUSY_RECHECK_MS: u64 = 100;
 
 pub use crate::clock::now_epoch_ms;
 
@@ -79,6 +78,9 @@ pub enum QueueError {
     Full(QueueTarget),
     #[error("user is not in the queue for {0}: enter first (users who stop polling are evicted)")]
     NotInQueue(QueueTarget),
+    /// This instance cannot keep up; the user's place (if any) is kept.
+    #[error("this instance is overloaded: retry shortly, your place is kept")]
+    Overloaded,
 }
 
 pub struct QueueService {
@@ -117,41 +119,51 @@ impl QueueService {
 
     /// One deadline (`redis.timeout_ms`) for all of a request's store work, however many
     /// commands it takes (an enter that finds the user admitted is two scripts) and however
-    /// long it queued for a shared call. Past it the request goes on waiting only while the
-    /// store answers other calls of this instance (within the last [`STORE_SILENT_MS`] or
-    /// the timeout, whichever is longer): then this instance is busy, not Redis dead, and
-    /// the request waits behind the others, up to [`crate::store::BUSY_WAIT_MAX`] in all.
-    /// Otherwise it fails open; the store takes a user told DIRECT_ADMITTED out of the queue
-    /// if the late call gave them a place.
-    async fn bounded<T>(&self, work: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    /// long it queued for a shared call. Past it, the request asks the store's liveness probe,
+    /// which does not depend on how busy this instance is (`store/redis/pulse.rs`):
+    ///
+    /// - the store is silent (down, refusing, stalled): [`StoreError::Timeout`], and the
+    ///   request fails open;
+    /// - the store answers: this instance is the slow part, and the request waits on behind
+    ///   the others, up to [`crate::store::BUSY_WAIT_MAX`] in all, then gives up with
+    ///   [`StoreError::Busy`] (answered 503 OVERLOADED: the buyer keeps their place, nobody
+    ///   is let in).
+    async fn bounded<T>(
+        &self,
+        target: QueueTarget,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let timeout = self.settings.redis_timeout();
-        let silent = timeout.max(Duration::from_millis(STORE_SILENT_MS));
+        // Checks after the first deadline need not wake a starved runtime every few ms.
+        let step = timeout.max(Duration::from_millis(BUSY_RECHECK_MS));
         let started = tokio::time::Instant::now();
         let mut deadline = started + timeout;
         tokio::pin!(work);
-        let result = loop {
+        loop {
             match tokio::time::timeout_at(deadline, &mut work).await {
-                Ok(result) => break result,
-                Err(_)
-                    if self.degraded.answering_within(silent) && deadline - started < crate::store::BUSY_WAIT_MAX =>
-                {
-                    deadline += timeout;
-                }
-                Err(_) => break Err(StoreError::Timeout),
+                // A command's own response timeout: the same question as our deadline.
+                Ok(Err(e)) if e.is_timeout() && !self.store.silent(Some(target)) => return Err(StoreError::Busy),
+                Ok(result) => return result,
+                Err(_) if self.store.silent(Some(target)) => return Err(StoreError::Timeout),
+                Err(_) if deadline - started >= crate::store::BUSY_WAIT_MAX => return Err(StoreError::Busy),
+                Err(_) => deadline += step,
             }
-        };
-        if result.is_ok() {
-            self.degraded.answered();
         }
-        result
     }
 
-    fn now_s() -> u64 {
-        now_epoch_ms() / 1000
+    /// Now by Redis' clock (this host's, corrected by the measured offset), in epoch ms: the
+    /// clock every instance shares.
+    pub fn now_ms(&self) -> u64 {
+        self.store.now_ms()
+    }
+
+    /// [`Self::now_ms`] in epoch seconds: tokens are minted and checked by Redis' clock.
+    fn now_s(&self) -> u64 {
+        self.store.now_ms() / 1000
     }
 
     fn candidate(&self, target: QueueTarget, user: UserId) -> EntryToken {
-        token::mint(&self.secret, target, user, Self::now_s(), self.settings.token.ttl_s)
+        token::mint(&self.secret, target, user, self.now_s(), self.settings.token.ttl_s)
     }
 
     fn direct(&self, target: QueueTarget, user: UserId) -> QueueStatus {
@@ -195,7 +207,7 @@ impl QueueService {
     /// Closes the target's sale because the purchase API said so (`gate.close_header`).
     pub async fn close_by_purchase_api(&self, target: QueueTarget, message: String) {
         let close = SaleControl::Close { message, source: SaleSource::PurchaseApi };
-        match self.bounded(self.store.control_sale(target, close)).await {
+        match self.bounded(target, self.store.control_sale(target, close)).await {
             Ok(true) => tracing::info!(target_queue = %target, "the purchase API closed the sale"),
             Ok(false) => {}
             Err(e) => self.degraded.record("sale close", target, &e),
@@ -203,12 +215,12 @@ impl QueueService {
     }
 
     /// DIRECT_ADMITTED without asking the store: the queue is off for this user and target,
-    /// or Redis failed moments ago (fail-open).
+    /// or the store's liveness probe finds Redis down or stalled (fail-open).
     fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
         if !self.queue_applies(target, user) {
             return Some(self.direct(target, user));
         }
-        if self.degraded.skipping() {
+        if self.store.silent(Some(target)) {
             self.degraded.record_skipped();
             return Some(self.direct(target, user));
         }
@@ -221,7 +233,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(self.store.enter(target, user, &candidate)).await {
+        match self.bounded(target, self.store.enter(target, user, &candidate)).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
@@ -241,10 +253,7 @@ impl QueueService {
                 self.local_learn(target, user, None);
                 Ok(Self::closed(n))
             }
-            Err(e) => {
-                self.degraded.record("enter", target, &e);
-                Ok(self.direct(target, user))
-            }
+            Err(e) => self.failed("enter", target, user, &e),
         }
     }
 
@@ -257,7 +266,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(self.store.status(target, user, &candidate)).await {
+        match self.bounded(target, self.store.status(target, user, &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 Ok(self.waiting(w))
@@ -275,23 +284,39 @@ impl QueueService {
                 self.local_learn(target, user, None);
                 Ok(Self::closed(n))
             }
-            Err(e) => {
-                self.degraded.record("poll", target, &e);
-                Ok(self.direct(target, user))
-            }
+            Err(e) => self.failed("poll", target, user, &e),
         }
     }
 
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
     pub async fn leave(&self, target: QueueTarget, user: UserId) {
         self.local_learn(target, user, None);
-        if self.degraded.skipping() {
+        if self.store.silent(Some(target)) {
             self.degraded.record_skipped();
             return;
         }
-        if let Err(e) = self.bounded(self.store.leave(target, user)).await {
+        if let Err(e) = self.bounded(target, self.store.leave(target, user)).await {
             self.degraded.record("leave", target, &e);
         }
+    }
+
+    /// An enter or poll whose store work failed. Overloaded (Redis answers, this instance is
+    /// behind): 503, the user keeps their place and retries. Otherwise fail-open: DIRECT_ADMITTED
+    /// with a stateless token; when the call may still run late in Redis (a stall), the user is
+    /// taken out of the queue behind it, so they do not also hold a place.
+    fn failed(&self, what: &str, target: QueueTarget, user: UserId, e: &StoreError) -> Result<QueueStatus, QueueError> {
+        self.degraded.record(what, target, e);
+        if matches!(e, StoreError::Busy) {
+            return Err(QueueError::Overloaded);
+        }
+        if e.is_timeout() {
+            let store = self.store.clone();
+            // Sent after the late call on the same connection, so Redis runs it after that call.
+            tokio::spawn(async move {
+                let _ = store.leave(target, user).await;
+            });
+        }
+        Ok(self.direct(target, user))
     }
 
     async fn register_active(&self, target: QueueTarget) {
@@ -306,7 +331,7 @@ impl QueueService {
             self.store.register_active(target).await?;
             self.store.publish_capacity(target).await
         };
-        if let Err(e) = self.bounded(register).await {
+        if let Err(e) = self.bounded(target, register).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
             self.degraded.record("register", target, &e);

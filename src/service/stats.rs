@@ -1,7 +1,7 @@
 //! Cluster-wide figures of one target, from the store's snapshot only: what the stats
 //! endpoint answers, what `vq stats` shows and what the `/metrics` queue gauges say.
 
-use super::{QueueService, now_epoch_ms};
+use super::QueueService;
 use crate::config::QueueSettings;
 use crate::domain::{QueueTarget, admission_rate_per_sec, batch_in_force};
 use crate::store::{AnyStore, QueueStore, StoreError, TargetSnapshot};
@@ -75,7 +75,7 @@ pub async fn read_target_stats(
 ) -> Result<(TargetSnapshot, QueueStats), StoreError> {
     let global_batch = store.global_batch_size().await?;
     let snap = store.snapshot(target).await?;
-    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, now_epoch_ms());
+    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, store.now_ms());
     Ok((snap, stats))
 }
 

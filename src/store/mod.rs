@@ -46,6 +46,10 @@ pub enum StoreError {
     Redis(#[from] ::redis::RedisError),
     #[error("redis command timed out")]
     Timeout,
+    /// Redis answers (its liveness probe does), but this instance did not get through its
+    /// work within [`BUSY_WAIT_MAX`]: the instance is overloaded, the store is not down.
+    #[error("this instance is overloaded: its redis work did not finish in time while redis answers")]
+    Busy,
     #[error("unexpected reply from {what}: {detail}")]
     Reply { what: &'static str, detail: String },
 }
@@ -78,7 +82,7 @@ impl StoreError {
     /// The command may have reached the store and run there after the caller stopped waiting.
     pub fn is_timeout(&self) -> bool {
         match self {
-            StoreError::Timeout => true,
+            StoreError::Timeout | StoreError::Busy => true,
             StoreError::Redis(e) => e.is_timeout(),
             StoreError::Reply { .. } => false,
         }
@@ -494,6 +498,34 @@ pub trait QueueStore: Send + Sync + 'static {
 pub enum AnyStore {
     Redis(RedisStore),
     Memory(MemoryStore),
+}
+
+impl AnyStore {
+    /// Whether the store is down, refusing or stalled for `target` (any target, without one),
+    /// by a liveness probe that does not depend on how busy this instance is. The embedded
+    /// store always answers.
+    pub fn silent(&self, target: Option<QueueTarget>) -> bool {
+        match self {
+            AnyStore::Redis(r) => r.silent(target),
+            AnyStore::Memory(_) => false,
+        }
+    }
+
+    /// The store's clock minus this host's, in ms (0 for the embedded store, and until known).
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        match self {
+            AnyStore::Redis(r) => r.clock_offset_ms(),
+            AnyStore::Memory(_) => Some(0),
+        }
+    }
+
+    /// Now by the store's clock, in epoch ms: this host's clock corrected by the measured
+    /// offset (this host's clock alone until the first measurement).
+    pub fn now_ms(&self) -> u64 {
+        let local = crate::clock::now_epoch_ms();
+        let offset = self.clock_offset_ms().unwrap_or(0);
+        local.saturating_add_signed(offset)
+    }
 }
 
 macro_rules! delegate {

@@ -57,17 +57,36 @@ fn script(text: &str) -> (String, Vec<String>) {
     (lua_as_sent(text), names)
 }
 
-async fn enter(c: &mut MultiplexedConnection, max: u64, now: u64, users: &[u64]) -> Vec<String> {
+async fn enter(c: &mut MultiplexedConnection, max: u64, users: &[u64]) -> Vec<String> {
     let (text, names) = script(include_str!("../../lua/enter.lua"));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let head = [max.to_string(), "1800".to_owned(), now.to_string()];
+    let head = [max.to_string(), "1800".to_owned()];
     call(c, &text, &names, &head, users).await
 }
 
-async fn status(c: &mut MultiplexedConnection, now: u64, users: &[u64]) -> Vec<String> {
+async fn status(c: &mut MultiplexedConnection, users: &[u64]) -> Vec<String> {
     let (text, names) = script(include_str!("../../lua/status.lua"));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    call(c, &text, &names, &[now.to_string()], users).await
+    call(c, &text, &names, &[], users).await
+}
+
+/// Redis' clock, epoch ms: the scripts keep times by it, never by the caller's.
+async fn redis_ms(c: &mut MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(c).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+/// The heartbeats, each user with whether its time lies in `[from, to]`.
+async fn beats_within(c: &mut MultiplexedConnection, from: u64, to: u64) -> Vec<(String, bool)> {
+    let beats: Vec<(String, u64)> = redis::cmd("ZRANGE")
+        .arg(format!("{P}heartbeat"))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .unwrap();
+    beats.into_iter().map(|(u, t)| (u, (from..=to).contains(&t))).collect()
 }
 
 fn answers(mark: u64, batch: u64, each: &[(u8, &str, u64)]) -> Vec<String> {
@@ -91,7 +110,9 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     };
 
     // New users, one of them twice: consecutive seqs, the duplicate gets the same one.
-    let got = enter(&mut c, 100, 1_000, &[1, 2, 2, 3]).await;
+    let first_from = redis_ms(&mut c).await;
+    let got = enter(&mut c, 100, &[1, 2, 2, 3]).await;
+    let first_to = redis_ms(&mut c).await;
     assert_eq!(got, answers(0, 0, &[(1, "1", 0), (1, "2", 1), (1, "2", 1), (1, "3", 2)]));
 
     // Mark 1 (user 1 admitted, no token yet); user 2 left; users 4 and 5 were admitted
@@ -107,31 +128,40 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     ] {
         let _: redis::Value = cmd(args).query_async(&mut c).await.unwrap();
     }
-    let got = enter(&mut c, 100, 2_000, &[3, 1, 4, 5, 6, 6, 3]).await;
+    let second_from = redis_ms(&mut c).await;
+    let got = enter(&mut c, 100, &[3, 1, 4, 5, 6, 6, 3]).await;
+    let second_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (2, "tok-5", 0), (1, "4", 1), (1, "4", 1), (1, "3", 0)];
     assert_eq!(got, answers(1, 7, &want), "the departed seq 2 is not ahead of anyone");
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "only user 6 took a seq");
-    let beats: Vec<(String, u64)> =
-        cmd(&["ZRANGE", &format!("{P}heartbeat"), "0", "-1", "WITHSCORES"]).query_async(&mut c).await.unwrap();
-    let beats: Vec<(&str, u64)> = beats.iter().map(|(u, s)| (u.as_str(), *s)).collect();
-    assert_eq!(beats, [("1", 1_000), ("3", 2_000), ("6", 2_000)], "heartbeats of the waiting above the mark");
+    let beats = beats_within(&mut c, second_from, second_to).await;
+    let want = [("1".to_owned(), false), ("3".to_owned(), true), ("6".to_owned(), true)];
+    assert_eq!(beats, want, "heartbeats (Redis' time) of the waiting above the mark, refreshed by this call");
     let times: Vec<String> = cmd(&["ZRANGE", &format!("{P}entry_times"), "0", "-1"]).query_async(&mut c).await.unwrap();
-    assert_eq!(times, ["1-3:1000", "4-4:2000"], "one entry time per call that gave seqs");
+    let entered = |entry: &str, seqs: &str, from: u64, to: u64| {
+        entry.strip_prefix(seqs).and_then(|t| t.parse::<u64>().ok()).is_some_and(|t| (from..=to).contains(&t))
+    };
+    assert_eq!(times.len(), 2, "one entry time per call that gave seqs: {times:?}");
+    assert!(entered(&times[0], "1-3:", first_from, first_to), "{times:?}");
+    assert!(entered(&times[1], "4-4:", second_from, second_to), "{times:?}");
 
     // Two users wait above the mark (seqs 3 and 4): with room for two, newcomers are full,
     // while those already in or admitted are answered as before.
-    let got = enter(&mut c, 2, 3_000, &[7, 3, 8, 4]).await;
+    let got = enter(&mut c, 2, &[7, 3, 8, 4]).await;
     assert_eq!(got, answers(1, 7, &[(3, "0", 0), (1, "3", 0), (3, "0", 0), (2, "tok-4", 0)]));
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "a full queue gives no seq");
 
     // Polls: waiting, admitted without a token, holding a token, unknown, twice in the call.
-    let got = status(&mut c, 4_000, &[3, 1, 4, 9, 3, 6, 2]).await;
+    let poll_from = redis_ms(&mut c).await;
+    let got = status(&mut c, &[3, 1, 4, 9, 3, 6, 2]).await;
+    let poll_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
     assert_eq!(got, answers(1, 7, &want));
-    let beats: Vec<(String, u64)> =
-        cmd(&["ZRANGE", &format!("{P}heartbeat"), "0", "-1", "WITHSCORES"]).query_async(&mut c).await.unwrap();
-    let beats: Vec<(&str, u64)> = beats.iter().map(|(u, s)| (u.as_str(), *s)).collect();
-    assert_eq!(beats, [("1", 1_000), ("3", 4_000), ("6", 4_000)], "a poll refreshes the waiting above the mark");
+    let beats = beats_within(&mut c, poll_from, poll_to).await;
+    let want = [("1".to_owned(), false), ("3".to_owned(), true), ("6".to_owned(), true)];
+    assert_eq!(beats, want, "a poll refreshes the waiting above the mark");
+    let beats = beats_within(&mut c, first_from, first_to).await;
+    assert_eq!(beats[0], ("1".to_owned(), true), "user 1 (admitted) kept the heartbeat of the first enter");
 }

@@ -7,9 +7,7 @@ use redis::{Script, Value};
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
-use super::scripts::{
-    Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, LEAVE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, eval_hot, on_target,
-};
+use super::scripts::{Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, eval_hot, on_target};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
@@ -77,15 +75,11 @@ pub(super) enum Answer {
 }
 
 /// Sends one target's queued enters (or polls) as one `enter.lua` (`status.lua`) call and
-/// answers each job. A job whose caller gave up (its request failed open: Redis did not
-/// answer for too long, `QueueService::bounded`) is left out, so a stalled Redis cannot pile
-/// them up; a job that only waited long behind other calls goes out (this instance is busy,
-/// Redis is not dead).
-///
-/// A caller that gave up while its call was in Redis was told DIRECT_ADMITTED: the users
-/// whose answer came too late and gave them a place (or whose call timed out, and so may
-/// still run) are taken out again with `leave.lua`, sent on the same connection after the
-/// call, so Redis runs it after the call whatever the stall was.
+/// answers each job. A job whose caller gave up before the call went out (its request failed
+/// open because Redis is silent, or its client hung up) is left out, so a stalled Redis cannot
+/// pile them up. A caller that gives up while the call is in Redis changes nothing here: the
+/// user keeps the place the call gave them (a client that hung up polls again); a request
+/// that failed open takes its user out itself (`QueueService::failed`).
 async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, jobs: Vec<Job>) {
     let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
@@ -94,10 +88,9 @@ async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, j
     if jobs.is_empty() {
         return;
     }
-    let now = crate::clock::now_epoch_ms();
-    let (script, what, names, head): (&Script, _, &[&str], Vec<u64>) = match op {
-        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS, vec![limits.max_capacity, limits.key_ttl_s, now]),
-        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, vec![now]),
+    let (script, what, names, head): (&Script, _, &[&str], &[u64]) = match op {
+        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS, &[limits.max_capacity, limits.key_ttl_s]),
+        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[]),
     };
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
@@ -118,53 +111,25 @@ async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, j
         cmd.arg(format!("{prefix}{name}"));
     }
     for v in head {
-        cmd.arg(v);
+        cmd.arg(*v);
     }
     for job in &jobs {
         cmd.arg(job.user.0);
     }
-    let answers = eval_hot::<Value>(conn.clone(), script, &cmd)
-        .await
-        .and_then(|reply| parse_answers(what, reply, jobs.len(), true));
-    let mut told_direct = Vec::new();
+    let answers =
+        eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
     match answers {
         Ok(answers) => {
             for (job, answer) in jobs.into_iter().zip(answers) {
-                let holds_place = matches!(answer, Answer::Waiting(_) | Answer::Issue);
-                if job.reply.send(Ok(answer)).is_err() && holds_place {
-                    told_direct.push(job.user);
-                }
+                let _ = job.reply.send(Ok(answer));
             }
         }
         Err(e) => {
-            let may_still_run = e.is_timeout();
             for job in jobs {
-                if may_still_run {
-                    told_direct.push(job.user);
-                }
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
     }
-    if !told_direct.is_empty() {
-        leave_told_direct(conn, limits, target, told_direct).await;
-    }
-}
-
-/// Best effort: takes users told DIRECT_ADMITTED out of the queue (see [`execute`]). One
-/// pipeline of `EVAL` (not EVALSHA: a NOSCRIPT answer would come when nobody waits to load
-/// the script any more), written at once behind the late call.
-async fn leave_told_direct(mut conn: Conn, limits: StoreLimits, target: QueueTarget, users: Vec<UserId>) {
-    let mut pipe = redis::pipe();
-    for user in &users {
-        pipe.cmd("EVAL").arg(include_str!("../../../lua/leave.lua")).arg(LEAVE_KEYS.len());
-        for name in LEAVE_KEYS {
-            pipe.arg(keys::of(target, name));
-        }
-        pipe.arg(user.0).arg(limits.key_ttl_s);
-    }
-    let left: Result<Vec<u64>, _> = pipe.query_async(&mut conn).await;
-    tracing::debug!(target_queue = %target, users = users.len(), left = ?left, "took users told DIRECT_ADMITTED out of the queue");
 }
 
 /// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's

@@ -21,6 +21,7 @@
 mod coalesced;
 mod conn;
 pub mod keys;
+mod pulse;
 mod scripts;
 mod view;
 
@@ -36,6 +37,7 @@ use redis::cluster::ClusterClient;
 
 use self::coalesced::{Answer, Job, Op};
 use self::conn::{Conn, LazyCluster};
+use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
@@ -59,6 +61,8 @@ pub struct RedisStore {
     /// Enters and polls go out coalesced per target (see [`Coalescer`]); started at first use,
     /// on the runtime of the caller.
     lanes: Arc<OnceLock<Coalescer<(Op, QueueTarget), Job>>>,
+    /// Whether Redis answers and what time it is there, from a thread of its own.
+    pulse: Arc<Pulse>,
 }
 
 impl RedisStore {
@@ -74,7 +78,8 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default() })
+        let pulse = Arc::new(Pulse::start(&[url.to_owned()], false)?);
+        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -89,7 +94,19 @@ impl RedisStore {
             .retries(2)
             .build()?;
         let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
-        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default() })
+        let pulse = Arc::new(Pulse::start(nodes, true)?);
+        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default(), pulse })
+    }
+
+    /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
+    /// last liveness probe: down, refusing or stalled (see `pulse.rs`).
+    pub fn silent(&self, target: Option<QueueTarget>) -> bool {
+        self.pulse.silent(target)
+    }
+
+    /// Redis' clock minus this host's, in ms, once known.
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        self.pulse.clock_offset_ms()
     }
 
     fn conn(&self) -> Conn {

@@ -3,8 +3,8 @@
 //!
 //! Written once on each side and checked against each other by the tests below: the reply
 //! codes ([`Code`], the `local` constants of `lua/prelude.lua`), and each script's KEYS order
-//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header). `enter.lua`, `status.lua`
-//! and `issue.lua` are sent with `lua/prelude.lua` in front, where the rules they share live.
+//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header). Every script is sent with
+//! `lua/prelude.lua` in front, where the rules they share live, Redis' clock (`now_ms`) first.
 
 use std::sync::LazyLock;
 
@@ -99,28 +99,20 @@ impl Code {
         Self::ALL.into_iter().find(|c| *c as u64 == n)
     }
 }
-pub(super) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/leave.lua")));
-pub(super) static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/admit.lua")));
-pub(super) static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/evict.lua")));
-pub(super) static TOKEN_CLAIM: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/token_claim.lua")));
-pub(super) static TOKEN_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/token_release.lua")));
-pub(super) static GATE_PACE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/gate_pace.lua")));
-pub(super) static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/flag_set.lua")));
-pub(super) static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/flag_ack.lua")));
-pub(super) static FLAG_ACKS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/flag_acks.lua")));
-pub(super) static SALE_SCHEDULE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_schedule.lua")));
-pub(super) static SALE_CONTROL: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_control.lua")));
-pub(super) static SALE_PLACE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_place.lua")));
-pub(super) static SALE_READ: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../../lua/sale_read.lua")));
-pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/view.lua")));
+pub(super) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("leave.lua")));
+pub(super) static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("admit.lua")));
+pub(super) static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("evict.lua")));
+pub(super) static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("token_claim.lua")));
+pub(super) static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("token_release.lua")));
+pub(super) static GATE_PACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("gate_pace.lua")));
+pub(super) static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_set.lua")));
+pub(super) static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_ack.lua")));
+pub(super) static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_acks.lua")));
+pub(super) static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_schedule.lua")));
+pub(super) static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_control.lua")));
+pub(super) static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_place.lua")));
+pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_read.lua")));
+pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));
 
 /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
 /// script and runs it again.

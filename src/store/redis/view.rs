@@ -42,9 +42,9 @@ pub struct ViewSync {
 }
 
 impl RedisStore {
-    /// Writes the heartbeat `now_ms` for every user in `polled` still waiting, and reads the
-    /// target's view. In calls of [`USERS_PER_CALL`] users; the first one reads the view.
-    pub async fn sync_view(&self, target: QueueTarget, polled: &[UserId], now_ms: u64) -> Result<ViewSync, StoreError> {
+    /// Writes a heartbeat (Redis' time) for every user in `polled` still waiting, and reads
+    /// the target's view. In calls of [`USERS_PER_CALL`] users; the first one reads the view.
+    pub async fn sync_view(&self, target: QueueTarget, polled: &[UserId]) -> Result<ViewSync, StoreError> {
         let mut sync = ViewSync::default();
         let mut chunks: Vec<&[UserId]> = polled.chunks(USERS_PER_CALL).collect();
         if chunks.is_empty() {
@@ -53,7 +53,7 @@ impl RedisStore {
         for (i, users) in chunks.into_iter().enumerate() {
             let first = i == 0;
             let mut inv = on_target(&VIEW, target, VIEW_KEYS);
-            inv.arg(now_ms).arg(u8::from(first));
+            inv.arg(u8::from(first));
             for u in users {
                 inv.arg(u.0);
             }
