@@ -20,6 +20,7 @@ mod processes;
 mod pump;
 mod queue_api;
 mod readme;
+mod rig;
 mod sale;
 mod scripts;
 mod secrets;
