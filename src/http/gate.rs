@@ -97,7 +97,8 @@ impl Gate {
     }
 }
 
-/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
+/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1). The identity
+/// headers stay whatever `Connection` says (the edge layer has refused such a request already).
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -105,6 +106,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| !super::edge::is_identity(name.as_str()))
         .collect();
     for name in listed {
         headers.remove(name);
@@ -225,8 +227,8 @@ pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Respon
     let Ok(uri) = raw_uri.to_str() else {
         return refuse("the original URI holds bytes outside visible ASCII".into());
     };
-    if let Some(name) = super::edge::repeated_identity(&headers) {
-        return refuse(super::edge::repeated_detail(name));
+    if let Some(detail) = super::edge::identity_refusal(&headers) {
+        return refuse(detail);
     }
     let path = match CanonicalPath::parse(original_path(uri)) {
         Ok(p) => p,

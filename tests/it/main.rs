@@ -9,6 +9,7 @@ mod eviction;
 mod failover;
 mod fault_isolation;
 mod flag;
+mod forwarding;
 pub mod gate;
 mod gate_paths;
 mod loadgen;

@@ -1,0 +1,107 @@
+//! What the purchase API receives from vq's gate: the request the gate checked, and only that.
+//! No request header can drop or respell the identity headers, none of the headers that
+//! frameworks re-route or re-method a request by reaches the purchase API, `Host` is vq's
+//! setting, and a body the client framed wrongly is the client's 400, never a 5xx.
+
+use crate::rig::{Rig, Seen, send_bytes, send_raw, token};
+
+/// Headers that Spring, Symfony, Laravel, Rails (Rack), Express, ASP.NET, IIS or a proxy's
+/// conventions read as the request's real path, method or host.
+pub const REROUTING: &[&str] = &[
+    "X-Original-URL",
+    "X-Rewrite-URL",
+    "X-Original-URI",
+    "X-Forwarded-Uri",
+    "X-Forwarded-Path",
+    "X-Envoy-Original-Path",
+    "X-HTTP-Method-Override",
+    "X-HTTP-Method",
+    "X-Method-Override",
+    "X-Forwarded-Host",
+];
+
+/// The re-routing headers as a client would send them to reach the purchase route, each also
+/// spelt with underscores (CGI-style servers read `X_Original_URL` as `X-Original-URL`).
+pub fn rerouting_headers() -> Vec<(String, &'static str)> {
+    let mut all = Vec::new();
+    for name in REROUTING {
+        let value = match *name {
+            n if n.contains("Method") => "DELETE",
+            "X-Forwarded-Host" => "admin.example",
+            _ => "/limited-drops/1/orders",
+        };
+        all.push((name.to_string(), value));
+        all.push((name.replace('-', "_"), value));
+    }
+    all
+}
+
+/// The re-routing headers (either spelling) that the upstream received.
+pub fn rerouting_seen(seen: &Seen) -> Vec<String> {
+    let names: Vec<String> = REROUTING.iter().map(|n| n.to_ascii_lowercase()).collect();
+    seen.headers
+        .iter()
+        .filter(|(k, _)| names.contains(&k.replace('_', "-")))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect()
+}
+
+async fn pace_off() -> Rig {
+    Rig::start_with(|s| s.gate.pace = false).await
+}
+
+#[tokio::test]
+async fn a_connection_header_naming_an_identity_header_is_refused_on_every_route() {
+    let rig = pace_off().await;
+    for (user, connection) in (30u64..).zip([
+        "X-User-Id, X-Entry-Token",
+        "keep-alive, x-user-id",
+        "X-Entry-Token",
+        " X-ENTRY-TOKEN ,close",
+        "x_user_id",
+    ]) {
+        let (u, t) = (user.to_string(), token(user));
+        let who = [("X-User-Id", u.as_str()), ("X-Entry-Token", t.as_str()), ("Connection", connection)];
+        for (method, target) in [
+            ("POST", "/limited-drops/1/orders"),
+            ("GET", "/products/1"),
+            ("POST", "/virtual-queues/limited-drop/1/entries"),
+            ("GET", "/waiting-room/limited-drop/1"),
+        ] {
+            let (status, text) = send_raw(rig.vq(), method, target, &who).await;
+            assert_eq!(status, 400, "Connection: {connection} on {method} {target}: {text}");
+            assert!(text.contains("\"code\":\"INVALID_REQUEST\"") && text.contains("Connection names"), "{text}");
+        }
+        // nginx turns a 400 of /gate/verify into a 500: there it is a 403 with the reason.
+        let verify = [who[0], who[1], who[2], ("X-Original-URI", "/limited-drops/1/orders")];
+        let (status, text) = send_raw(rig.vq(), "GET", "/gate/verify", &verify).await;
+        assert_eq!(status, 403, "{text}");
+        assert!(text.contains("Connection names"), "{text}");
+    }
+    let seen = rig.recorder.take();
+    assert!(seen.is_empty(), "the purchase API got {seen:#?}");
+    // Other connection options still go: the purchase API sees the identity as sent.
+    let t = token(40);
+    let who = [("X-User-Id", "40"), ("X-Entry-Token", t.as_str()), ("Connection", "X-Trace, keep-alive")];
+    let (status, text) =
+        send_raw(rig.vq(), "POST", "/limited-drops/1/orders", &[who[0], who[1], who[2], ("X-Trace", "1")]).await;
+    assert_eq!(status, 200, "{text}");
+    let seen = rig.recorder.take();
+    assert_eq!((seen[0].all("x-user-id"), seen[0].all("x-entry-token")), (vec!["40"], vec![t.as_str()]));
+    assert!(seen[0].all("x-trace").is_empty(), "a header named in Connection is hop-by-hop: {seen:?}");
+}
+
+#[tokio::test]
+async fn an_identity_header_spelt_with_underscores_is_refused() {
+    let rig = pace_off().await;
+    let t = token(7);
+    for (name, value) in [("X_User_Id", "8"), ("x_entry_token", "forged"), ("X-User_Id", "8")] {
+        for target in ["/limited-drops/1/orders", "/products/1", "/virtual-queues/limited-drop/1/entries"] {
+            let headers = [("X-User-Id", "7"), ("X-Entry-Token", t.as_str()), (name, value)];
+            let (status, text) = send_raw(rig.vq(), "POST", target, &headers).await;
+            assert_eq!(status, 400, "{name} on {target}: {text}");
+            assert!(text.contains("\"code\":\"INVALID_REQUEST\"") && text.contains("spell it"), "{text}");
+        }
+    }
+    assert!(rig.recorder.take().is_empty());
+}
