@@ -105,3 +105,51 @@ async fn an_identity_header_spelt_with_underscores_is_refused() {
     }
     assert!(rig.recorder.take().is_empty());
 }
+
+#[tokio::test]
+async fn no_rerouting_header_reaches_the_purchase_api() {
+    let rig = pace_off().await;
+    let headers = rerouting_headers();
+    let t = token(7);
+    let mut sent: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    sent.extend([("X-User-Id", "7"), ("X-Entry-Token", t.as_str()), ("X-Custom", "kept")]);
+    for (method, target) in [("POST", "/limited-drops/1/orders"), ("GET", "/"), ("GET", "/products/1")] {
+        let (status, text) = send_raw(rig.vq(), method, target, &sent).await;
+        assert_eq!(status, 200, "{method} {target}: {text}");
+    }
+    let seen = rig.recorder.take();
+    let got: Vec<(&str, &str)> = seen.iter().map(|s| (s.method.as_str(), s.target.as_str())).collect();
+    assert_eq!(got, [("POST", "/limited-drops/1/orders"), ("GET", "/"), ("GET", "/products/1")]);
+    for s in &seen {
+        assert_eq!(rerouting_seen(s), Vec::<String>::new(), "{} {}", s.method, s.target);
+        assert_eq!(s.all("x-custom"), ["kept"], "other headers pass as sent");
+    }
+}
+
+#[tokio::test]
+async fn the_purchase_api_gets_the_configured_host_never_the_clients() {
+    let rig = pace_off().await;
+    let t = token(7);
+    let evil = [("Host", "evil.example"), ("X-User-Id", "7"), ("X-Entry-Token", t.as_str())];
+    // send_raw's own Host comes first: hyper takes the first of two, so send one only here.
+    let raw = |target: &str| {
+        let mut r = format!("POST {target} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n");
+        for (k, v) in evil {
+            r.push_str(&format!("{k}: {v}\r\n"));
+        }
+        r.push_str("\r\n");
+        r.into_bytes()
+    };
+    for target in ["/limited-drops/1/orders", "/products/1"] {
+        let (status, text) = send_bytes(rig.vq(), raw(target)).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let hosts: Vec<Vec<String>> =
+        rig.recorder.take().iter().map(|s| s.all("host").iter().map(|h| h.to_string()).collect()).collect();
+    assert_eq!(hosts, [[rig.backend.clone()], [rig.backend.clone()]], "default: the upstream's authority");
+
+    let rig = Rig::start_with(|s| s.gate.upstream_host = Some("shop.internal:8443".into())).await;
+    let (status, text) = send_bytes(rig.vq(), raw("/products/1")).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(rig.recorder.take()[0].all("host"), ["shop.internal:8443"]);
+}
