@@ -7,18 +7,25 @@
 //!   `gate.upstream_host` (default: the upstream's own authority), never the client's.
 //! - Hop-by-hop headers are dropped, the identity headers never (the edge layer refuses a
 //!   request whose `Connection` names them).
-//! - The body streams as it comes.
+//! - The body streams through [`ClientBody`], which tells a client's bad framing, or a body
+//!   that stops arriving, from the purchase API failing: the first is the client's 400, only
+//!   the second a 502/504.
 //!
 //! It must not decide anything: whether the request may pass is the gate's call.
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::Uri;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::request::Parts;
 use axum::response::Response;
+use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -65,6 +72,9 @@ pub struct Upstream {
 /// Why a request did not get the purchase API's answer.
 #[derive(Debug)]
 pub enum ForwardError {
+    /// The client's body: bad framing (chunk sizes, line ends), cut short, or stalled while the
+    /// purchase API waited for it.
+    ClientBody(String),
     /// The canonical path does not make a URI with the upstream's base.
     Path,
     Unreachable,
@@ -98,13 +108,22 @@ impl Upstream {
         strip_hop_by_hop(&mut parts.headers);
         strip_rerouting(&mut parts.headers);
         parts.headers.insert(header::HOST, self.host.clone());
+        let state = Arc::new(BodyState::default());
+        let body = Body::new(ClientBody { inner: body, state: state.clone() });
         let req = Request::from_parts(parts, body);
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) if state.waiting.load(Ordering::Relaxed) => Err(ForwardError::ClientBody(format!(
+                "the request body stopped arriving: the purchase API waited {} ms for the rest",
+                self.timeout.as_millis()
+            ))),
             Err(_) => Err(ForwardError::Timeout),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, upstream = %self.base, "purchase API unreachable");
-                Err(ForwardError::Unreachable)
-            }
+            Ok(Err(e)) => match state.failed.get() {
+                Some(why) => Err(ForwardError::ClientBody(why.clone())),
+                None => {
+                    tracing::warn!(error = %e, upstream = %self.base, "purchase API unreachable");
+                    Err(ForwardError::Unreachable)
+                }
+            },
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -116,6 +135,7 @@ impl Upstream {
     /// The answer for a request that did not get the purchase API's.
     pub fn error(&self, e: ForwardError) -> ApiError {
         match e {
+            ForwardError::ClientBody(why) => ApiError::invalid(format!("malformed request body: {why}")),
             ForwardError::Path => ApiError::invalid("the request path cannot be forwarded"),
             ForwardError::Unreachable => {
                 ApiError::new(ErrorCode::UpstreamUnavailable, "the purchase API is unreachable")
@@ -176,6 +196,70 @@ fn strip_rerouting(headers: &mut HeaderMap) {
     let found: Vec<HeaderName> = headers.keys().filter(|k| rerouting(k)).cloned().collect();
     for name in found {
         headers.remove(name);
+    }
+}
+
+/// Why a request's framing is refused before anything else: a `Transfer-Encoding` other than
+/// one `chunked` (`chunked, chunked`, or two header lines) is one that a proxy in front may
+/// have framed differently, so its body is not the one the proxy passed. hyper refuses the
+/// rest itself, with a bare 400 (a `Transfer-Encoding` not ending in `chunked`, an unreadable
+/// or repeated `Content-Length`), and takes a message with both `Content-Length` and
+/// `Transfer-Encoding` as RFC 9112 §6.3 says: chunked, the `Content-Length` removed, the
+/// connection closed after it.
+pub fn framing_refusal(headers: &HeaderMap) -> Option<&'static str> {
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
+    let first = codings.next()?;
+    let chunked_once = first.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") && codings.next().is_none();
+    (!chunked_once).then_some("Transfer-Encoding must be `chunked`, once")
+}
+
+/// `e` and its sources, as `outer: inner: …` (hyper says what was wrong with the bytes only in
+/// the innermost).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// What the purchase API's reading of the client's body has met.
+#[derive(Default)]
+struct BodyState {
+    /// Why reading the client's body failed, once it has.
+    failed: OnceLock<String>,
+    /// The last read is waiting for the client's bytes (not for the purchase API to take them).
+    waiting: AtomicBool,
+}
+
+/// The client's body as the purchase API reads it, noting failures and waits in [`BodyState`].
+struct ClientBody {
+    inner: Body,
+    state: Arc<BodyState>,
+}
+
+impl hyper::body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        self.state.waiting.store(polled.is_pending(), Ordering::Relaxed);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            let _ = self.state.failed.set(error_chain(e));
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

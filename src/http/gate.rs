@@ -83,6 +83,9 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
         Ok(p) => p,
         Err(e) => return ApiError::invalid(e.to_string()).into_response(),
     };
+    if let Some(why) = super::forward::framing_refusal(&parts.headers) {
+        return ApiError::invalid(why).into_response();
+    }
     // The metrics label of a gated purchase is its route's template, whatever the spelling.
     let label = st.gate.routes.template(&path).cloned();
     let mut resp = gate_and_forward(&st, parts, path, body).await;

@@ -153,3 +153,79 @@ async fn the_purchase_api_gets_the_configured_host_never_the_clients() {
     assert_eq!(status, 200, "{text}");
     assert_eq!(rig.recorder.take()[0].all("host"), ["shop.internal:8443"]);
 }
+
+/// Request bodies framed wrongly, each after `Transfer-Encoding: chunked` (or the head given).
+pub const BAD_BODIES: &[(&str, &str)] = &[
+    ("LF-only line ends", "Transfer-Encoding: chunked\r\n\r\n5\nhello\n0\n\n"),
+    ("a chunk size that overflows", "Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFF\r\nhello\r\n0\r\n\r\n"),
+    ("a chunk size that is not hex", "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"),
+    ("a chunk longer than its size", "Transfer-Encoding: chunked\r\n\r\n3\r\nhello\r\n0\r\n\r\n"),
+    ("a chunk extension with a bare LF", "Transfer-Encoding: chunked\r\n\r\n5;a\nhello\r\n0\r\n\r\n"),
+    ("a chunk without a size", "Transfer-Encoding: chunked\r\n\r\n\r\nhello\r\n0\r\n\r\n"),
+    (
+        "Transfer-Encoding: chunked twice",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ),
+    ("Transfer-Encoding: chunked, chunked", "Transfer-Encoding: chunked, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+];
+
+/// `method target` with the identity headers given, `Connection: close`, and `framing` (the
+/// rest of the head and the body).
+pub fn framed(target: &str, who: &[(&str, &str)], framing: &str) -> Vec<u8> {
+    let mut r = format!("POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (k, v) in who {
+        r.push_str(&format!("{k}: {v}\r\n"));
+    }
+    r.push_str(framing);
+    r.into_bytes()
+}
+
+/// No request reached the upstream with a whole body.
+fn assert_no_whole_body(seen: &[Seen]) {
+    let whole: Vec<_> = seen.iter().filter(|s| s.body.is_ok()).collect();
+    assert!(whole.is_empty(), "the purchase API read a whole body out of a malformed one: {whole:#?}");
+}
+
+#[tokio::test]
+async fn a_malformed_request_body_is_the_clients_400_never_a_5xx() {
+    let rig = pace_off().await;
+    for (user, (what, framing)) in (50u64..).zip(BAD_BODIES) {
+        let (u, t) = (user.to_string(), token(user));
+        let who = [("X-User-Id", u.as_str()), ("X-Entry-Token", t.as_str())];
+        for target in ["/limited-drops/1/orders", "/products/1"] {
+            let (status, text) = send_bytes(rig.vq(), framed(target, &who, framing)).await;
+            assert_eq!(status, 400, "{what} on {target}: {text}");
+            assert!(text.contains("\"code\":\"INVALID_REQUEST\""), "{what} on {target}: {text}");
+        }
+    }
+    // Framings hyper refuses before vq sees the request: its own 400, without a body.
+    for framing in [
+        "Transfer-Encoding: gzip\r\n\r\nhello",
+        "Transfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "Content-Length: 3\r\nContent-Length: 5\r\n\r\nhello",
+        "Content-Length: x\r\n\r\nhello",
+    ] {
+        let (status, text) = send_bytes(rig.vq(), framed("/products/1", &[], framing)).await;
+        assert_eq!(status, 400, "{framing:?}: {text}");
+    }
+    assert_no_whole_body(&rig.recorder.take());
+    // The token of a purchase whose body failed is not used up: the purchase API did not answer.
+    let t = token(50);
+    let (status, text) =
+        send_raw(rig.vq(), "POST", "/limited-drops/1/orders", &[("X-User-Id", "50"), ("X-Entry-Token", &t)]).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_is_the_clients_400_not_an_upstream_timeout() {
+    let rig = Rig::start_with(|s| (s.gate.pace, s.gate.timeout_ms) = (false, 300)).await;
+    let t = token(7);
+    let who = [("X-User-Id", "7"), ("X-Entry-Token", t.as_str())];
+    for target in ["/limited-drops/1/orders", "/products/1"] {
+        // Ten bytes announced, three sent, the connection kept open.
+        let (status, text) = send_bytes(rig.vq(), framed(target, &who, "Content-Length: 10\r\n\r\nabc")).await;
+        assert_eq!(status, 400, "{target}: {text}");
+        assert!(text.contains("\"code\":\"INVALID_REQUEST\"") && text.contains("stopped arriving"), "{text}");
+    }
+    assert_no_whole_body(&rig.recorder.take());
+}
