@@ -10,6 +10,7 @@ mod failover;
 mod fault_isolation;
 mod flag;
 mod forwarding;
+mod forwarding_nginx;
 pub mod gate;
 mod gate_paths;
 mod loadgen;
