@@ -116,6 +116,9 @@ pub struct GateSettings {
     /// A response header of the purchase API that closes the purchase's target (sold out),
     /// its value being the message waiting users get; the gate strips it from the response.
     pub close_header: String,
+    /// `Host` of every request forwarded to the purchase API (unset: the authority of
+    /// `upstream`); the client's own `Host` never reaches it.
+    pub upstream_host: Option<String>,
 }
 
 /// Limits of the HTTP server, so misbehaving clients cannot hold connections or the shutdown.
@@ -234,6 +237,7 @@ impl Default for GateSettings {
             pace: true,
             pace_max_ticks: 2,
             close_header: "X-Queue-Close".into(),
+            upstream_host: None,
             routes: vec![
                 route("POST", "/limited-drops/{dropId}/orders", "LIMITED_DROP"),
                 route("POST", "/events/{id}/seats/select", "TICKETING_EVENT"),
@@ -326,6 +330,28 @@ pub enum SettingError {
     UpstreamNotHttp(String),
     #[error("gate.close_header (VQ_GATE__CLOSE_HEADER) must be an HTTP header name such as X-Queue-Close, got `{0}`")]
     CloseHeaderNotAName(String),
+    #[error(
+        "gate.upstream_host (VQ_GATE__UPSTREAM_HOST) must be a host such as shop.internal or shop.internal:8443, got `{0}`"
+    )]
+    UpstreamHostNotAHost(String),
+}
+
+/// Whether `host` can be `gate.upstream_host`: a DNS name or IP address (`[v6]`), and an
+/// optional `:port`; no user info, no path.
+fn is_host(host: &str) -> bool {
+    let (name_ok, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((ip, port)) => (ip.parse::<std::net::Ipv6Addr>().is_ok(), port),
+            None => return false,
+        },
+        None => {
+            let (name, port) = host.find(':').map_or((host, ""), |i| host.split_at(i));
+            let label = |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            (name.split('.').all(label), port)
+        }
+    };
+    let port_ok = port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok());
+    name_ok && port_ok
 }
 
 impl Settings {
@@ -385,6 +411,9 @@ impl Settings {
         }
         if axum::http::HeaderName::from_bytes(g.close_header.as_bytes()).is_err() {
             return Err(SettingError::CloseHeaderNotAName(g.close_header.clone()));
+        }
+        if let Some(h) = g.upstream_host.as_ref().filter(|h| !is_host(h)) {
+            return Err(SettingError::UpstreamHostNotAHost(h.clone()));
         }
         Ok(())
     }
@@ -531,6 +560,18 @@ mod tests {
                 assert!(err.to_string().contains("gate.close_header (VQ_GATE__CLOSE_HEADER)"), "{err}");
             }
             jail.set_env("VQ_GATE__CLOSE_HEADER", "X-Sold-Out");
+            for bad in ["", "shop internal", "user@shop", "shop/x", "shop:port"] {
+                jail.set_env("VQ_GATE__UPSTREAM_HOST", bad);
+                let named = SettingError::UpstreamHostNotAHost(bad.into());
+                assert!(matches!(&load(), ConfigError::Invalid(e) if *e == named), "{bad:?}");
+            }
+            for good in ["shop.internal", "shop.internal:8443", "[::1]:9000"] {
+                jail.set_env("VQ_GATE__UPSTREAM_HOST", good);
+                assert_eq!(
+                    Settings::load(None, &Overrides::default()).unwrap().gate.upstream_host.as_deref(),
+                    Some(good)
+                );
+            }
             assert_eq!(Settings::load(None, &Overrides::default()).unwrap().gate.close_header, "X-Sold-Out");
             let missing = Settings::load(Some(Path::new("nope.toml")), &Overrides::default()).unwrap_err();
             assert_eq!(missing.to_string(), "config file nope.toml does not exist");

@@ -3,9 +3,10 @@
 //! - Every request is timed by route template and status (`virtual_queue_http_request_duration_seconds`):
 //!   the matched route (vq's own, or the gated route the gate sets on its response as
 //!   [`RouteLabel`]), never the raw path; other forwarded paths are `unmatched`.
-//! - `X-User-Id` or `X-Entry-Token` sent twice is refused on every route (400): servers behind
-//!   vq read one value or join them, and vq must not decide on another than they use.
-//!   `/gate/verify` answers 403 for it itself (nginx turns a 400 into a 500).
+//! - `X-User-Id` or `X-Entry-Token` sent twice, named in `Connection`, or spelt with `_` is
+//!   refused on every route (400, [`identity_refusal`] says why): servers behind vq would read
+//!   another value than vq decided on, or none. `/gate/verify` answers 403 for it itself
+//!   (nginx turns a 400 into a 500).
 //! - Queue API answers are per user and change every tick: `Cache-Control: no-store`.
 //! - CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
 //!   the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
@@ -43,17 +44,57 @@ impl Cors {
     }
 }
 
-/// The identity headers, which the gate and the purchase API must read alike: sent twice,
-/// one would check the first value and the other see both.
-const IDENTITY_HEADERS: [&str; 2] = ["x-user-id", "x-entry-token"];
+/// The identity headers (lower-case, as written), which the gate and the purchase API must
+/// read alike.
+const IDENTITY_HEADERS: [(&str, &str); 2] = [("x-user-id", "X-User-Id"), ("x-entry-token", "X-Entry-Token")];
 
-/// The identity header sent more than once, if any.
-pub(super) fn repeated_identity(headers: &HeaderMap) -> Option<&'static str> {
-    IDENTITY_HEADERS.into_iter().find(|name| headers.get_all(*name).iter().nth(1).is_some())
+/// Why this request's identity headers could be read one way by vq and another by a server
+/// behind it, if they could; such a request is refused on every route (400; 403 on
+/// `/gate/verify`):
+///
+/// - sent twice: one server reads the first value, another joins them;
+/// - named in `Connection`: a proxy that honours it (RFC 9110 §7.6.1, vq's forwarding did)
+///   drops the header, one that does not (nginx) keeps it, so the gate and the purchase API
+///   would see different users. Refused rather than ignored for them: RFC 9110 forbids
+///   connection options for end-to-end fields, no client that means well sends one, and
+///   ignoring it would make vq the one hop on the path that reads it differently;
+/// - spelt with `_` (`X_User_Id`): servers that turn headers into CGI variables (PHP, WSGI,
+///   Rack) read it as `X-User-Id`, beside or instead of the one vq checked.
+pub(super) fn identity_refusal(headers: &HeaderMap) -> Option<String> {
+    let repeated = IDENTITY_HEADERS.into_iter().find(|(id, _)| headers.get_all(*id).iter().nth(1).is_some());
+    if let Some((_, shown)) = repeated {
+        return Some(format!("{shown} sent more than once: send it once"));
+    }
+    let named = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .find_map(|option| identity_header(option.trim_ascii()));
+    if let Some(shown) = named {
+        return Some(format!(
+            "Connection names {shown}: an identity header is end-to-end and cannot be dropped on the way"
+        ));
+    }
+    let respelt = headers.keys().find(|k| k.as_str().contains('_')).map(|k| k.as_str().as_bytes());
+    if let Some((raw, shown)) = respelt.and_then(|raw| identity_header(raw).map(|shown| (raw, shown))) {
+        let raw = String::from_utf8_lossy(raw);
+        return Some(format!("{raw}: spell it {shown} (servers behind vq would read both as {shown})"));
+    }
+    None
 }
 
-pub(super) fn repeated_detail(name: &str) -> String {
-    format!("{} sent more than once: send it once", if name == "x-user-id" { "X-User-Id" } else { "X-Entry-Token" })
+/// The identity header that `name` stands for, ignoring case and taking `_` for `-`.
+fn identity_header(name: &[u8]) -> Option<&'static str> {
+    let same = |id: &str| {
+        id.len() == name.len()
+            && name.iter().zip(id.bytes()).all(|(a, b)| a.to_ascii_lowercase() == b || (*a == b'_' && b == b'-'))
+    };
+    IDENTITY_HEADERS.into_iter().find(|(id, _)| same(id)).map(|(_, shown)| shown)
+}
+
+/// Whether `name` (lower-case) is an identity header: never dropped as hop-by-hop.
+pub(super) fn is_identity(name: &str) -> bool {
+    IDENTITY_HEADERS.iter().any(|(id, _)| *id == name)
 }
 
 /// Browsers cache a preflight answer this long.
@@ -77,10 +118,10 @@ pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> R
 
 async fn edge(cors: &Cors, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if let Some(name) = repeated_identity(req.headers())
-        && path != "/gate/verify"
+    if path != "/gate/verify"
+        && let Some(detail) = identity_refusal(req.headers())
     {
-        return ApiError::invalid(repeated_detail(name)).into_response();
+        return ApiError::invalid(detail).into_response();
     }
     if !is_api(path) {
         return next.run(req).await;

@@ -7,33 +7,28 @@
 //! front of the whole app. The upstream receives the canonical path, never the raw one, so
 //! what the gate checked is what the purchase API routes on. A request carrying `X-User-Id`
 //! or `X-Entry-Token` more than once is refused. `/gate/verify` offers the same check to
-//! nginx `auth_request`. Bodies stream both ways; hop-by-hop headers are dropped.
-
-use std::time::Duration;
+//! nginx `auth_request`. What the purchase API receives is `forward`'s business.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::StatusCode;
 use axum::http::header::{self, HeaderMap, HeaderName};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use super::edge::RouteLabel;
 use super::error::OVERLOADED_RETRY_AFTER_S;
+use super::forward::Upstream;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, SettingError};
 use crate::gate::{CanonicalPath, GateRoutes};
 use crate::service::{ClaimMode, GateDenial, GatePass, Pace};
 
-/// The gate's routes, upstream and pooled HTTP client.
+/// The gate's routes and the purchase API behind it.
 pub struct Gate {
     routes: GateRoutes,
-    upstream: Option<String>,
-    timeout: Duration,
-    client: Client<HttpConnector, Body>,
+    /// `None` without `gate.upstream`.
+    upstream: Option<Upstream>,
     /// `gate.close_header`: the purchase API's "sold out" signal, never passed to the buyer.
     close_header: HeaderName,
 }
@@ -45,14 +40,9 @@ impl Gate {
     /// The same checks as loading the settings: a route that does not compile or a close
     /// header that is not a header name is an error, never a fallback.
     pub fn new(settings: &GateSettings) -> Result<Self, SettingError> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
         Ok(Self {
             routes: GateRoutes::compile(&settings.routes)?,
-            upstream: settings.upstream.as_ref().map(|u| u.trim_end_matches('/').to_owned()),
-            timeout: Duration::from_millis(settings.timeout_ms),
-            client: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
+            upstream: Upstream::new(settings)?,
             close_header: HeaderName::from_bytes(settings.close_header.as_bytes())
                 .map_err(|_| SettingError::CloseHeaderNotAName(settings.close_header.clone()))?,
         })
@@ -64,63 +54,6 @@ impl Gate {
         let text = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
         let message: String = text.chars().take(CLOSE_MESSAGE_MAX).collect();
         Some(if message.is_empty() { crate::service::DEFAULT_CLOSE_MESSAGE.to_owned() } else { message })
-    }
-
-    async fn forward(&self, mut parts: Parts, path: &CanonicalPath, body: Body) -> Result<Response, ApiError> {
-        let Some(base) = &self.upstream else {
-            return Err(ApiError::new(
-                ErrorCode::UpstreamUnavailable,
-                "no purchase API behind the gate: set gate.upstream (VQ_GATE__UPSTREAM)",
-            ));
-        };
-        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-        parts.uri = format!("{base}{}{query}", path.as_str())
-            .parse::<Uri>()
-            .map_err(|_| ApiError::invalid("the request path cannot be forwarded"))?;
-        strip_hop_by_hop(&mut parts.headers);
-        let req = Request::from_parts(parts, body);
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Err(_) => Err(ApiError::new(
-                ErrorCode::UpstreamTimeout,
-                format!("the purchase API did not answer within {} ms", self.timeout.as_millis()),
-            )),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, upstream = %base, "purchase API unreachable");
-                Err(ApiError::new(ErrorCode::UpstreamUnavailable, "the purchase API is unreachable"))
-            }
-            Ok(Ok(resp)) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Ok(Response::from_parts(parts, Body::new(body)))
-            }
-        }
-    }
-}
-
-/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        headers.remove(name);
     }
 }
 
@@ -155,6 +88,9 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
         Ok(p) => p,
         Err(e) => return ApiError::invalid(e.to_string()).into_response(),
     };
+    if let Some(why) = super::forward::framing_refusal(&parts.headers) {
+        return ApiError::invalid(why).into_response();
+    }
     // The metrics label of a gated purchase is its route's template, whatever the spelling.
     let label = st.gate.routes.template(&path).cloned();
     let mut resp = gate_and_forward(&st, parts, path, body).await;
@@ -199,7 +135,14 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
             }
         }
     }
-    let mut result = st.gate.forward(parts, &path, body).await;
+    let Some(upstream) = &st.gate.upstream else {
+        return ApiError::new(
+            ErrorCode::UpstreamUnavailable,
+            "no purchase API behind the gate: set gate.upstream (VQ_GATE__UPSTREAM)",
+        )
+        .into_response();
+    };
+    let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
     if let Ok(resp) = &mut result
         && let Some(message) = st.gate.take_close(resp)
         && let Some(target) = route_target
@@ -230,8 +173,8 @@ pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Respon
     let Ok(uri) = raw_uri.to_str() else {
         return refuse("the original URI holds bytes outside visible ASCII".into());
     };
-    if let Some(name) = super::edge::repeated_identity(&headers) {
-        return refuse(super::edge::repeated_detail(name));
+    if let Some(detail) = super::edge::identity_refusal(&headers) {
+        return refuse(detail);
     }
     let path = match CanonicalPath::parse(original_path(uri)) {
         Ok(p) => p,

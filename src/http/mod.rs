@@ -4,6 +4,7 @@
 pub mod edge;
 mod error;
 mod extract;
+mod forward;
 pub mod gate;
 mod metrics;
 pub mod page;
