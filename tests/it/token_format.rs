@@ -390,6 +390,9 @@ fn vector_cases() -> Vec<V> {
         v("expiry past 64 bits (signed)", cur(&exp("18446744073709551616")), E, "malformed"),
         v("expiry with a plus sign (signed): accepted, as Rust parses it", cur(&exp("+1767225600")), E, "valid"),
         v("expiry with leading zeros (signed)", cur(&exp("0001767225600")), E, "valid"),
+        v("expiry after 4400 zeros (signed)", cur(&exp(&format!("{}{V_EXP}", "0".repeat(4400)))), E, "valid"),
+        v("user id after 30 zeros (signed)", cur(&format!("LIMITED_DROP|42|{}7|{V_EXP}", "0".repeat(30))), E, "valid"),
+        v("expiry of 4400 digits (signed)", cur(&exp(&"9".repeat(4400))), E, "malformed"),
         v("expiry 0 (signed)", cur(&exp("0")), E, "expired"),
         v("expiry the largest 64-bit value (signed)", cur(&exp("18446744073709551615")), E, "valid"),
     ]
