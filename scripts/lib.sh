@@ -6,7 +6,8 @@
 # which sets `-euo pipefail`, moves to the repository root and installs the exit trap. Then:
 #
 #   install_missing CMD[=PKG] ...   installs the Debian packages of the commands that are
-#                                   missing (PKG defaults to CMD; CMD may be a path), as root or
+#                                   missing (PKG defaults to CMD; CMD may be a path, of a
+#                                   command or of any file the package installs), as root or
 #                                   through sudo; fails when apt-get does
 #   build_release [CARGO-ARGS]      cargo build --release
 #   free_port                       prints a free loopback TCP port
@@ -42,7 +43,7 @@ install_missing() {
   local want pkgs=() sudo=""
   for want in "$@"; do
     local cmd="${want%%=*}" pkg="${want#*=}"
-    command -v "$cmd" >/dev/null 2>&1 || [ -x "$cmd" ] || pkgs+=("$pkg")
+    command -v "$cmd" >/dev/null 2>&1 || [ -e "$cmd" ] || pkgs+=("$pkg")
   done
   [ ${#pkgs[@]} -gt 0 ] || return 0
   say "installing: ${pkgs[*]}"

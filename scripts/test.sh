@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test of vq: installs what the suite needs when missing (Debian packages, as
 # root or through sudo; the Python API tools in target/venv), runs the alert rules' unit tests
-# with promtool, then the whole suite with cargo-nextest (cargo test without it).
+# with promtool, the token verifiers' suites in clients/ (Node, Python, Java: seconds), then the
+# whole suite with cargo-nextest (cargo test without it), then checks the clients' verifiers
+# against tokens signed by the vq binary that suite built.
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
 needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx)
+# clients/: node's test runner, a JDK, and the Jakarta Servlet API to compile the Java filter.
+needs+=(node=nodejs javac=default-jdk-headless /usr/share/java/jakarta-servlet-api.jar=libjakarta-servlet-api-java)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || needs+=(python3-venv)
 install_missing "${needs[@]}"
 # The waiting page's tests drive Debian's chromium; where it cannot be installed they are
@@ -26,8 +30,20 @@ fi
 
 promtool test rules deploy/prometheus/alerts_test.yml
 
+# A failing client does not stop the Rust suite; the script fails at the end.
+clients_ok=true
+clients/test.sh || clients_ok=false
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast "$@"
 else
   cargo test --no-fail-fast "$@"
 fi
+
+# The binary the integration tests ran (a separate `cargo build` would rebuild vq with other
+# dependency features, ~40 s); built only when the run above did not need it.
+vq_bin=${CARGO_TARGET_DIR:-target}/debug/vq
+[ -x "$vq_bin" ] || cargo build --bin vq
+clients/test-against-vq.sh "$vq_bin" || clients_ok=false
+$clients_ok || die "clients/: a token verifier's suite failed (see above)"
+say "clients/: every verifier accepts and refuses vq's tokens as vq does"
