@@ -124,6 +124,11 @@
   function run(entered) {
     var request = entered ? call("GET", "/entries/me") : call("POST", "/entries");
     return request.then(function (r) {
+      if (r.status === 503 && r.body && r.body.code === "OVERLOADED") {
+        // The instance is busy, not gone: the place is kept; retry when told, spread out.
+        say(T.busy);
+        return pause((r.retryAfter || 1) * 1000 + Math.random() * 1000).then(function () { return run(entered); });
+      }
       if (r.status >= 500 || !r.body) throw new Error("no answer");
       backoff = 1;
       if (r.status === 429) {

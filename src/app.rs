@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{HttpSettings, Settings, StoreKind, redact_credentials};
-use crate::http::edge::Cors;
+use crate::http::edge::Edge;
 use crate::http::gate::Gate;
 use crate::http::page::Page;
 use crate::http::{AppState, router};
@@ -113,6 +113,34 @@ async fn metrics_upkeep_loop(cancel: CancellationToken) {
     }
 }
 
+/// Publishes how far this host's clock is from Redis' (`virtual_queue_clock_offset_seconds`)
+/// and warns while it is more than [`crate::service::CLOCK_OFF_MS`] off. Decisions do not
+/// depend on it (they use Redis' clock), but an operator should know a host's clock is wrong.
+async fn clock_watch_loop(service: Arc<QueueService>, cancel: CancellationToken) {
+    let mut warned = false;
+    loop {
+        if let Some(offset) = service.clock_offset_ms() {
+            crate::metrics::set_clock_offset(offset);
+            let off = offset.unsigned_abs() > crate::service::CLOCK_OFF_MS;
+            if off && !warned {
+                tracing::warn!(
+                    offset_ms = offset,
+                    "this host's clock is {} ms {} Redis' clock: vq decides by Redis' clock, but fix this host's time sync (NTP)",
+                    offset.unsigned_abs(),
+                    if offset > 0 { "behind" } else { "ahead of" }
+                );
+            } else if !off && warned {
+                tracing::info!(offset_ms = offset, "this host's clock agrees with Redis' clock again");
+            }
+            warned = off;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
 pub struct ServeOptions {
     pub pump: bool,
     /// Write "queue on for everyone" to the store at start-up (trial runs).
@@ -144,6 +172,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
     tracker.spawn(metrics_upkeep_loop(cancel.clone()));
+    tracker.spawn(clock_watch_loop(service.clone(), cancel.clone()));
     if settings.queue.local_polls {
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
     }
@@ -155,8 +184,9 @@ pub async fn run(
 
     let gate = Gate::new(&settings.gate)?;
     let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
-    let cors = Cors::new(settings.http.cors_origin_list().map_err(|e| anyhow::anyhow!(e))?);
-    let app = router(Arc::new(AppState { service, gate, page }), cors);
+    let cors = settings.http.cors_origin_list().map_err(|e| anyhow::anyhow!(e))?;
+    let edge = Edge::new(cors, settings.http.max_in_flight);
+    let app = router(Arc::new(AppState { service, gate, page }), edge);
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
     serve_http(listener, app, &settings.http, &cancel).await;
     cancel.cancel();

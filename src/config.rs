@@ -133,11 +133,15 @@ pub struct HttpSettings {
     /// Comma-separated origins (`https://shop.example`) whose web apps may call the queue API
     /// from the browser (CORS); unset: same-origin only.
     pub cors_origins: Option<String>,
+    /// Queue API calls and gated requests this instance works on at once; the next ones are
+    /// answered 503 OVERLOADED with `Retry-After` (their places kept) rather than queued
+    /// behind them, so latency stays bounded when the instance cannot keep up.
+    pub max_in_flight: u64,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000, cors_origins: None }
+        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000, cors_origins: None, max_in_flight: 1024 }
     }
 }
 
@@ -372,7 +376,7 @@ impl Settings {
 
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 14] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 15] = [
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
@@ -387,6 +391,7 @@ impl Settings {
             ("gate.pace_max_ticks", g.pace_max_ticks, 0..=60),
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms, 100..=600_000),
             ("http.drain_timeout_ms", self.http.drain_timeout_ms, 0..=600_000),
+            ("http.max_in_flight", self.http.max_in_flight, 1..=1_000_000),
         ];
         for (key, value, range) in bounded {
             if !range.contains(&value) {

@@ -8,12 +8,17 @@
 //!   another value than vq decided on, or none. `/gate/verify` answers 403 for it itself
 //!   (nginx turns a 400 into a 500).
 //! - Queue API answers are per user and change every tick: `Cache-Control: no-store`.
+//! - A bounded number of requests in flight (`http.max_in_flight`): the queue API's calls and
+//!   the gate's (they wait on Redis or the purchase API); past it a request is answered at once
+//!   with 503 OVERLOADED and `Retry-After` (a 403 that says so on `/gate/verify`, which nginx
+//!   passes on), instead of queueing behind work the instance cannot get through.
 //! - CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
 //!   the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
 //!   preflight `OPTIONS`, answered here; other origins get no CORS headers (the browser then
 //!   refuses to hand the answer to the page).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -21,8 +26,57 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
+use super::error::OVERLOADED_RETRY_AFTER_S;
+use super::{ApiError, ErrorCode};
 use crate::metrics;
+
+/// What the edge layer holds: the CORS origins and the in-flight count.
+pub struct Edge {
+    cors: Cors,
+    in_flight: AtomicU64,
+    max_in_flight: u64,
+}
+
+impl Edge {
+    pub fn new(cors_origins: Vec<String>, max_in_flight: u64) -> Arc<Self> {
+        Arc::new(Self { cors: Cors(cors_origins), in_flight: AtomicU64::new(0), max_in_flight })
+    }
+
+    /// A place among the requests in flight, or `None` when they are all taken.
+    fn admit(&self) -> Option<InFlight<'_>> {
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let slot = InFlight(&self.in_flight);
+        (before < self.max_in_flight).then_some(slot)
+    }
+}
+
+/// One request in flight; its place frees when the answer is made (or the client hangs up).
+struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The requests that count in flight: those that may wait on Redis or the purchase API. Health
+/// probes, metrics, the OpenAPI document and the waiting page are answered whatever the load.
+fn counts_in_flight(path: &str) -> bool {
+    !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/openapi.json") && !path.starts_with("/waiting-room/")
+}
+
+/// The answer to a request shed at the door.
+fn shed(path: &str) -> Response {
+    metrics::shed();
+    let detail = "this instance has as many requests in flight as it takes (http.max_in_flight): retry shortly, your place is kept";
+    if path == "/gate/verify" {
+        // nginx passes only 401 and 403 on to the buyer.
+        return ApiError::new(ErrorCode::QueueBypassDenied, detail)
+            .retry_after(OVERLOADED_RETRY_AFTER_S)
+            .into_response();
+    }
+    ApiError::overloaded(detail).into_response()
+}
 
 /// The route template of a gated purchase, set on its response by the gate, which has matched
 /// the canonical path already.
@@ -30,13 +84,9 @@ use crate::metrics;
 pub struct RouteLabel(pub Arc<str>);
 
 /// The allowed origins, lower-case.
-pub struct Cors(Vec<String>);
+struct Cors(Vec<String>);
 
 impl Cors {
-    pub fn new(origins: Vec<String>) -> Arc<Self> {
-        Arc::new(Self(origins))
-    }
-
     fn allowed(&self, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
         let o = origin?;
         let text = o.to_str().ok()?.to_ascii_lowercase();
@@ -106,30 +156,36 @@ fn is_api(path: &str) -> bool {
     path.starts_with("/virtual-queues/") || path == "/openapi.json"
 }
 
-pub async fn layer(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
+pub async fn layer(State(edge_state): State<Arc<Edge>>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let matched = req.extensions().get::<MatchedPath>().cloned();
-    let resp = edge(&cors, req, next).await;
+    let resp = edge(&edge_state, req, next).await;
     let gated = resp.extensions().get::<RouteLabel>();
     let route = matched.as_ref().map(MatchedPath::as_str).or(gated.map(|l| &*l.0)).unwrap_or("unmatched");
     metrics::http_request(route, resp.status().as_u16(), started.elapsed());
     resp
 }
 
-async fn edge(cors: &Cors, req: Request, next: Next) -> Response {
+async fn edge(state: &Edge, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path != "/gate/verify"
         && let Some(detail) = identity_refusal(req.headers())
     {
         return ApiError::invalid(detail).into_response();
     }
-    if !is_api(path) {
-        return next.run(req).await;
-    }
-    let origin = cors.allowed(req.headers().get(header::ORIGIN));
     let preflight =
         req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    // The place (held until the answer is made), or `Some(None)`: none left.
+    let slot = (counts_in_flight(path) && !preflight).then(|| state.admit());
+    let shed_now = matches!(slot, Some(None));
+    if !is_api(path) {
+        return if shed_now { shed(path) } else { next.run(req).await };
+    }
+    let cors = &state.cors;
+    let origin = cors.allowed(req.headers().get(header::ORIGIN));
     let mut resp = match (&origin, preflight) {
+        // Shed answers carry the CORS headers too: the page reads their Retry-After.
+        _ if shed_now => shed(path),
         (Some(_), true) => {
             let mut r = StatusCode::NO_CONTENT.into_response();
             let h = r.headers_mut();

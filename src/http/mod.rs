@@ -36,8 +36,9 @@ async fn openapi() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
-/// The routes; `cors` lists the origins whose web apps may call the queue API.
-pub fn router(state: SharedState, cors: Arc<edge::Cors>) -> Router {
+/// The routes; `edge` holds the origins whose web apps may call the queue API and the
+/// in-flight bound.
+pub fn router(state: SharedState, edge: Arc<edge::Edge>) -> Router {
     Router::new()
         .route("/virtual-queues/{kind}/{id}/entries", axum::routing::post(queue::enter))
         .route("/virtual-queues/{kind}/{id}/entries/me", get(queue::poll).delete(queue::leave))
@@ -50,6 +51,6 @@ pub fn router(state: SharedState, cors: Arc<edge::Cors>) -> Router {
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(error::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(cors, edge::layer))
+        .layer(axum::middleware::from_fn_with_state(edge, edge::layer))
         .with_state(state)
 }

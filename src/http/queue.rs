@@ -165,5 +165,19 @@ pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
                           flag; re-assert it with `vq flag on` or `vq flag off`"
             .into();
     }
-    Json(serde_json::json!({"status": "ready", "store": store, "flag": flag}))
+    // This host's clock against Redis': vq decides by Redis' clock, the operator should still
+    // know when a host's clock is wrong.
+    let clock = match st.service.clock_offset_ms() {
+        None => serde_json::json!({"offsetMs": null, "detail": "not measured yet"}),
+        Some(o) if o.unsigned_abs() > crate::service::CLOCK_OFF_MS => serde_json::json!({
+            "offsetMs": o,
+            "detail": format!(
+                "this host's clock is {} ms {} Redis' clock: vq decides by Redis' clock, but fix this host's time sync",
+                o.unsigned_abs(),
+                if o > 0 { "behind" } else { "ahead of" }
+            )
+        }),
+        Some(o) => serde_json::json!({"offsetMs": o}),
+    };
+    Json(serde_json::json!({"status": "ready", "store": store, "flag": flag, "clock": clock}))
 }

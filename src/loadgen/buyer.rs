@@ -183,13 +183,25 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
     let user = ctx.opts.first_user + idx;
     let mut rng = Rng(ctx.opts.seed ^ idx.wrapping_mul(0xD6E8_FEB8_6659_FD93));
     let abandon_after = (rng.unit() < ctx.opts.abandon).then(|| rng.next() % 3);
-    let body = match ctx.send(Kind::Enter, "POST", &ctx.enter_path, user, None, scheduled).await {
-        Answer::Http(200, body) => body,
-        Answer::Http(429, _) => {
-            ctx.rec.queue_full.fetch_add(1, Ordering::Relaxed);
-            return;
+    let mut at = scheduled;
+    let body = loop {
+        match ctx.send(Kind::Enter, "POST", &ctx.enter_path, user, None, at).await {
+            Answer::Http(200, body) => break body,
+            Answer::Http(429, _) => {
+                ctx.rec.queue_full.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            // 503 OVERLOADED: the instance is busy; retry as the page does, after Retry-After
+            // (1 s) spread over a second.
+            Answer::Http(503, _) => {
+                at = Instant::now() + Duration::from_secs(1) + rng.between(Duration::ZERO, Duration::from_secs(1));
+                if at >= ctx.deadline {
+                    return;
+                }
+                tokio::time::sleep_until(at).await;
+            }
+            _ => return,
         }
-        _ => return,
     };
     let Some(reply) = parse_reply(&body) else { return };
     ctx.live.entered.fetch_add(1, Ordering::Relaxed);

@@ -37,6 +37,8 @@ use crate::token::{self, EntryToken, Secret};
 /// How often a given instance re-adds a target it serves to `queue:active`, in case the pump
 /// dropped it between its keys expiring and a new entry.
 const REGISTER_EVERY: Duration = Duration::from_secs(5);
+/// A host clock further than this from Redis' is reported (`/readyz`, a warning, a gauge).
+pub const CLOCK_OFF_MS: u64 = 1000;
 /// Past `redis.timeout_ms`, how often a waiting request asks the liveness probe again (at
 /// least: the timeout itself if longer).
 const BUSY_RECHECK_MS: u64 = 100;
@@ -155,6 +157,11 @@ impl QueueService {
     /// clock every instance shares.
     pub fn now_ms(&self) -> u64 {
         self.store.now_ms()
+    }
+
+    /// Redis' clock minus this host's, in ms, once measured (0 for the embedded store).
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        self.store.clock_offset_ms()
     }
 
     /// [`Self::now_ms`] in epoch seconds: tokens are minted and checked by Redis' clock.
