@@ -10,6 +10,8 @@
 needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx)
 # clients/: node's test runner, a JDK, and the Jakarta Servlet API to compile the Java filter.
 needs+=(node=nodejs javac=default-jdk-headless /usr/share/java/jakarta-servlet-api.jar=libjakarta-servlet-api-java)
+# An instance with its clock a minute off (tests/it/overload.rs) runs under libfaketime.
+needs+=(/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1=faketime)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || needs+=(python3-venv)
 install_missing "${needs[@]}"
 # The waiting page's tests drive Debian's chromium; where it cannot be installed they are

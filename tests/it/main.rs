@@ -17,6 +17,7 @@ mod loadgen;
 mod local_polls;
 mod one_time_use;
 mod openapi;
+mod overload;
 mod pacing;
 mod processes;
 mod pump;

@@ -14,8 +14,8 @@ use vq::token::mint;
 use crate::gate::spawn_echo;
 use crate::support::{RedisServer, VqProcess, flag_on, secret, three_instances};
 
-const TICK_MS: u64 = 500;
-const BATCH: u64 = 5;
+pub(crate) const TICK_MS: u64 = 500;
+pub(crate) const BATCH: u64 = 5;
 /// A purchase forwarded inside its tick may reach the upstream a little after the tick ends
 /// (the gate forwards at the latest 25 ms before the end; this machine is busy): one arriving
 /// this soon after a boundary may count for the tick before.
@@ -42,7 +42,7 @@ async fn purchase(addr: String, user: u64) -> (u64, u16, Value) {
 
 /// Arrivals per tick, where an arrival within [`DELIVERY_SLACK_MS`] of a tick's start counts
 /// for the tick before while that one has room. Returns the load of every tick.
-fn load_per_tick(arrivals_ms: &[u64]) -> BTreeMap<u64, u64> {
+pub(crate) fn load_per_tick(arrivals_ms: &[u64]) -> BTreeMap<u64, u64> {
     let mut firm = BTreeMap::<u64, u64>::new();
     let mut early = BTreeMap::<u64, u64>::new();
     for at in arrivals_ms {

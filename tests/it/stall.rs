@@ -11,7 +11,7 @@ use crate::support::{RedisServer, TestApp, flag_on, spawn_app, test_settings};
 
 /// Blocks the server for `ms` as `DEBUG SLEEP` does (the DEBUG command is disabled on the
 /// test servers): one script busy-waiting on Redis' clock. Returns when it has started.
-async fn stall(redis: &RedisServer, ms: u64) -> tokio::task::JoinHandle<()> {
+pub(crate) async fn stall(redis: &RedisServer, ms: u64) -> tokio::task::JoinHandle<()> {
     let mut c = redis.conn().await;
     let mut probe = redis.conn().await;
     let handle = tokio::spawn(async move {

@@ -424,8 +424,21 @@ impl VqProcess {
 
     /// Like [`VqProcess::serve`], with the Redis settings in `envs` too (e.g. cluster mode).
     pub async fn serve_env(envs: &[(&str, String)]) -> Self {
+        Self::serve_wrapped(&[], envs).await
+    }
+
+    /// Like [`VqProcess::serve_env`], run through `wrapper` (e.g. `nice -n 19`), which must
+    /// exec vq (so the child's PID is vq's).
+    pub async fn serve_wrapped(wrapper: &[&str], envs: &[(&str, String)]) -> Self {
         let port = free_port();
-        let mut cmd = Command::new(vq_bin());
+        let mut cmd = match wrapper {
+            [] => Command::new(vq_bin()),
+            [program, args @ ..] => {
+                let mut c = Command::new(program);
+                c.args(args).arg(vq_bin());
+                c
+            }
+        };
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .env("VQ_TOKEN_SECRET", SECRET)
             .env("RUST_LOG", "warn")
