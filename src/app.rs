@@ -136,7 +136,7 @@ async fn clock_watch_loop(service: Arc<QueueService>, cancel: CancellationToken)
         }
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
     }
 }
