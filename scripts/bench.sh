@@ -19,6 +19,12 @@
 #       (always --assert-no-5xx) broke in any round.
 #   scripts/bench.sh naive [LOADGEN-FLAGS...]
 #       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
+#   scripts/bench.sh starved [LOADGEN-FLAGS...]
+#       the naive sale with vq's CPU share cut: vq serve at `nice -n NICE` (19) beside HOGS (2)
+#       busy loops, and every buyer sending the purchase twice (--purchase-times 2). What must
+#       hold: 0 DIRECT_ADMITTED (Redis answers throughout), at most one batch per tick at the
+#       sink, 0 tokens the sink received twice; what it costs: the answers shed (503
+#       OVERLOADED) and the P95 of those served. No --assert-no-5xx: shedding is the point.
 #   scripts/bench.sh [wrk] [SECONDS] [CONNECTIONS]
 #       wrk -t2 against enter and poll (SECONDS default DURATION or 10, 64 connections), next
 #       to the HTTP floor (the same bare axum server answering without Redis: what HTTP
@@ -59,7 +65,7 @@
 usage() { say "$*"; exit 2; }
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | wrk | pair | lua) shift ;;
+  sale | naive | starved | wrk | pair | lua) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -141,19 +147,32 @@ EOF
 # ---- sale and naive: vq loadgen --------------------------------------------------------
 loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, sets RC
   local round=$1 follow=$2; shift 2
-  local vq_port sink_port vq_pid json
+  local vq_port sink_port vq_pid json wrapper=() hogs=() h
   start_redis --maxmemory 512mb --maxmemory-policy noeviction
   vq_port=$(free_port); sink_port=$(free_port)
+  # starved: nice execs vq, so the PID measured and stopped is vq's.
+  [ "$scenario" != starved ] || wrapper=(nice -n "${NICE:-19}")
   VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
-    RUST_LOG=warn spawn "vq-$round" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
+    RUST_LOG=warn spawn "vq-$round" "${wrapper[@]}" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
   vq_pid=$SPAWNED
   wait_http "http://127.0.0.1:$vq_port/healthz" 20 "$vq_pid" ||
     die "vq serve did not start: $(tail -5 "$WORK/vq-$round.log")"
   json="$WORK/report-$round.json"
   local flags=(--url "http://127.0.0.1:$vq_port" --target limited-drop:1 --users "$users"
     --rate "$rate" --duration "$duration" --arrival "$arrival" --concurrency "$concurrency"
-    --abandon 0.05 --purchase --sink "127.0.0.1:$sink_port" --assert-no-5xx --quiet --json "$json")
+    --abandon 0.05 --purchase --sink "127.0.0.1:$sink_port" --quiet --json "$json")
   [ "$follow" = 0 ] || flags+=(--follow-poll-after)
+  if [ "$scenario" = starved ]; then
+    flags+=(--purchase-times 2)
+    # Busy loops on the cores beside vq for the round (each stops by itself at the latest
+    # when the round's time is up).
+    for h in $(seq "${HOGS:-2}"); do
+      spawn "hog-$round-$h" timeout "$((duration + 90))" sh -c 'while :; do :; done'
+      hogs+=("$SPAWNED")
+    done
+  else
+    flags+=(--assert-no-5xx)
+  fi
   local r0 v0 r1 v1
   r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "$vq_pid"); window_start
   # --foreground: a Ctrl-C in the terminal reaches loadgen too.
@@ -162,6 +181,7 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
     "$vq" loadgen "${flags[@]}" $extra "$@"
   r1=$(ticks_of "$REDIS_PID"); v1=$(ticks_of "$vq_pid")
   local machine_now; machine_now=$(window_end)
+  for h in "${hogs[@]}"; do stop_pid "$h"; done
   stop_pid "$vq_pid"; stop_pid "$REDIS_PID"
   if ! [ -s "$json" ]; then
     cat "$WORK/loadgen-$round.err" >&2
@@ -181,7 +201,9 @@ print("\t".join([sys.argv[8], f(r["offeredEnterRate"]), f(r["achievedEnterRate"]
     f(r["enter"]["p50Ms"]), f(r["enter"]["p95Ms"]), f(r["enter"]["p99Ms"]),
     f(r["poll"]["p50Ms"]), f(r["poll"]["p95Ms"]), f(r["poll"]["p99Ms"]), f(r["pollRatePerSec"]),
     str(sum(v for k, v in r["statusCounts"].items() if len(k) == 3 and k.startswith("5"))),
-    "-" if dmax is None else str(dmax), str(r["batchSize"]), str(n),
+    str(r["statusCounts"].get("503", 0)), str(r["directAdmitted"]),
+    "-" if dmax is None else str(dmax), str(r["batchSize"]),
+    str(r.get("downstreamRepeatedTokens", "-")), str(n),
     us(lg_s), us(vq_t / hz), us(redis_t / hz), steal, load]))
 if r.get("rateShortfall"):
     print(f"round {round_}: {r['rateShortfall']}", file=sys.stderr)
@@ -202,7 +224,7 @@ loadgen_scenario() { # follow flags...
   [ "$follow" = 1 ] || what="clients poll every 2-3 s whatever the server says"
   echo "vq bench $scenario: $users users at $rate enters/s ($arrival), ${duration}s, $what;" \
     "loadgen, vq and redis-server $(redis-server --version | awk '{print $3}') on $(nproc) cores" >&2
-  printf 'run\tenters/s offered\tanswered\tenter P50 ms\tP95\tP99\tpoll P50 ms\tP95\tP99\tpolls/s\t5xx\tmost purchases at the sink in a tick\tbatch\trequests\tCPU µs/req loadgen\tvq\tredis\tsteal %%\tload 1m\n' >"$WORK/rows"
+  printf 'run\tenters/s offered\tanswered\tenter P50 ms\tP95\tP99\tpoll P50 ms\tP95\tP99\tpolls/s\t5xx\tof them 503 shed\tDIRECT_ADMITTED\tmost purchases at the sink in a tick\tbatch\ttokens at the sink twice\trequests\tCPU µs/req loadgen\tvq\tredis\tsteal %%\tload 1m\n' >"$WORK/rows"
   local round worst=0
   for round in $(seq "$rounds"); do
     loadgen_round "$round" "$follow" "$@"
@@ -432,7 +454,7 @@ EOF
 
 case "$scenario" in
   sale) loadgen_scenario 1 "$@" ;;
-  naive) loadgen_scenario 0 "$@" ;;
+  naive | starved) loadgen_scenario 0 "$@" ;;
   wrk) wrk_scenario "$@" ;;
   pair) pair_scenario "$@" ;;
   lua) lua_scenario "$@" ;;

@@ -63,6 +63,10 @@ pub struct Args {
     /// Admitted users call the gated purchase route with their token
     #[arg(long)]
     purchase: bool,
+    /// With --purchase: each buyer sends the purchase N times, one after the other (a token
+    /// must buy once however often it is sent; the sink counts the repeats it received)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+    purchase_times: u32,
     /// Start a counting upstream on ADDR (point gate.upstream at it)
     #[arg(long, value_name = "ADDR")]
     sink: Option<SocketAddr>,
@@ -157,6 +161,7 @@ impl Args {
             poll_max: Duration::from_millis(self.poll_max_ms),
             abandon: self.abandon,
             purchase: self.purchase,
+            purchase_times: self.purchase_times,
             concurrency: self.concurrency,
             leave_at_end: false,
             batch_size: server.map_or(settings.queue.batch_size, |f| f.batch_size),

@@ -146,12 +146,14 @@ impl Ctx {
         if !self.opts.purchase {
             return;
         }
-        self.rec.purchase_attempts.fetch_add(1, Ordering::Relaxed);
-        let answer = self.send(Kind::Purchase, "POST", &self.purchase_path, user, token, Instant::now()).await;
-        if let Answer::Http(s, _) = answer
-            && (200..300).contains(&s)
-        {
-            self.live.purchased.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..self.opts.purchase_times {
+            self.rec.purchase_attempts.fetch_add(1, Ordering::Relaxed);
+            let answer = self.send(Kind::Purchase, "POST", &self.purchase_path, user, token, Instant::now()).await;
+            if let Answer::Http(s, _) = answer
+                && (200..300).contains(&s)
+            {
+                self.live.purchased.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

@@ -75,6 +75,9 @@ pub struct Options {
     pub abandon: f64,
     /// Admitted users call the gated purchase route with their token.
     pub purchase: bool,
+    /// Times each buyer sends the purchase (one after the other, as a buyer clicking "buy"
+    /// again): a token must buy once however often it is sent.
+    pub purchase_times: u32,
     /// Requests in flight at most (the connection pool grows to this).
     pub concurrency: usize,
     /// Users still in the queue at the end (waiting or abandoned) leave it (DELETE), so the
@@ -329,6 +332,7 @@ fn build_report(
         downstream_max_per_tick: sink.map(|s| s.max_per_tick),
         downstream_total: sink.map(|s| s.total),
         downstream_rate_per_sec: sink.map(|s| s.rate_per_sec),
+        downstream_repeated_tokens: sink.map(|s| s.repeated_tokens),
         admitted_rate_per_sec: if elapsed_secs > 0.0 { admitted as f64 / elapsed_secs } else { 0.0 },
         elapsed_secs,
         batch_size,

@@ -199,6 +199,9 @@ pub struct Report {
     pub downstream_max_per_tick: Option<u64>,
     pub downstream_total: Option<u64>,
     pub downstream_rate_per_sec: Option<f64>,
+    /// Purchases the sink received with a token it had received before (a token that bought
+    /// twice; the gate's one-time use should keep it at 0).
+    pub downstream_repeated_tokens: Option<u64>,
     pub admitted_rate_per_sec: f64,
     pub batch_size: u64,
     pub tick_ms: u64,

@@ -121,6 +121,7 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
                 r.downstream_rate_per_sec.unwrap_or(0.0)
             ),
         );
+        row("downstream tokens received twice", r.downstream_repeated_tokens.unwrap_or(0).to_string());
     }
     row(
         "wait s p50 / p95 / max",

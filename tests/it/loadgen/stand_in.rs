@@ -49,6 +49,7 @@ pub(super) fn options(url: String, target: &str) -> Options {
         poll_max: Duration::from_millis(150),
         abandon: 0.0,
         purchase: true,
+        purchase_times: 1,
         concurrency: 8,
         leave_at_end: false,
         batch_size: 100,
