@@ -7,7 +7,7 @@
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx)
+needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx caddy)
 # clients/: node's test runner, a JDK, and the Jakarta Servlet API to compile the Java filter.
 needs+=(node=nodejs javac=default-jdk-headless /usr/share/java/jakarta-servlet-api.jar=libjakarta-servlet-api-java)
 # An instance with its clock a minute off (tests/it/overload.rs) runs under libfaketime.

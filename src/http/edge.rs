@@ -65,11 +65,17 @@ fn counts_in_flight(path: &str) -> bool {
     !matches!(path, "/healthz" | "/readyz" | "/metrics" | "/openapi.json") && !path.starts_with("/waiting-room/")
 }
 
+/// `/gate/verify`, also with an original path appended (Envoy `ext_authz`): it answers its
+/// refusals itself, as 403 (nginx turns anything but 2xx/401/403 into a 500).
+fn is_verify(path: &str) -> bool {
+    path.strip_prefix("/gate/verify").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// The answer to a request shed at the door.
 fn shed(path: &str) -> Response {
     metrics::shed();
     let detail = "this instance has as many requests in flight as it takes (http.max_in_flight): retry shortly, your place is kept";
-    if path == "/gate/verify" {
+    if is_verify(path) {
         // nginx passes only 401 and 403 on to the buyer.
         return ApiError::new(ErrorCode::QueueBypassDenied, detail)
             .retry_after(OVERLOADED_RETRY_AFTER_S)
@@ -168,7 +174,7 @@ pub async fn layer(State(edge_state): State<Arc<Edge>>, req: Request, next: Next
 
 async fn edge(state: &Edge, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if path != "/gate/verify"
+    if !is_verify(path)
         && let Some(detail) = identity_refusal(req.headers())
     {
         return ApiError::invalid(detail).into_response();

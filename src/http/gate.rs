@@ -7,13 +7,13 @@
 //! front of the whole app. The upstream receives the canonical path, never the raw one, so
 //! what the gate checked is what the purchase API routes on. A request carrying `X-User-Id`
 //! or `X-Entry-Token` more than once is refused. `/gate/verify` offers the same check to
-//! nginx `auth_request`. What the purchase API receives is `forward`'s business.
+//! forward-auth proxies (nginx, Caddy, Traefik, Envoy). What the purchase API receives is `forward`'s business.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::http::header::{self, HeaderMap, HeaderName};
 use axum::http::request::Parts;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
 use super::edge::RouteLabel;
@@ -156,22 +156,61 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `GET /gate/verify` for nginx `auth_request`: 204 when the original request may pass, 403
-/// otherwise, every refusal included (nginx turns any other status into a 500 for the buyer).
-/// `X-Original-URI` (nginx: `$request_uri`, the raw URI the backend receives) is canonicalised
-/// exactly as the proxy gate does; every method is gated, so `X-Original-Method` is not needed.
-/// The check is read-only: nginx does not tell vq whether the purchase succeeded, so one-time
-/// use is enforced only for tokens the proxy gate has consumed.
-pub async fn verify(State(st): State<SharedState>, headers: HeaderMap) -> Response {
-    let refuse = |detail: String| ApiError::new(ErrorCode::QueueBypassDenied, detail).into_response();
-    let Some(raw_uri) = headers.get("x-original-uri") else {
-        tracing::warn!(
-            "/gate/verify without X-Original-URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"
-        );
-        return refuse("missing X-Original-URI header: the proxy must send the original request URI".into());
+/// The headers in which a forward-auth proxy names the original request URI: nginx
+/// `auth_request` (`proxy_set_header X-Original-URI $request_uri`), Caddy's `forward_auth` and
+/// Traefik's `forwardAuth` (`X-Forwarded-Uri`). Envoy's `ext_authz` appends the original path
+/// to `/gate/verify` instead.
+const ORIGINAL_URI_HEADERS: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];
+
+/// The original request's URI as the proxy names it. Every way it can be named must agree:
+/// these proxies pass the client's own headers on to the check, so a client could add one
+/// naming a harmless path beside the one the proxy set, and vq must not check another request
+/// than the one forwarded.
+fn original_uri<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<&'a str, String> {
+    let mut named: Vec<(&str, &str)> = Vec::new();
+    for name in ORIGINAL_URI_HEADERS {
+        for value in headers.get_all(name) {
+            let text = value.to_str().map_err(|_| format!("{name} holds bytes outside visible ASCII"))?;
+            named.push((name, text));
+        }
+    }
+    // Envoy: /gate/verify<original path>, the raw path as sent.
+    if let Some(tail) = uri.path().strip_prefix("/gate/verify").filter(|t| !t.is_empty()) {
+        named.push(("the path after /gate/verify", tail));
+    }
+    let Some(&(_, first)) = named.first() else {
+        return Err("missing X-Original-URI header (or X-Forwarded-Uri, or a path after /gate/verify): the proxy \
+                    must send the original request URI"
+            .into());
     };
-    let Ok(uri) = raw_uri.to_str() else {
-        return refuse("the original URI holds bytes outside visible ASCII".into());
+    if let Some((name, _)) = named.iter().find(|(_, v)| original_path(v) != original_path(first)) {
+        return Err(format!(
+            "{} and {name} name different requests: the proxy's check must name the request it forwards",
+            named[0].0
+        ));
+    }
+    Ok(first)
+}
+
+/// `GET /gate/verify` for forward-auth proxies (nginx `auth_request`, Caddy `forward_auth`,
+/// Traefik `forwardAuth`, Envoy `ext_authz`): 204 when the original request may pass, 403
+/// otherwise, every refusal included (nginx turns any other status into a 500 for the buyer).
+/// The original URI ([`original_uri`]: the raw URI the backend receives) is canonicalised
+/// exactly as the proxy gate does; every method is gated, so the original method is not
+/// needed. The check is read-only: the proxy does not tell vq whether the purchase succeeded,
+/// so one-time use is enforced only for tokens the proxy gate has consumed.
+pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: HeaderMap) -> Response {
+    let refuse = |detail: String| ApiError::new(ErrorCode::QueueBypassDenied, detail).into_response();
+    let uri = match original_uri(&request_uri, &headers) {
+        Ok(u) => u,
+        Err(detail) => {
+            if detail.starts_with("missing") {
+                tracing::warn!(
+                    "/gate/verify without the original URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"
+                );
+            }
+            return refuse(detail);
+        }
     };
     if let Some(detail) = super::edge::identity_refusal(&headers) {
         return refuse(detail);

@@ -47,6 +47,7 @@ pub fn router(state: SharedState, edge: Arc<edge::Edge>) -> Router {
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
         .route("/gate/verify", get(gate::verify))
+        .route("/gate/verify/{*original}", get(gate::verify))
         .route("/waiting-room/{kind}/{id}", get(page::waiting_room))
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))

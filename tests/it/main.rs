@@ -9,6 +9,7 @@ mod eviction;
 mod failover;
 mod fault_isolation;
 mod flag;
+mod forward_auth;
 mod forwarding;
 mod forwarding_nginx;
 pub mod gate;
