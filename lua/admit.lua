@@ -50,10 +50,20 @@ local last = tonumber(redis.call('GET', KEYS[3]) or '-1')
 local fenced = 0
 if ARGV[9] then
   -- A lost admission is not admitted again in its tick, nor are its users sent back to waiting.
-  local seq, r1, r2, r4
-  mark, r2 = fence(KEYS[2], mark, tonumber(ARGV[6]), tonumber(ARGV[6]), ttl)
-  seq, r1 = fence(KEYS[9], tonumber(redis.call('GET', KEYS[9]) or '0'), tonumber(ARGV[7]), tonumber(ARGV[8]), ttl)
-  last, r4 = fence(KEYS[3], math.max(last, 0), tonumber(ARGV[9]), tonumber(ARGV[9]), ttl)
+  -- Only keys Redis still holds: the pump ticks over idle targets too, whose keys expire
+  -- (the sliding TTL) and must not be brought back. enter.lua and status.lua (users asking)
+  -- fence a missing key as well.
+  local seq = redis.call('GET', KEYS[9])
+  local r1, r2, r4 = 0, 0, 0
+  if seq then
+    seq, r1 = fence(KEYS[9], tonumber(seq), tonumber(ARGV[7]), tonumber(ARGV[8]), ttl)
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      mark, r2 = fence(KEYS[2], mark, tonumber(ARGV[6]), tonumber(ARGV[6]), ttl)
+    end
+    if last >= 0 then
+      last, r4 = fence(KEYS[3], last, tonumber(ARGV[9]), tonumber(ARGV[9]), ttl)
+    end
+  end
   fenced = r1 + 2 * r2 + 4 * r4
 end
 if tick <= last then

@@ -47,7 +47,7 @@ impl RedisStore {
             .await?;
         // Shaped like a one-user status.lua reply.
         let (mut answers, seen) = parse_answers("issue.lua", reply, 1, false)?;
-        self.fences.observe(target, None, seen.mark, None, seen.raised);
+        self.fences.observe(target, None, seen.mark, None, seen.raised, false);
         answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
     }
 }
@@ -131,7 +131,7 @@ async fn execute(conn: Conn, limits: StoreLimits, fences: Arc<Fences>, op: Op, t
     match answers {
         Ok((answers, seen)) => {
             let seq = (op == Op::Enter).then_some(seen.seq);
-            fences.observe(target, seq, seen.mark, None, seen.raised);
+            fences.observe(target, seq, seen.mark, None, seen.raised, false);
             for (job, answer) in jobs.into_iter().zip(answers) {
                 let _ = job.reply.send(Ok(answer));
             }

@@ -79,14 +79,25 @@ impl Fences {
         Fence { seq_seen, seq_to: seq_seen + margin, mark: seen.mark, tick: seen.tick }
     }
 
-    /// What a reply said: the seq counter (enter.lua, admit.lua's fence), the mark, the tick
-    /// advanced (admit.lua), and the fences it raised (logged and counted).
-    pub(super) fn observe(&self, target: QueueTarget, seq: Option<u64>, mark: u64, tick: Option<u64>, raised: u64) {
+    /// What a reply said: the seq counter (enter.lua), the mark, the tick advanced (admit.lua),
+    /// and the fences it raised (logged and counted). `by_pump`: an admit.lua reply, which does
+    /// not keep what was seen from being forgotten (the pump ticks over idle targets too).
+    pub(super) fn observe(
+        &self,
+        target: QueueTarget,
+        seq: Option<u64>,
+        mark: u64,
+        tick: Option<u64>,
+        raised: u64,
+        by_pump: bool,
+    ) {
         let now = Instant::now();
         {
             let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
             let seen = targets.entry(target).or_default();
-            seen.at = Some(now);
+            if !by_pump || seen.at.is_none() {
+                seen.at = Some(now);
+            }
             seen.mark = seen.mark.max(mark);
             if let Some(tick) = tick {
                 seen.tick = seen.tick.max(tick);
@@ -143,8 +154,8 @@ mod tests {
     #[test]
     fn the_fence_is_the_highest_value_seen_and_never_goes_back() {
         let f = Fences::new(1800);
-        f.observe(target(), Some(40), 10, None, 0);
-        f.observe(target(), Some(30), 5, Some(7), 0);
+        f.observe(target(), Some(40), 10, None, 0, false);
+        f.observe(target(), Some(30), 5, Some(7), 0, false);
         let fence = f.fence(target());
         assert_eq!((fence.seq_seen, fence.mark, fence.tick), (40, 10, 7));
         assert_eq!(fence.seq_to, 40 + MIN_MARGIN, "no growth measured yet: the least margin");
@@ -153,22 +164,22 @@ mod tests {
     #[test]
     fn a_mark_seen_fences_the_seq_counter_too() {
         let f = Fences::new(1800);
-        f.observe(target(), None, 25, None, 0);
+        f.observe(target(), None, 25, None, 0, false);
         assert_eq!(f.fence(target()).seq_seen, 25);
     }
 
     #[test]
     fn the_margin_covers_a_second_of_seqs_seen_given() {
         let f = Fences::new(1800);
-        f.observe(target(), Some(100), 0, None, 0);
-        f.observe(target(), Some(600), 0, None, 0);
+        f.observe(target(), Some(100), 0, None, 0, false);
+        f.observe(target(), Some(600), 0, None, 0, false);
         assert_eq!(f.fence(target()).seq_to, 600 + 500, "500 seqs given in the current window");
     }
 
     #[test]
     fn a_target_unseen_for_the_key_ttl_is_forgotten() {
         let f = Fences::new(0);
-        f.observe(target(), Some(40), 10, None, 0);
+        f.observe(target(), Some(40), 10, None, 0, false);
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(f.fence(target()), Fence::default());
     }

@@ -255,7 +255,7 @@ impl QueueStore for RedisStore {
         let advanced = num("admit.lua", &r, 0)? == 1;
         let mark = num("admit.lua", &r, 1)?;
         let tick = num("admit.lua", &r, 2)?;
-        self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?);
+        self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
         // The waits go to the Prometheus histogram of the instance that admitted.
         for w in r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse::<u64>().ok()) {
             crate::metrics::wait_observed(w);

@@ -83,7 +83,7 @@ impl RedisStore {
                 // A mark below one already seen (a failover lost the admission) is not taken:
                 // users between the two were admitted, and polls near the mark ask status.lua,
                 // which raises it back.
-                self.fences.observe(target, None, mark, None, 0);
+                self.fences.observe(target, None, mark, None, 0, false);
                 let mark = mark.max(self.fences.fence(target).mark);
                 sync.view = TargetView {
                     mark,
