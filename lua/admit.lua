@@ -28,8 +28,14 @@
 -- ARGV[3] key ttl seconds
 -- ARGV[4] instance running the step (ledger), optional
 -- ARGV[5] ledger rows kept, optional
--- returns {advanced 0|1, mark, tick, admitted, batch, waits}: waits = the admitted users'
--- waits in ms, comma-separated (for the Prometheus histogram), '' when none
+-- ARGV[6] fence: the highest admission mark the instance has seen, optional with the next three
+--         (see `fence` in prelude.lua)
+-- ARGV[7] fence: the highest seq the instance has seen given
+-- ARGV[8] what the seq counter is raised to when Redis holds less than ARGV[7] (as in enter.lua)
+-- ARGV[9] fence: the last tick the instance saw advanced
+-- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced}: waits = the admitted
+-- users' waits in ms, comma-separated (for the Prometheus histogram), '' when none; fenced =
+-- bits 1 the seq counter, 2 the mark, 4 the last tick was raised to the instance's fence
 --
 -- With a sale, nobody is admitted before `opens_at` (Redis' clock), until the opening order is
 -- written (sale_place.lua), while paused, or once closed; such a tick is not used up
@@ -41,8 +47,27 @@ local ttl = tonumber(ARGV[3])
 local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
 local batch = tonumber(redis.call('GET', KEYS[4]) or ARGV[1])
 local last = tonumber(redis.call('GET', KEYS[3]) or '-1')
+local fenced = 0
+if ARGV[9] then
+  -- A lost admission is not admitted again in its tick, nor are its users sent back to waiting.
+  -- Only keys Redis still holds: the pump ticks over idle targets too, whose keys expire
+  -- (the sliding TTL) and must not be brought back. enter.lua and status.lua (users asking)
+  -- fence a missing key as well.
+  local seq = redis.call('GET', KEYS[9])
+  local r1, r2, r4 = 0, 0, 0
+  if seq then
+    seq, r1 = fence(KEYS[9], tonumber(seq), tonumber(ARGV[7]), tonumber(ARGV[8]), ttl)
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      mark, r2 = fence(KEYS[2], mark, tonumber(ARGV[6]), tonumber(ARGV[6]), ttl)
+    end
+    if last >= 0 then
+      last, r4 = fence(KEYS[3], last, tonumber(ARGV[9]), tonumber(ARGV[9]), ttl)
+    end
+  end
+  fenced = r1 + 2 * r2 + 4 * r4
+end
 if tick <= last then
-  return {0, mark, tick, 0, batch, ''}
+  return {0, mark, tick, 0, batch, '', fenced}
 end
 local saleKey, ledger = KEYS[12], KEYS[15]
 local ledgerMax = tonumber(ARGV[5] or '10000')
@@ -88,7 +113,7 @@ if saleKey then
       end
       redis.call('EXPIRE', saleKey, ttl, 'GT')
     end
-    return {0, mark, tick, 0, batch, ''}
+    return {0, mark, tick, 0, batch, '', fenced}
   end
 end
 redis.call('SET', KEYS[3], tick, 'EX', ttl)
@@ -159,4 +184,4 @@ if admitted > 0 or redis.call('ZCARD', KEYS[1]) > 0 then
 else
   redis.call('EXPIRE', KEYS[5], ttl)
 end
-return {1, mark, tick, admitted, batch, table.concat(waits, ',')}
+return {1, mark, tick, admitted, batch, table.concat(waits, ','), fenced}

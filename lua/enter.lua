@@ -25,7 +25,11 @@
 --                                    given it its order (sale_place.lua)
 -- ARGV[1] max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key ttl seconds (sliding)
--- ARGV[2+i] user i
+-- ARGV[3] fence: the highest seq this instance has seen given (0 when none)
+-- ARGV[4] what the seq counter is raised to when Redis holds less than ARGV[3] (a lost write:
+--         ARGV[3] plus a margin for seqs other instances gave since this one last looked)
+-- ARGV[5] fence: the highest admission mark this instance has seen
+-- ARGV[5+i] user i
 -- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING   a = seq, b = users ahead still waiting
@@ -37,6 +41,8 @@
 --   CLOSED    the sale is closed: not recorded (admitted users still get their token)
 -- then, when the sale keys are given: phase (0 no sale, 1 scheduled, 2 pre-queue, 3 opening,
 -- 4 open, 5 closed), opens_at ms or 0, prequeue_from ms or 0, paused 0|1, close message
+-- then always: the seq counter after this call, fenced (bits: 1 the seq counter was raised to
+-- ARGV[4], 2 the mark was raised to ARGV[5]; see `fence` in prelude.lua)
 --
 -- The sale's phase is read by Redis' clock. The first call at or after `opens_at` (this or
 -- admit.lua) freezes the pre-queue: it becomes `opening` (RENAME), N = its size, and the seq
@@ -44,13 +50,20 @@
 -- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
 -- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
-local n = #ARGV - 2
+-- Users start after the U fixed arguments.
+local U = 5
+local n = #ARGV - U
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
 local mark = tonumber(st[1] or '0')
 local batch = tonumber(st[2] or '0')
 local max = tonumber(ARGV[1])
 local now = now_ms()
+-- Nothing this instance saw given or admitted is given again or taken back.
+local last, seqRaised, markRaised
+last, seqRaised = fence(KEYS[3], tonumber(st[3] or '0'), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[2]))
+mark, markRaised = fence(KEYS[4], mark, tonumber(ARGV[5]), tonumber(ARGV[5]), tonumber(ARGV[2]))
+st[3] = tostring(last)
 local saleKey, preKey, openKey = KEYS[8 + n], KEYS[9 + n], KEYS[10 + n]
 local phase, sale = sale_phase(saleKey, now)
 if phase == P_OPENING and not sale[7] then
@@ -65,11 +78,11 @@ if phase == P_OPENING and not sale[7] then
   st[3] = tostring(base + frozen)
   sale[7] = tostring(frozen)
 end
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, U + 1, U + n))
 -- In the pre-queue (or the frozen one): pre[i] is set when user i is in it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, 3, 2 + n))
+  pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, U + 1, U + n))
 end
 local prequeued = 0
 if phase == P_PRE_QUEUE then
@@ -84,7 +97,7 @@ local above
 -- call gets the first answer twice.
 local out, first, beats, fresh = {mark, batch}, {}, {}, {}
 for i = 1, n do
-  local user = ARGV[2 + i]
+  local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
   if j then
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
@@ -132,12 +145,12 @@ end
 -- New users take the next seqs in arrival order.
 local nfresh = #fresh
 if nfresh > 0 then
-  local last = redis.call('INCRBY', KEYS[3], nfresh)
+  last = redis.call('INCRBY', KEYS[3], nfresh)
   local from = last - nfresh + 1
   local adds, refresh = {}, false
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
-    local user = ARGV[2 + i]
+    local user = ARGV[U + i]
     out[3 * i + 1] = seq
     adds[2 * j - 1], adds[2 * j] = seq, user
     beats[#beats + 1], beats[#beats + 2] = now, user
@@ -154,7 +167,7 @@ if nfresh > 0 then
   end
   -- Duplicates of a new user were copied before their seq was known.
   for i = 1, n do
-    local j = first[ARGV[2 + i]]
+    local j = first[ARGV[U + i]]
     if j ~= i then
       out[3 * i + 1] = out[3 * j + 1]
     end
@@ -175,4 +188,5 @@ end
 if saleKey then
   sale_tail(out, phase, sale)
 end
+out[#out + 1], out[#out + 2] = tonumber(st[3]) > last and tonumber(st[3]) or last, seqRaised + 2 * markRaised
 return out

@@ -13,7 +13,7 @@
 -- ARGV[1] user id
 -- ARGV[2] the token signed by the caller
 -- ARGV[3] token ttl seconds
--- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0} with
+-- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0, 0, 0} with
 --   ADMITTED      a = the caller's token if stored now, else the stored one
 --   NOT_IN_QUEUE  neither waiting nor holding a token
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -23,10 +23,10 @@ if seq and tonumber(seq) <= mark then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
-  return {mark, 0, ADMITTED, ARGV[2], 0}
+  return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end
 local tok = redis.call('GET', KEYS[5])
 if not tok then
-  return {mark, 0, NOT_IN_QUEUE, 0, 0}
+  return {mark, 0, NOT_IN_QUEUE, 0, 0, 0, 0}
 end
-return {mark, 0, ADMITTED, stored_token(tok), 0}
+return {mark, 0, ADMITTED, stored_token(tok), 0, 0, 0}

@@ -109,6 +109,19 @@ local function known_answer(seq, tok, mark, phase, ahead)
   return nil
 end
 
+-- Fences: after a failover that lost the last writes, Redis may hold a counter (the seq
+-- counter, the admission mark, the last tick) below a value an instance has already seen and
+-- told buyers about. The instance sends the highest value it has seen (`seen`); a counter below
+-- it is raised to `to` (≥ seen) and never goes back, so no seq is handed out twice and no
+-- admitted user is told WAITING again. Returns the value in force and 1 when it was raised.
+local function fence(key, value, seen, to, ttl)
+  if value < seen then
+    redis.call('SET', key, to, 'EX', ttl)
+    return to, 1
+  end
+  return value, 0
+end
+
 -- The sale's five trailing items of a reply: phase, opens_at, prequeue_from, paused, message.
 local function sale_tail(out, phase, sale)
   local nn = #out

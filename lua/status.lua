@@ -18,7 +18,9 @@
 -- KEYS[6+n] queue:{T}:sale           HASH the sale (optional, with the next two)
 -- KEYS[7+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
 -- KEYS[8+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
--- ARGV[i] user i (heartbeats are Redis' TIME)
+-- ARGV[1] fence: the highest admission mark this instance has seen (see `fence` in prelude.lua)
+-- ARGV[2] key ttl seconds (of the mark, when the fence raises it)
+-- ARGV[2+i] user i (heartbeats are Redis' TIME)
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING       a = seq, b = users ahead still waiting
 --   ADMITTED      a = token (issued before)
@@ -29,29 +31,30 @@
 -- then, when the sale keys are given, the sale as in enter.lua: phase, opens_at, prequeue_from,
 -- paused, message (phase 3 = the opening time has passed and the pre-queue may not be frozen
 -- yet: this script never freezes it, enter.lua and admit.lua do)
+-- then always: 0 (enter.lua's seq counter; not read here), fenced (2: the mark was raised)
 --
 -- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
 -- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
 -- waits).
-local n = #ARGV
+local n = #ARGV - 2
 local st = redis.call('MGET', KEYS[3], KEYS[4])
-local mark = tonumber(st[1] or '0')
+local mark, markRaised = fence(KEYS[3], tonumber(st[1] or '0'), tonumber(ARGV[1]), tonumber(ARGV[1]), tonumber(ARGV[2]))
 local batch = tonumber(st[2] or '0')
 local now = now_ms()
 local saleKey, preKey, openKey = KEYS[6 + n], KEYS[7 + n], KEYS[8 + n]
 local phase, sale = sale_phase(saleKey, now)
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 1, n))
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 1, n))
+  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 3, 2 + n))
 end
 local toks = tokens_of(seqs, n, 5)
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats = {mark, batch}, {}, {}
 for i = 1, n do
-  local user = ARGV[i]
+  local user = ARGV[2 + i]
   local o, j = 3 * i, first[user]
   if j then
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
@@ -76,4 +79,5 @@ end
 if saleKey then
   sale_tail(out, phase, sale)
 end
+out[#out + 1], out[#out + 2] = 0, 2 * markRaised
 return out

@@ -34,6 +34,7 @@ pub const FLAG_MISSING: &str = "virtual_queue_flag_missing";
 pub const POLLS_LOCAL_TOTAL: &str = "virtual_queue_polls_answered_locally_total";
 pub const OVERLOADED_TOTAL: &str = "virtual_queue_overloaded_total";
 pub const CLOCK_OFFSET: &str = "virtual_queue_clock_offset_seconds";
+pub const FAILOVER_FENCED_TOTAL: &str = "virtual_queue_failover_fenced_total";
 
 /// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
 /// are for alerting and dashboards).
@@ -79,6 +80,10 @@ fn describe() {
         POLLS_LOCAL_TOTAL,
         "Waiting users' polls answered from this instance's copy of the mark (queue.local_polls)"
     );
+    describe_counter!(
+        FAILOVER_FENCED_TOTAL,
+        "Counters found in Redis below what this instance had seen (writes lost in a failover), raised back, by counter"
+    );
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
     describe_counter!(
         OVERLOADED_TOTAL,
@@ -109,6 +114,18 @@ fn register_at_zero() {
     for reason in OVERLOAD_REASONS {
         counter!(OVERLOADED_TOTAL, "reason" => reason).absolute(0);
     }
+    for what in FENCED_COUNTERS {
+        counter!(FAILOVER_FENCED_TOTAL, "counter" => what).absolute(0);
+    }
+}
+
+/// The `counter` label values of [`FAILOVER_FENCED_TOTAL`].
+const FENCED_COUNTERS: [&str; 3] = ["seq", "mark", "tick"];
+
+/// A script found a target's `what` (seq, mark, tick) below this instance's fence and raised it:
+/// Redis lost writes this instance had seen (store/redis/fence.rs).
+pub fn failover_fenced(what: &'static str) {
+    counter!(FAILOVER_FENCED_TOTAL, "counter" => what).increment(1);
 }
 
 /// The `reason` label values of [`OVERLOADED_TOTAL`].

@@ -13,6 +13,7 @@ mod flag;
 mod gate;
 mod local;
 mod stats;
+mod tokens;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -26,6 +27,7 @@ pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
+use self::tokens::IssuedTokens;
 use crate::config::Settings;
 use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
 use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
@@ -96,6 +98,8 @@ pub struct QueueService {
     registered: Mutex<HashMap<QueueTarget, Instant>>,
     /// Waiting users' polls answered from this instance's copy (`queue.local_polls`).
     local: Option<LocalPolls>,
+    /// The queue tokens handed out here, answered again to their users until they expire.
+    issued: IssuedTokens,
 }
 
 impl QueueService {
@@ -112,6 +116,7 @@ impl QueueService {
             degraded: Degraded::new(),
             registered: Mutex::new(HashMap::new()),
             local,
+            issued: IssuedTokens::new(tokens::MAX_TOKENS),
         }
     }
 
@@ -177,10 +182,13 @@ impl QueueService {
         QueueStatus::DirectAdmitted(self.candidate(target, user))
     }
 
-    fn stored_token(raw: String) -> QueueStatus {
-        // Our own token, read back from the store; its expiry is in its payload.
+    /// A user's queue token, read back from the store (its expiry is in its payload), and
+    /// remembered: from now on it is this user's answer here (`tokens.rs`).
+    fn stored_token(&self, target: QueueTarget, user: UserId, raw: String) -> QueueStatus {
         let expires_at = token::decode(&raw).map_or(0, |(c, _, _)| c.expires_at);
-        QueueStatus::Admitted(EntryToken { raw, expires_at })
+        let token = EntryToken { raw, expires_at };
+        self.issued.remember(target, user, &token, self.now_s());
+        QueueStatus::Admitted(token)
     }
 
     /// The store asks for a candidate only when it issues the token in this call, and keeps
@@ -221,11 +229,17 @@ impl QueueService {
         }
     }
 
-    /// DIRECT_ADMITTED without asking the store: the queue is off for this user and target,
-    /// or the store's liveness probe finds Redis down or stalled (fail-open).
+    /// Answered without asking the store: DIRECT_ADMITTED when the queue is off for this user
+    /// and target, ADMITTED with the token this instance handed the user before, or
+    /// DIRECT_ADMITTED when the store's liveness probe finds Redis down or stalled (fail-open).
     fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
         if !self.queue_applies(target, user) {
             return Some(self.direct(target, user));
+        }
+        // Told ADMITTED with this token here: whatever Redis holds now (a failover may have
+        // lost the token or the admission), or while it is down, the answer stays.
+        if let Some(token) = self.issued.get(target, user, self.now_s()) {
+            return Some(QueueStatus::Admitted(token));
         }
         if self.store.silent(Some(target)) {
             self.degraded.record_skipped();
@@ -246,7 +260,7 @@ impl QueueService {
                 self.register_active(target).await;
                 Ok(self.waiting(w))
             }
-            Ok(EnterOutcome::Admitted(raw)) => Ok(Self::stored_token(Self::count_issue(raw, &minted))),
+            Ok(EnterOutcome::Admitted(raw)) => Ok(self.stored_token(target, user, Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Ok(EnterOutcome::PreQueue(n)) => {
                 self.register_active(target).await;
@@ -280,7 +294,7 @@ impl QueueService {
             }
             Ok(StatusOutcome::Admitted(raw)) => {
                 self.local_learn(target, user, None);
-                Ok(Self::stored_token(Self::count_issue(raw, &minted)))
+                Ok(self.stored_token(target, user, Self::count_issue(raw, &minted)))
             }
             Ok(StatusOutcome::NotInQueue) => {
                 self.local_learn(target, user, None);

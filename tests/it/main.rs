@@ -16,6 +16,7 @@ pub mod gate;
 mod gate_paths;
 mod loadgen;
 mod local_polls;
+mod lost_writes;
 mod one_time_use;
 mod openapi;
 mod overload;

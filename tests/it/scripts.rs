@@ -58,16 +58,33 @@ fn script(text: &str) -> (String, Vec<String>) {
 }
 
 async fn enter(c: &mut MultiplexedConnection, max: u64, users: &[u64]) -> Vec<String> {
+    enter_fenced(c, max, Fence::default(), users).await
+}
+
+/// What an instance has seen of the target (`store/redis/fence.rs`): the highest seq given,
+/// what the counter jumps to when found below it, the highest mark.
+#[derive(Default)]
+struct Fence {
+    seq_seen: u64,
+    seq_to: u64,
+    mark: u64,
+}
+
+async fn enter_fenced(c: &mut MultiplexedConnection, max: u64, f: Fence, users: &[u64]) -> Vec<String> {
     let (text, names) = script(include_str!("../../lua/enter.lua"));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let head = [max.to_string(), "1800".to_owned()];
+    let head = [max, 1800, f.seq_seen, f.seq_to, f.mark].map(|v| v.to_string());
     call(c, &text, &names, &head, users).await
 }
 
 async fn status(c: &mut MultiplexedConnection, users: &[u64]) -> Vec<String> {
+    status_fenced(c, 0, users).await
+}
+
+async fn status_fenced(c: &mut MultiplexedConnection, mark: u64, users: &[u64]) -> Vec<String> {
     let (text, names) = script(include_str!("../../lua/status.lua"));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    call(c, &text, &names, &[], users).await
+    call(c, &text, &names, &[mark.to_string(), "1800".to_owned()], users).await
 }
 
 /// Redis' clock, epoch ms: the scripts keep times by it, never by the caller's.
@@ -89,11 +106,14 @@ async fn beats_within(c: &mut MultiplexedConnection, from: u64, to: u64) -> Vec<
     beats.into_iter().map(|(u, t)| (u, (from..=to).contains(&t))).collect()
 }
 
-fn answers(mark: u64, batch: u64, each: &[(u8, &str, u64)]) -> Vec<String> {
+/// A reply: mark, batch, the users' answers, then the seq counter (enter.lua; 0 from
+/// status.lua) and the fences raised (bits: 1 seq, 2 mark).
+fn answers(mark: u64, batch: u64, each: &[(u8, &str, u64)], seq: u64, fenced: u64) -> Vec<String> {
     let mut out = vec![mark.to_string(), batch.to_string()];
     for (code, a, b) in each {
         out.extend([code.to_string(), (*a).to_owned(), b.to_string()]);
     }
+    out.extend([seq.to_string(), fenced.to_string()]);
     out
 }
 
@@ -113,7 +133,7 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     let first_from = redis_ms(&mut c).await;
     let got = enter(&mut c, 100, &[1, 2, 2, 3]).await;
     let first_to = redis_ms(&mut c).await;
-    assert_eq!(got, answers(0, 0, &[(1, "1", 0), (1, "2", 1), (1, "2", 1), (1, "3", 2)]));
+    assert_eq!(got, answers(0, 0, &[(1, "1", 0), (1, "2", 1), (1, "2", 1), (1, "3", 2)], 3, 0));
 
     // Mark 1 (user 1 admitted, no token yet); user 2 left; users 4 and 5 were admitted
     // earlier and hold tokens, 5's already used at the gate; a runtime batch size is set.
@@ -132,7 +152,7 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     let got = enter(&mut c, 100, &[3, 1, 4, 5, 6, 6, 3]).await;
     let second_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (2, "tok-5", 0), (1, "4", 1), (1, "4", 1), (1, "3", 0)];
-    assert_eq!(got, answers(1, 7, &want), "the departed seq 2 is not ahead of anyone");
+    assert_eq!(got, answers(1, 7, &want, 4, 0), "the departed seq 2 is not ahead of anyone");
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "only user 6 took a seq");
     let beats = beats_within(&mut c, second_from, second_to).await;
@@ -149,7 +169,7 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     // Two users wait above the mark (seqs 3 and 4): with room for two, newcomers are full,
     // while those already in or admitted are answered as before.
     let got = enter(&mut c, 2, &[7, 3, 8, 4]).await;
-    assert_eq!(got, answers(1, 7, &[(3, "0", 0), (1, "3", 0), (3, "0", 0), (2, "tok-4", 0)]));
+    assert_eq!(got, answers(1, 7, &[(3, "0", 0), (1, "3", 0), (3, "0", 0), (2, "tok-4", 0)], 4, 0));
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "a full queue gives no seq");
 
@@ -158,10 +178,40 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     let got = status(&mut c, &[3, 1, 4, 9, 3, 6, 2]).await;
     let poll_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
-    assert_eq!(got, answers(1, 7, &want));
+    assert_eq!(got, answers(1, 7, &want, 0, 0));
     let beats = beats_within(&mut c, poll_from, poll_to).await;
     let want = [("1".to_owned(), false), ("3".to_owned(), true), ("6".to_owned(), true)];
     assert_eq!(beats, want, "a poll refreshes the waiting above the mark");
     let beats = beats_within(&mut c, first_from, first_to).await;
     assert_eq!(beats[0], ("1".to_owned(), true), "user 1 (admitted) kept the heartbeat of the first enter");
+}
+
+/// After a failover that lost writes, Redis holds a seq counter and a mark below what an
+/// instance saw: the instance's fences raise them back, so the seqs it saw given are never
+/// given again (the counter jumps past them by the margin sent) and a user the lost mark
+/// admitted is admitted, not WAITING. Without a fence (0) the script changes nothing.
+#[tokio::test]
+async fn fences_raise_counters_redis_lost_and_never_lower_them() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    // Redis as the replica had it: seqs 1..3 given, nobody admitted.
+    let got = enter(&mut c, 100, &[1, 2, 3]).await;
+    assert_eq!(got, answers(0, 0, &[(1, "1", 0), (1, "2", 1), (1, "3", 2)], 3, 0));
+
+    // The instance saw seq 10 given and mark 2: a new user gets 10 + margin + 1, never 4..10;
+    // user 2 (seq 2) is admitted by the mark raised back.
+    let fence = Fence { seq_seen: 10, seq_to: 15, mark: 2 };
+    let got = enter_fenced(&mut c, 100, fence, &[4, 2]).await;
+    assert_eq!(got, answers(2, 0, &[(1, "16", 13), (5, "2", 0)], 16, 3), "seq and mark raised");
+    let got = status_fenced(&mut c, 2, &[2, 3]).await;
+    assert_eq!(got, answers(2, 0, &[(5, "2", 0), (1, "3", 0)], 0, 0), "already raised: nothing to do");
+
+    // Fences below what Redis holds change nothing.
+    let got = enter_fenced(&mut c, 100, Fence { seq_seen: 5, seq_to: 9, mark: 1 }, &[5]).await;
+    assert_eq!(got, answers(2, 0, &[(1, "17", 14)], 17, 0));
+    // A poll through an instance that saw a higher mark raises it (user 3 admitted).
+    let got = status_fenced(&mut c, 3, &[3]).await;
+    assert_eq!(got, answers(3, 0, &[(5, "3", 0)], 0, 2));
+    let ttl: i64 = redis::cmd("TTL").arg(format!("{P}admitted_count")).query_async(&mut c).await.unwrap();
+    assert!(ttl > 0, "a raised key keeps the sliding TTL: {ttl}");
 }

@@ -55,10 +55,46 @@ impl RedisServer {
         Self::try_spawn_on(port).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// A replica of the server on `primary_port` (which may be a [`Relay`]'s port), with
+    /// persistence off like every test server; waits until its replication link is up.
+    pub fn spawn_replica_of(primary_port: u16) -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match Self::try_spawn_with(free_port(), &["--replicaof", "127.0.0.1", &primary_port.to_string()]) {
+                Ok(server) => {
+                    server.wait_for_link();
+                    return server;
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("replica did not start on five free ports; last: {last}");
+    }
+
+    fn wait_for_link(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = redis::Client::open(self.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut conn| redis::cmd("INFO").arg("replication").query::<String>(&mut conn))
+                .unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replica {} never synced: {info}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn try_spawn_on(port: u16) -> Result<Self, String> {
+        Self::try_spawn_with(port, &[])
+    }
+
+    fn try_spawn_with(port: u16, extra: &[&str]) -> Result<Self, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(extra)
             .current_dir(dir.path());
         let child = launch(cmd, port)?;
         Ok(Self { port, child: Some(child), _dir: dir })
@@ -88,6 +124,109 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A TCP relay on a free loopback port to another loopback port, in threads of its own: what
+/// a failover moves (a virtual IP, a DNS name) and a replication link the test can hold up.
+/// [`Relay::freeze`] drops every byte from the far end from then on (the near end sees a
+/// silent, open link: a replica that falls behind); [`Relay::retarget`] closes the open
+/// connections and sends new ones to another port.
+pub struct Relay {
+    pub port: u16,
+    state: Arc<RelayState>,
+}
+
+struct RelayState {
+    to: std::sync::atomic::AtomicU16,
+    frozen: std::sync::atomic::AtomicBool,
+    generation: std::sync::atomic::AtomicU64,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Relay {
+    pub fn start(to: u16) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+        let listener = StdListener::bind("127.0.0.1:0").expect("bind relay");
+        let port = listener.local_addr().expect("addr").port();
+        let state = Arc::new(RelayState {
+            to: AtomicU16::new(to),
+            frozen: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for near in listener.incoming() {
+                if st.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(near) = near else { continue };
+                let generation = st.generation.load(Ordering::SeqCst);
+                let Ok(far) = std::net::TcpStream::connect(("127.0.0.1", st.to.load(Ordering::SeqCst))) else {
+                    continue;
+                };
+                for (from, to, freezes) in [(near.try_clone(), far.try_clone(), false), (Ok(far), Ok(near), true)] {
+                    let (Ok(from), Ok(to)) = (from, to) else { continue };
+                    let st = st.clone();
+                    std::thread::spawn(move || relay_copy(from, to, freezes, generation, &st));
+                }
+            }
+        });
+        Self { port, state }
+    }
+
+    /// From now on the far end's bytes are dropped, the link stays open.
+    pub fn freeze(&self) {
+        self.state.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Closes the open connections (within 100 ms); new ones go to `to`.
+    pub fn retarget(&self, to: u16) {
+        use std::sync::atomic::Ordering;
+        self.state.to.store(to, Ordering::SeqCst);
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn relay_copy(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    freezes: bool,
+    generation: u64,
+    st: &RelayState,
+) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if st.stop.load(Ordering::SeqCst) || st.generation.load(Ordering::SeqCst) != generation {
+            break;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if freezes && st.frozen.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.state.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accepting thread so it sees `stop`.
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
     }
 }
 

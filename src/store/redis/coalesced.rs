@@ -2,11 +2,13 @@
 //! user queued for it (see `store::coalesce`), and its reply is split into per-user answers.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use redis::{Script, Value};
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
+use super::fence::Fences;
 use super::scripts::{Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, eval_hot, on_target};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
@@ -18,7 +20,8 @@ impl RedisStore {
     pub(super) async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), self.limits);
-            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, op, target, jobs))
+            let fences = self.fences.clone();
+            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, fences.clone(), op, target, jobs))
         });
         let (reply, answer) = oneshot::channel();
         let job = Job { user, reply };
@@ -43,7 +46,8 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
-        let mut answers = parse_answers("issue.lua", reply, 1, false)?;
+        let (mut answers, seen) = parse_answers("issue.lua", reply, 1, false)?;
+        self.fences.observe(target, None, seen.mark, None, seen.raised, false);
         answers.pop().ok_or_else(|| StoreError::Reply { what: "issue.lua", detail: "no answer".into() })
     }
 }
@@ -80,7 +84,7 @@ pub(super) enum Answer {
 /// pile them up. A caller that gives up while the call is in Redis changes nothing here: the
 /// user keeps the place the call gave them (a client that hung up polls again); a request
 /// that failed open takes its user out itself (`QueueService::failed`).
-async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, jobs: Vec<Job>) {
+async fn execute(conn: Conn, limits: StoreLimits, fences: Arc<Fences>, op: Op, target: QueueTarget, jobs: Vec<Job>) {
     let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
@@ -88,9 +92,15 @@ async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, j
     if jobs.is_empty() {
         return;
     }
+    let fence = fences.fence(target);
     let (script, what, names, head): (&Script, _, &[&str], &[u64]) = match op {
-        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS, &[limits.max_capacity, limits.key_ttl_s]),
-        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[]),
+        Op::Enter => (
+            &ENTER,
+            "enter.lua",
+            ENTER_KEYS,
+            &[limits.max_capacity, limits.key_ttl_s, fence.seq_seen, fence.seq_to, fence.mark],
+        ),
+        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
     };
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
@@ -119,7 +129,9 @@ async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, j
     let answers =
         eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
     match answers {
-        Ok(answers) => {
+        Ok((answers, seen)) => {
+            let seq = (op == Op::Enter).then_some(seen.seq);
+            fences.observe(target, seq, seen.mark, None, seen.raised, false);
             for (job, answer) in jobs.into_iter().zip(answers) {
                 let _ = job.reply.send(Ok(answer));
             }
@@ -132,9 +144,23 @@ async fn execute(conn: Conn, limits: StoreLimits, op: Op, target: QueueTarget, j
     }
 }
 
-/// Reads `{mark, batch_override_or_0, then per user: code, a, b}` and, `with_sale`, the sale's
-/// five trailing items (see `lua/enter.lua`).
-fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool) -> Result<Vec<Answer>, StoreError> {
+/// What a reply says of the target's counters, for the fences.
+pub(super) struct Seen {
+    mark: u64,
+    /// The seq counter after the call (enter.lua; 0 from the others).
+    seq: u64,
+    /// The fences the call raised (`fence::SEQ_RAISED`, …).
+    raised: u64,
+}
+
+/// Reads `{mark, batch_override_or_0, then per user: code, a, b}`, with `with_sale` the sale's
+/// five trailing items, then the seq counter and the fences raised (see `lua/enter.lua`).
+fn parse_answers(
+    what: &'static str,
+    reply: Value,
+    users: usize,
+    with_sale: bool,
+) -> Result<(Vec<Answer>, Seen), StoreError> {
     let bad = |reply: &[Value]| StoreError::Reply { what, detail: format!("{reply:?}") };
     let Value::Array(items) = reply else {
         return Err(StoreError::Reply { what, detail: format!("{reply:?}") });
@@ -146,10 +172,14 @@ fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool
     let (Some(mark), Some(batch)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
         return Err(bad(&items));
     };
-    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } {
+    if items.len() != 2 + 3 * users + if with_sale { 5 } else { 0 } + 2 {
         return Err(bad(&items));
     }
-    let notice = match &items[2 + 3 * users..] {
+    let (Some(seq), Some(raised)) = (items.get(items.len() - 2).and_then(int), items.last().and_then(int)) else {
+        return Err(bad(&items));
+    };
+    let seen = Seen { mark, seq, raised };
+    let notice = match &items[2 + 3 * users..items.len() - 2] {
         [_phase, opens, from, paused, message] => SaleNotice {
             opens_at_ms: int(opens).filter(|t| *t > 0),
             prequeue_from_ms: int(from).filter(|t| *t > 0),
@@ -182,5 +212,6 @@ fn parse_answers(what: &'static str, reply: Value, users: usize, with_sale: bool
             (Some(Code::Issue), _, _) => Ok(Answer::Issue),
             _ => Err(bad(&items)),
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|answers| (answers, seen))
 }

@@ -20,6 +20,7 @@
 
 mod coalesced;
 mod conn;
+mod fence;
 pub mod keys;
 mod pulse;
 mod scripts;
@@ -37,6 +38,7 @@ use redis::cluster::ClusterClient;
 
 use self::coalesced::{Answer, Job, Op};
 use self::conn::{Conn, LazyCluster};
+use self::fence::Fences;
 use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
@@ -63,6 +65,9 @@ pub struct RedisStore {
     lanes: Arc<OnceLock<Coalescer<(Op, QueueTarget), Job>>>,
     /// Whether Redis answers and what time it is there, from a thread of its own.
     pulse: Arc<Pulse>,
+    /// What this instance has seen of each target's counters, sent with the scripts so that a
+    /// failover that lost writes never takes them back (`fence.rs`).
+    fences: Arc<Fences>,
 }
 
 impl RedisStore {
@@ -79,7 +84,8 @@ impl RedisStore {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         let pulse = Arc::new(Pulse::start(&[url.to_owned()], false)?);
-        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse })
+        let fences = Arc::new(Fences::new(limits.key_ttl_s));
+        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse, fences })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -95,7 +101,8 @@ impl RedisStore {
             .build()?;
         let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
         let pulse = Arc::new(Pulse::start(nodes, true)?);
-        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default(), pulse })
+        let fences = Arc::new(Fences::new(limits.key_ttl_s));
+        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default(), pulse, fences })
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
@@ -232,25 +239,28 @@ impl QueueStore for RedisStore {
         tick_ms: u64,
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
+        let fence = self.fences.fence(target);
         let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
             .arg(default_batch)
             .arg(tick_ms)
             .arg(self.limits.key_ttl_s)
             .arg(instance)
             .arg(LEDGER_MAX_ROWS)
+            .arg(fence.mark)
+            .arg(fence.seq_seen)
+            .arg(fence.seq_to)
+            .arg(fence.tick)
             .invoke_async(&mut self.conn())
             .await?;
+        let advanced = num("admit.lua", &r, 0)? == 1;
+        let mark = num("admit.lua", &r, 1)?;
+        let tick = num("admit.lua", &r, 2)?;
+        self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
         // The waits go to the Prometheus histogram of the instance that admitted.
         for w in r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse::<u64>().ok()) {
             crate::metrics::wait_observed(w);
         }
-        Ok(AdmitOutcome {
-            advanced: num("admit.lua", &r, 0)? == 1,
-            mark: num("admit.lua", &r, 1)?,
-            tick: num("admit.lua", &r, 2)?,
-            admitted: num("admit.lua", &r, 3)?,
-            batch: num("admit.lua", &r, 4)?,
-        })
+        Ok(AdmitOutcome { advanced, mark, tick, admitted: num("admit.lua", &r, 3)?, batch: num("admit.lua", &r, 4)? })
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {

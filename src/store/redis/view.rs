@@ -80,10 +80,15 @@ impl RedisStore {
             }
             sync.gone.extend(rest[..g].iter().map(|&u| UserId(u)));
             if first {
+                // A mark below one already seen (a failover lost the admission) is not taken:
+                // users between the two were admitted, and polls near the mark ask status.lua,
+                // which raises it back.
+                self.fences.observe(target, None, mark, None, 0, false);
+                let mark = mark.max(self.fences.fence(target).mark);
                 sync.view = TargetView {
                     mark,
                     batch_override: (batch > 0).then_some(batch),
-                    departed: rest[g..].to_vec(),
+                    departed: rest[g..].iter().copied().filter(|&d| d > mark).collect(),
                     paused: sale == 1,
                     sale_asks_store: sale == 2,
                 };
