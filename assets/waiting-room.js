@@ -124,8 +124,8 @@
   function run(entered) {
     var request = entered ? call("GET", "/entries/me") : call("POST", "/entries");
     return request.then(function (r) {
-      if (r.status === 503 && r.body && r.body.code === "OVERLOADED") {
-        // The instance is busy, not gone: the place is kept; retry when told, spread out.
+      if (r.status === 503 && r.body && (r.body.code === "OVERLOADED" || r.body.code === "QUEUE_UNAVAILABLE")) {
+        // Busy, or holding everyone while its Redis is back: retry when told, spread out.
         say(T.busy);
         return pause((r.retryAfter || 1) * 1000 + Math.random() * 1000).then(function () { return run(entered); });
       }

@@ -20,7 +20,7 @@
 #   scripts/bench.sh naive [LOADGEN-FLAGS...]
 #       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
 #   scripts/bench.sh starved [LOADGEN-FLAGS...]
-#       the naive sale with vq's CPU share cut: vq serve at `nice -n NICE` (19) beside HOGS (2)
+#       the naive sale with vq's CPU share cut: vq serve at `nice -n NICE` (10) beside HOGS (1)
 #       busy loops, and every buyer sending the purchase twice (--purchase-times 2). What must
 #       hold: 0 DIRECT_ADMITTED (Redis answers throughout), at most one batch per tick at the
 #       sink, 0 tokens the sink received twice; what it costs: the answers shed (503
@@ -151,7 +151,7 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
   start_redis --maxmemory 512mb --maxmemory-policy noeviction
   vq_port=$(free_port); sink_port=$(free_port)
   # starved: nice execs vq, so the PID measured and stopped is vq's.
-  [ "$scenario" != starved ] || wrapper=(nice -n "${NICE:-19}")
+  [ "$scenario" != starved ] || wrapper=(nice -n "${NICE:-10}")
   VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
     RUST_LOG=warn spawn "vq-$round" "${wrapper[@]}" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
   vq_pid=$SPAWNED
@@ -166,8 +166,8 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
     flags+=(--purchase-times 2)
     # Busy loops on the cores beside vq for the round (each stops by itself at the latest
     # when the round's time is up).
-    for h in $(seq "${HOGS:-2}"); do
-      spawn "hog-$round-$h" timeout "$((duration + 90))" sh -c 'while :; do :; done'
+    for h in $(seq "${HOGS:-1}"); do
+      spawn "hog-$round-$h" timeout "$((duration + 240))" sh -c 'while :; do :; done'
       hogs+=("$SPAWNED")
     done
   else
@@ -177,7 +177,9 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
   r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "$vq_pid"); window_start
   # --foreground: a Ctrl-C in the terminal reaches loadgen too.
   # shellcheck disable=SC2086 # EXTRA is words
-  timed "loadgen-$round" timeout --foreground --signal=INT --kill-after=10 "$((duration + 60))" \
+  # Starved, the last answers take longer to come.
+  local limit=$((duration + 60)); [ "$scenario" != starved ] || limit=$((duration + 180))
+  timed "loadgen-$round" timeout --foreground --signal=INT --kill-after=10 "$limit" \
     "$vq" loadgen "${flags[@]}" $extra "$@"
   r1=$(ticks_of "$REDIS_PID"); v1=$(ticks_of "$vq_pid")
   local machine_now; machine_now=$(window_end)

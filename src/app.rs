@@ -160,10 +160,17 @@ pub async fn run(
     let instance_id = settings.instance_id();
     let service = Arc::new(QueueService::new(store.clone(), secret, settings.clone()));
     if opts.flag_on {
-        let on = vec![("enabled".to_owned(), "1".to_owned()), ("percent".to_owned(), "100".to_owned())];
-        match store.write_flag(on, Vec::new()).await {
-            Ok(v) => tracing::info!(version = v, "queue turned on for every user (--flag-on)"),
-            Err(e) => tracing::warn!(error = %e, "--flag-on: could not write the flag"),
+        // A few tries: a busy machine can make one call outlast the timeout.
+        for attempt in 1..=10 {
+            let on = vec![("enabled".to_owned(), "1".to_owned()), ("percent".to_owned(), "100".to_owned())];
+            match store.write_flag(on, Vec::new()).await {
+                Ok(v) => {
+                    tracing::info!(version = v, "queue turned on for every user (--flag-on)");
+                    break;
+                }
+                Err(e) if attempt == 10 => tracing::warn!(error = %e, "--flag-on: could not write the flag"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
         }
     }
     // Read the flag once before serving, so the first requests see it (if Redis answers).

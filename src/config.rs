@@ -85,6 +85,21 @@ pub struct QueueSettings {
     /// Answer waiting users' polls from this instance's copy of the admission mark, with
     /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
     pub local_polls: bool,
+    /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
+    /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
+    pub on_store_failure: OnStoreFailure,
+}
+
+/// `queue.on_store_failure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreFailure {
+    /// DIRECT_ADMITTED with a stateless token: the purchase API gets the burst, the sale goes on.
+    #[default]
+    Open,
+    /// 503 QUEUE_UNAVAILABLE with Retry-After: nobody new is let in; tokens already issued
+    /// keep working at the gate (their HMAC needs no Redis).
+    Closed,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -212,6 +227,7 @@ impl Default for QueueSettings {
             max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
             local_polls: true,
+            on_store_failure: OnStoreFailure::Open,
         }
     }
 }

@@ -16,6 +16,9 @@ const QUEUE_FULL_RETRY_AFTER_S: u64 = 5;
 /// which is usually a moment; the buyer keeps their place meanwhile.
 pub const OVERLOADED_RETRY_AFTER_S: u64 = 1;
 
+/// `Retry-After` of 503 QUEUE_UNAVAILABLE (Redis down, `queue.on_store_failure = "closed"`).
+const QUEUE_UNAVAILABLE_RETRY_AFTER_S: u64 = 2;
+
 /// Every error code vq answers with, and its HTTP status: the one place that pairs them.
 /// 4xx codes are stable (clients and docs/openapi.json name them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +28,7 @@ pub enum ErrorCode {
     QueueFull,
     StoreUnavailable,
     Overloaded,
+    QueueUnavailable,
     QueueBypassDenied,
     DownstreamBusy,
     UpstreamUnavailable,
@@ -41,6 +45,7 @@ impl ErrorCode {
             Self::QueueFull => "QUEUE_FULL",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
             Self::Overloaded => "OVERLOADED",
+            Self::QueueUnavailable => "QUEUE_UNAVAILABLE",
             Self::QueueBypassDenied => "QUEUE_BYPASS_DENIED",
             Self::DownstreamBusy => "DOWNSTREAM_BUSY",
             Self::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
@@ -57,6 +62,7 @@ impl ErrorCode {
             Self::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueueUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueBypassDenied => StatusCode::FORBIDDEN,
             Self::DownstreamBusy => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
@@ -118,6 +124,9 @@ impl From<QueueError> for ApiError {
             QueueError::Full(_) => Self::new(ErrorCode::QueueFull, e.to_string()).retry_after(QUEUE_FULL_RETRY_AFTER_S),
             QueueError::NotInQueue(_) => Self::new(ErrorCode::NotInQueue, e.to_string()),
             QueueError::Overloaded => Self::overloaded(e.to_string()),
+            QueueError::Unavailable => {
+                Self::new(ErrorCode::QueueUnavailable, e.to_string()).retry_after(QUEUE_UNAVAILABLE_RETRY_AFTER_S)
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
 use self::tokens::IssuedTokens;
-use crate::config::Settings;
+use crate::config::{OnStoreFailure, Settings};
 use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
 use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
 
@@ -85,6 +85,9 @@ pub enum QueueError {
     /// This instance cannot keep up; the user's place (if any) is kept.
     #[error("this instance is overloaded: retry shortly, your place is kept")]
     Overloaded,
+    /// Redis is down and `queue.on_store_failure` is `closed`: nobody is let in meanwhile.
+    #[error("the waiting room cannot reach its queue right now: retry shortly (nobody is let in meanwhile)")]
+    Unavailable,
 }
 
 pub struct QueueService {
@@ -232,25 +235,34 @@ impl QueueService {
     /// Answered without asking the store: DIRECT_ADMITTED when the queue is off for this user
     /// and target, ADMITTED with the token this instance handed the user before, or
     /// DIRECT_ADMITTED when the store's liveness probe finds Redis down or stalled (fail-open).
-    fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<QueueStatus> {
+    fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<Result<QueueStatus, QueueError>> {
         if !self.queue_applies(target, user) {
-            return Some(self.direct(target, user));
+            return Some(Ok(self.direct(target, user)));
         }
         // Told ADMITTED with this token here: whatever Redis holds now (a failover may have
         // lost the token or the admission), or while it is down, the answer stays.
         if let Some(token) = self.issued.get(target, user, self.now_s()) {
-            return Some(QueueStatus::Admitted(token));
+            return Some(Ok(QueueStatus::Admitted(token)));
         }
         if self.store.silent(Some(target)) {
             self.degraded.record_skipped();
-            return Some(self.direct(target, user));
+            return Some(self.store_down(target, user));
         }
         None
     }
 
+    /// The answer while Redis is down (`queue.on_store_failure`): DIRECT_ADMITTED (open), or
+    /// 503 QUEUE_UNAVAILABLE (closed).
+    fn store_down(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+        match self.settings.queue.on_store_failure {
+            OnStoreFailure::Open => Ok(self.direct(target, user)),
+            OnStoreFailure::Closed => Err(QueueError::Unavailable),
+        }
+    }
+
     pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
-        if let Some(direct) = self.bypass_store(target, user) {
-            return Ok(direct);
+        if let Some(answer) = self.bypass_store(target, user) {
+            return answer;
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
@@ -279,8 +291,12 @@ impl QueueService {
     }
 
     pub async fn status(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
-        if let Some(direct) = self.bypass_store(target, user) {
-            return Ok(direct);
+        if let Some(answer) = self.bypass_store(target, user) {
+            // Held while Redis is down: a place the copy knows is still the best answer.
+            return match (answer, self.local_answer(target, user)) {
+                (Err(QueueError::Unavailable), Some(w)) => Ok(self.waiting(w)),
+                (answer, _) => answer,
+            };
         }
         if let Some(w) = self.local_answer(target, user) {
             return Ok(self.waiting(w));
@@ -329,6 +345,10 @@ impl QueueService {
         self.degraded.record(what, target, e);
         if matches!(e, StoreError::Busy) {
             return Err(QueueError::Overloaded);
+        }
+        if self.settings.queue.on_store_failure == OnStoreFailure::Closed {
+            // Held: a place the late call may give the user is theirs to keep.
+            return Err(QueueError::Unavailable);
         }
         if e.is_timeout() {
             let store = self.store.clone();

@@ -229,6 +229,60 @@ async fn redis_down_fails_open_without_5xx_and_recovers() {
     assert!(back, "the queue resumes when Redis returns, without a restart");
 }
 
+/// `queue.on_store_failure = "closed"`: while Redis is down nobody new is let in (503
+/// QUEUE_UNAVAILABLE with Retry-After, never DIRECT_ADMITTED), a token issued before still
+/// buys at the gate, a purchase without one is refused; the queue resumes when Redis returns.
+#[tokio::test]
+async fn redis_down_holds_buyers_when_the_queue_fails_closed() {
+    let mut redis = RedisServer::spawn();
+    let port = redis.port;
+    let upstream = crate::gate::spawn_echo().await;
+    let app = app_with_queue_on(&redis, |s| {
+        s.queue.on_store_failure = vq::config::OnStoreFailure::Closed;
+        s.queue.batch_size = 1;
+        s.gate.upstream = Some(upstream);
+        s.gate.pace = false;
+    })
+    .await;
+    assert_eq!(app.json(app.enter(T, 1).await).await["status"], "WAITING");
+    // User 1 is admitted (the mark moved past them, as the pump does) and holds a token
+    // before Redis goes.
+    let mut c = redis.conn().await;
+    let _: () = redis::AsyncCommands::set(&mut c, "queue:{LIMITED_DROP:42}:admitted_count", 1).await.unwrap();
+    let v = app.json(app.poll(T, 1).await).await;
+    assert_eq!(v["status"], "ADMITTED", "{v}");
+    let token = v["entryToken"].as_str().unwrap().to_owned();
+    redis.kill();
+    for u in 2..=21 {
+        for r in [app.enter(T, u).await, app.poll(T, u).await] {
+            assert_eq!(r.status(), 503);
+            assert!(r.headers().get("retry-after").is_some(), "{:?}", r.headers());
+            assert_eq!(app.json(r).await["code"], "QUEUE_UNAVAILABLE");
+        }
+    }
+    let order = |user: u64, token: Option<&str>| {
+        let mut req = app.client.post(app.url("/limited-drops/42/orders")).header("X-User-Id", user.to_string());
+        if let Some(t) = token {
+            req = req.header("X-Entry-Token", t);
+        }
+        req.send()
+    };
+    assert_eq!(order(1, Some(&token)).await.unwrap().status(), 200, "a token issued before buys");
+    assert_eq!(order(2, None).await.unwrap().status(), 403, "no token, no purchase");
+    let _redis = RedisServer::spawn_on(port);
+    flag_on(&_redis).await;
+    let mut back = false;
+    for _ in 0..50 {
+        let r = app.enter(T, 77).await;
+        if r.status() == 200 && app.json(r).await["status"] == "WAITING" {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "the queue resumes when Redis returns, without a restart");
+}
+
 #[tokio::test]
 async fn stats_are_served_per_target() {
     let redis = RedisServer::spawn();
