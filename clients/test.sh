@@ -31,6 +31,7 @@ suite java java_suite
 vq_bin=${1:-${VQ_BIN:-}}
 if [ -n "$vq_bin" ]; then
   suite "tokens from vq mint" ./test-against-vq.sh "$vq_bin" "$SERVLET_JAR"
+  suite "web client against vq serve" env VQ_BIN="$(realpath "$vq_bin")" node --test --test-reporter=spec web/test/
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
