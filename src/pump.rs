@@ -1,4 +1,4 @@
-//! The admission pump: every tick, for each active target, the instance that wins the
+//! The admission pump: every tick, for each active declared target, the instance that wins the
 //! target's lock admits one batch, evicts stale users and forgets expired targets.
 //!
 //! `tick()` is one round (tests call it directly); `run()` is a short loop around it. One
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::domain::QueueTarget;
+use crate::domain::{DeclaredTargets, QueueTarget};
 use crate::store::{AdmitOutcome, AnyStore, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
@@ -53,7 +53,14 @@ impl Pump {
     /// One round over every active target: admissions first, then evictions.
     pub async fn tick(&self) -> Result<Vec<Result<TargetTick, (QueueTarget, StoreError)>>, StoreError> {
         let started = Instant::now();
-        let targets = self.store.active_targets().await?;
+        // Only declared targets are walked; one no longer declared leaves `queue:active`.
+        let declared = self.declared().await?;
+        let mut targets = self.store.active_targets().await?;
+        for gone in targets.iter().filter(|t| !declared.contains(**t)) {
+            self.store.deactivate(*gone).await?;
+            tracing::info!(target_queue = %gone, "target no longer declared: the pump stops admitting for it");
+        }
+        targets.retain(|t| declared.contains(*t));
         // The operator's runtime batch size, read each tick; config is the fallback.
         let global = self.store.global_batch_size().await.ok().flatten();
         let batch = crate::domain::batch_in_force(None, global, self.settings.queue.batch_size);
@@ -73,6 +80,12 @@ impl Pump {
             }
         }
         Ok(out)
+    }
+
+    /// The declared targets: the configured ones and those declared at runtime.
+    async fn declared(&self) -> Result<DeclaredTargets, StoreError> {
+        let configured = self.settings.declared_targets().unwrap_or_default();
+        Ok(configured.with(self.store.declared_targets().await?))
     }
 
     async fn admit_target(&self, target: QueueTarget, batch: u64) -> Result<TargetTick, StoreError> {

@@ -166,6 +166,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let fail = |what: &str, t: QueueTarget, e: crate::store::StoreError| {
             anyhow::anyhow!("cannot {what} the sale of {t} in {url}: {e}")
         };
+        match &args.action {
+            Action::Schedule { target, .. } => {
+                if super::target::declare(&store, &settings, *target).await? {
+                    println!("{target} declared (vq target list)");
+                }
+            }
+            Action::Show { target: None, .. } => {}
+            Action::Show { target: Some(t), .. }
+            | Action::Pause { target: t }
+            | Action::Resume { target: t }
+            | Action::Close { target: t, .. }
+            | Action::Clear { target: t }
+            | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, *t).await?,
+        }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at } => {
                 let schedule = SaleSchedule {
