@@ -180,12 +180,9 @@ fn render_targets(out: &mut String) {
         (QUEUE_LENGTH, "gauge", "Users waiting and not yet admitted, per target (from Redis at scrape time)", |s| {
             s.waiting as f64
         }),
-        (
-            TARGET_ADMISSION_RATE,
-            "gauge",
-            "Admissions per second the pump aims at: batch size / tick seconds",
-            |s| s.target_rate_per_sec,
-        ),
+        (TARGET_ADMISSION_RATE, "gauge", "Admissions per second the pump aims at: batch size / tick seconds", |s| {
+            s.target_rate_per_sec
+        }),
         (ADMITTED_TOTAL, "counter", "Users admitted by this instance's pump, per target", |s| s.admitted as f64),
         (EVICTED_TOTAL, "counter", "Users evicted for not polling by this instance's pump, per target (churn)", |s| {
             s.evicted as f64

@@ -47,7 +47,8 @@ enum Action {
 /// Every declared target: those of `settings` and those declared at runtime in the store.
 pub async fn declared(store: &AnyStore, settings: &Settings) -> anyhow::Result<DeclaredTargets> {
     let configured = settings.declared_targets()?;
-    let runtime = store.declared_targets().await.map_err(|e| anyhow::anyhow!("cannot read the declared targets: {e}"))?;
+    let runtime =
+        store.declared_targets().await.map_err(|e| anyhow::anyhow!("cannot read the declared targets: {e}"))?;
     Ok(configured.with(runtime))
 }
 

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
-    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,

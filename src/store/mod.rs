@@ -128,7 +128,9 @@ pub enum DeclareOutcome {
     Added,
     AlreadyDeclared,
     /// `room` targets are declared at runtime already: no room for another.
-    Full { room: u64 },
+    Full {
+        room: u64,
+    },
 }
 
 /// A user's place while waiting, plus the per-target batch size if one is set at runtime.
