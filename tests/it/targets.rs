@@ -268,3 +268,39 @@ async fn a_redis_out_of_memory_refuses_writes_but_opens_no_queue() {
     flag_on(&redis).await;
     app.wait_until_queued("limited-drop/2", 3).await;
 }
+
+#[tokio::test]
+async fn a_purchase_of_an_undeclared_target_is_refused_and_never_forwarded() {
+    let rig = crate::rig::Rig::start().await;
+    let app = &rig.app;
+    // With a token (of the declared target 1) or without, the gate answers before checking it.
+    let token = crate::rig::token(7);
+    let resp = app
+        .client
+        .post(app.url("/limited-drops/4242/orders"))
+        .header("X-User-Id", "7")
+        .header("X-Entry-Token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(app.json(resp).await["code"], "UNKNOWN_TARGET");
+    // Also with the queue off: a purchase route of an undeclared target is never unchecked.
+    let _: () =
+        redis::AsyncCommands::hset(&mut rig.redis().conn().await, "virtual-queue:flag", "enabled", "0").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp = app.client.post(app.url("/limited-drops/4242/orders")).header("X-User-Id", "7").send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    // nginx auth_request passes only 401/403: a 403 that says why.
+    let resp = app
+        .client
+        .get(app.url("/gate/verify"))
+        .header("X-Original-URI", "/limited-drops/4242/orders")
+        .header("X-User-Id", "7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert!(app.json(resp).await["detail"].as_str().unwrap().contains("not declared"));
+    assert!(rig.recorder.take().is_empty(), "the purchase API received a purchase of an undeclared target");
+}
