@@ -304,3 +304,52 @@ async fn a_purchase_of_an_undeclared_target_is_refused_and_never_forwarded() {
     assert!(app.json(resp).await["detail"].as_str().unwrap().contains("not declared"));
     assert!(rig.recorder.take().is_empty(), "the purchase API received a purchase of an undeclared target");
 }
+
+/// The pump's work per tick for 1,000 declared targets, 5 with queues: run by hand with
+/// `cargo nextest run --run-ignored only -E 'test(/measure_pump_round/)' --no-capture`.
+#[tokio::test]
+#[ignore = "a measurement, not a check"]
+async fn measure_pump_round_for_1000_declared_targets() {
+    let redis = RedisServer::spawn();
+    let mut settings = test_settings(Some(&redis));
+    settings.queue.max_targets = 1000;
+    settings.targets.ranges = vec!["limited-drop:1-1000".into()];
+    let store = open_store(&settings);
+    let pump = vq::pump::Pump::new(store.clone(), Arc::new(settings.clone()), "measure".into());
+    let app = spawn_app(settings.clone(), false).await;
+    flag_on(&redis).await;
+    // Five real queues of 100 users each.
+    for id in 1..=5 {
+        for user in 1..=100 {
+            app.enter(&format!("limited-drop/{id}"), user).await;
+        }
+    }
+    let (redis, tick_ms) = (&redis, settings.queue.tick_ms);
+    let rounds = |label: &'static str| {
+        let pump = &pump;
+        async move {
+            let mut took = Vec::new();
+            for _ in 0..10 {
+                crate::support::next_tick(tick_ms).await;
+                let started = std::time::Instant::now();
+                let round = pump.tick().await.expect("tick");
+                took.push(started.elapsed());
+                assert!(round.iter().all(Result::is_ok));
+            }
+            took.sort();
+            let targets: u64 = redis.conn().await.scard("queue:active").await.unwrap();
+            eprintln!(
+                "{label}: {targets} targets in queue:active, pump round median {:?}, max {:?}",
+                took[took.len() / 2],
+                took[took.len() - 1]
+            );
+        }
+    };
+    rounds("1,000 declared, 5 active").await;
+    // Every other declared target entered once (idle since): within queue.key_ttl_s they stay
+    // in queue:active, the worst case for 1,000 declared targets.
+    for id in 6..=1000 {
+        app.enter(&format!("limited-drop/{id}"), 1).await;
+    }
+    rounds("1,000 declared, all entered once, 5 with queues").await;
+}
