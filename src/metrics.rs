@@ -176,7 +176,9 @@ pub fn retain_targets(keep: impl Fn(QueueTarget) -> bool) {
 fn render_targets(out: &mut String) {
     use std::fmt::Write;
     let targets = TARGETS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let series: [(&str, &str, &str, fn(&TargetSeries) -> f64); 4] = [
+    /// Name, Prometheus type, help, value.
+    type Series = (&'static str, &'static str, &'static str, fn(&TargetSeries) -> f64);
+    let series: [Series; 4] = [
         (QUEUE_LENGTH, "gauge", "Users waiting and not yet admitted, per target (from Redis at scrape time)", |s| {
             s.waiting as f64
         }),

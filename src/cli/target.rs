@@ -124,7 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         println!("{}  (configuration)", name(t));
                     }
                     for r in &configured.ranges {
-                        println!("{r}  (configuration, {} ids)", r.len());
+                        println!("{r}  (configuration, {} ids)", r.count());
                     }
                     for t in &runtime {
                         println!("{}", name(t));

@@ -24,8 +24,8 @@ impl TargetRange {
         t.kind == self.kind && (self.first..=self.last).contains(&t.id)
     }
 
-    /// Targets in the range (each counts against `queue.max_targets`).
-    pub fn len(&self) -> u64 {
+    /// Targets in the range (each counts against `queue.max_targets`); never 0.
+    pub fn count(&self) -> u64 {
         self.last - self.first + 1
     }
 }
@@ -70,7 +70,7 @@ impl DeclaredTargets {
 
     /// Declared targets, counting each range's ids (an overlap counts twice: an upper bound).
     pub fn len(&self) -> u64 {
-        self.listed.len() as u64 + self.ranges.iter().map(TargetRange::len).sum::<u64>()
+        self.listed.len() as u64 + self.ranges.iter().map(TargetRange::count).sum::<u64>()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -148,7 +148,7 @@ mod tests {
     #[test]
     fn ranges_parse_bounded_and_count_their_ids() {
         let r: TargetRange = "limited-drop:1000-1999".parse().unwrap();
-        assert_eq!(r.len(), 1000);
+        assert_eq!(r.count(), 1000);
         assert!(r.contains(t("LIMITED_DROP:1500")));
         assert!(!r.contains(t("LIMITED_DROP:2000")));
         assert!(!r.contains(t("ticketing-event:1500")));
