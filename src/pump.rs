@@ -2,7 +2,8 @@
 //! target's lock admits one batch, evicts stale users and forgets expired targets.
 //!
 //! `tick()` is one round (tests call it directly); `run()` is a short loop around it. One
-//! failing target is logged and never stops the loop or the other targets.
+//! failing target is logged and never stops the loop or the other targets. Targets are worked
+//! on [`PUMP_CONCURRENCY`] at a time, all admissions before any eviction.
 //!
 //! Eviction runs after every target's admission, in slices of [`EVICT_SLICE`] users per
 //! `evict.lua` call (a few ms of Redis time each, so Redis never blocks on a huge queue), as
