@@ -7,7 +7,8 @@
 #   (VQ_STORE=memory forces that);
 # - generates a development secret when VQ_TOKEN_SECRET is not set (and says so);
 # - builds vq (release; DEV_PROFILE=debug for a debug build) with cargo's progress shown,
-#   turns the queue on, prints curl lines to try once vq answers, and serves until Ctrl-C.
+#   declares the example target limited-drop:42 (VQ_TARGETS__DECLARED), turns the queue on,
+#   prints curl lines to try once vq answers, and serves until Ctrl-C.
 #   A redis-server it started is stopped on exit.
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -49,17 +50,20 @@ if [ -z "${VQ_TOKEN_SECRET:-}" ] && [ -z "${VQ_TOKEN_SECRET_FILE:-}" ]; then
 fi
 
 profile="${DEV_PROFILE:-release}"
-if [ -x "target/$profile/vq" ]; then
+if [ -x "${CARGO_TARGET_DIR:-target}/$profile/vq" ]; then
   say "building vq ($profile): only what changed since the last build"
 else
   say "building vq ($profile) for the first time: cargo compiles ~200 crates, which takes about 4 minutes on 2 cores; later runs take seconds"
 fi
 if [ "$profile" = "release" ]; then build_release --bins; else cargo build; fi
-vq="target/$profile/vq"
+vq="${CARGO_TARGET_DIR:-target}/$profile/vq"
 
 if (exec 3<>"/dev/tcp/${listen%:*}/${listen##*:}") 2>/dev/null; then
   die "something already listens on $listen: stop it, or choose another address with VQ_LISTEN=127.0.0.1:PORT"
 fi
+# A queue answers only for declared targets: declare the example one (README, Operating a
+# sale: `vq target add` declares more at runtime).
+export VQ_TARGETS__DECLARED="${VQ_TARGETS__DECLARED:-[\"limited-drop:42\"]}"
 spawn - "$vq" serve --flag-on "$@"
 vq_pid=$SPAWNED
 # The curl lines only once vq answers: a busy port or a bad setting ends vq serve first, with
@@ -74,7 +78,7 @@ until wait_http "http://$listen/healthz" 1 "$vq_pid"; do
 done
 
 cat >&2 <<EOT
-==> vq serve on http://$listen with the queue on. Try:
+==> vq serve on http://$listen with the queue on for the declared target limited-drop:42. Try:
   curl -s -X POST -H 'X-User-Id: 1' http://$listen/virtual-queues/limited-drop/42/entries
   curl -s -H 'X-User-Id: 1' http://$listen/virtual-queues/limited-drop/42/entries/me
   curl -s http://$listen/virtual-queues/limited-drop/42/stats

@@ -55,6 +55,9 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     // Present from start, also while Redis is down and no refresh has worked yet.
     crate::metrics::set_flag_missing(service.flag_missing());
     loop {
+        if let Err(e) = service.refresh_targets().await {
+            tracing::debug!(error = %e, "cannot read the declared targets: keeping the last set read");
+        }
         match service.refresh_flag().await {
             Ok(flag) => {
                 if failing {
@@ -175,6 +178,7 @@ pub async fn run(
     }
     // Read the flag once before serving, so the first requests see it (if Redis answers).
     let _ = service.refresh_flag().await;
+    let _ = service.refresh_targets().await;
 
     let tracker = TaskTracker::new();
     tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));

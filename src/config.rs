@@ -16,6 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::DeclaredTargets;
 use crate::gate::{GateRoute, RouteError};
 use crate::store::StoreLimits;
 
@@ -52,6 +53,19 @@ pub struct Settings {
     pub log: LogSettings,
     pub page: PageSettings,
     pub http: HttpSettings,
+    pub targets: TargetsSettings,
+}
+
+/// The targets declared in configuration: a queue answers only for declared targets (these,
+/// and those declared at runtime with `vq target add`, kept in Redis).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetsSettings {
+    /// Single targets, `limited-drop:42`.
+    pub declared: Vec<String>,
+    /// Whole id ranges of a type, `limited-drop:1000-1999`; each id counts against
+    /// `queue.max_targets`.
+    pub ranges: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,6 +99,10 @@ pub struct QueueSettings {
     /// Answer waiting users' polls from this instance's copy of the admission mark, with
     /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
     pub local_polls: bool,
+    /// Most targets that may be declared, in configuration (a range counts its ids) and at
+    /// runtime together: what the pump, `/metrics`, `vq stats` and Redis hold grows with
+    /// declared targets only, and this bounds them.
+    pub max_targets: u64,
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
@@ -207,6 +225,7 @@ impl Default for Settings {
             log: LogSettings::default(),
             page: PageSettings::default(),
             http: HttpSettings::default(),
+            targets: TargetsSettings::default(),
         }
     }
 }
@@ -228,6 +247,7 @@ impl Default for QueueSettings {
             key_ttl_s: 1800,
             local_polls: true,
             on_store_failure: OnStoreFailure::Open,
+            max_targets: 1000,
         }
     }
 }
@@ -354,6 +374,12 @@ pub enum SettingError {
         "gate.upstream_host (VQ_GATE__UPSTREAM_HOST) must be a host such as shop.internal or shop.internal:8443, got `{0}`"
     )]
     UpstreamHostNotAHost(String),
+    #[error("targets: {0}")]
+    Target(#[from] crate::domain::ParseError),
+    #[error(
+        "targets.declared and targets.ranges declare {declared} targets, over queue.max_targets (VQ_QUEUE__MAX_TARGETS) = {max}"
+    )]
+    TooManyTargets { declared: u64, max: u64 },
 }
 
 /// Whether `host` can be `gate.upstream_host`: a DNS name or IP address (`[v6]`), and an
@@ -392,7 +418,8 @@ impl Settings {
 
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 15] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 16] = [
+            ("queue.max_targets", q.max_targets, 1..=1_000_000),
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
@@ -421,6 +448,10 @@ impl Settings {
             });
         }
         crate::gate::GateRoutes::compile(&g.routes)?;
+        let declared = self.declared_targets()?;
+        if declared.len() > q.max_targets {
+            return Err(SettingError::TooManyTargets { declared: declared.len(), max: q.max_targets });
+        }
         self.http.cors_origin_list()?;
         for (key, url) in [("page.return_url", &self.page.return_url), ("page.embed_origin", &self.page.embed_origin)] {
             if let Some(u) = url.as_ref().filter(|u| !(u.starts_with("https://") || u.starts_with("http://"))) {
@@ -446,6 +477,13 @@ impl Settings {
                 .unwrap_or_else(|_| "vq".to_owned());
             format!("{host}-{}", std::process::id())
         })
+    }
+
+    /// The targets declared in configuration (`[targets]`).
+    pub fn declared_targets(&self) -> Result<DeclaredTargets, crate::domain::ParseError> {
+        let listed = self.targets.declared.iter().map(|t| t.parse()).collect::<Result<_, _>>()?;
+        let ranges = self.targets.ranges.iter().map(|r| r.parse()).collect::<Result<_, _>>()?;
+        Ok(DeclaredTargets { listed, ranges })
     }
 
     pub fn limits(&self) -> StoreLimits {

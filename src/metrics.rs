@@ -11,8 +11,8 @@
 //! Labels are bounded: a target (active targets only), a route *template* and a status code,
 //! a token event. Never a user id, a raw path or a token. This module must not do IO.
 
-use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Histogram, counter, gauge, histogram};
@@ -67,11 +67,7 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_gauge!(QUEUE_LENGTH, "Users waiting and not yet admitted, per target (from Redis at scrape time)");
     describe_gauge!(QUEUE_CAPACITY, "queue.max_capacity: waiting users beyond which enter answers 429");
-    describe_gauge!(TARGET_ADMISSION_RATE, "Admissions per second the pump aims at: batch size / tick seconds");
-    describe_counter!(ADMITTED_TOTAL, "Users admitted by this instance's pump, per target");
-    describe_counter!(EVICTED_TOTAL, "Users evicted for not polling by this instance's pump, per target (churn)");
     describe_counter!(TOKENS_TOTAL, "Entry tokens by event: issued (through the queue), consumed, expired");
     describe_histogram!(WAIT_SECONDS, metrics::Unit::Seconds, "Wait from entry to admission of admitted users");
     describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
@@ -151,7 +147,9 @@ const TOKEN_EVENTS: [&str; 4] = ["issued", "consumed", "consumed_direct", "expir
 
 /// Renders the Prometheus text of this process.
 pub fn render() -> String {
-    install().render()
+    let mut out = install().render();
+    render_targets(&mut out);
+    out
 }
 
 /// Drains histogram samples into their buckets; call every few seconds so memory stays flat
@@ -160,14 +158,62 @@ pub fn upkeep() {
     install().run_upkeep();
 }
 
-/// A target's state as read from Redis at scrape time.
+/// The per-target series of this process, kept here rather than in the recorder so that a
+/// target's series go when the target does: only active declared targets have them
+/// ([`retain_targets`] at every scrape), so their number is bounded by `queue.max_targets`.
+#[derive(Debug, Clone, Copy, Default)]
+struct TargetSeries {
+    waiting: u64,
+    target_rate_per_sec: f64,
+    admitted: u64,
+    evicted: u64,
+}
+
+static TARGETS: Mutex<BTreeMap<QueueTarget, TargetSeries>> = Mutex::new(BTreeMap::new());
+
+fn with_target(target: QueueTarget, f: impl FnOnce(&mut TargetSeries)) {
+    f(TARGETS.lock().unwrap_or_else(|e| e.into_inner()).entry(target).or_default());
+}
+
+/// A target's state as read from Redis at scrape time (creates its series).
 pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64) {
-    let label = target.to_string();
-    // Adding 0 creates the target's event counters without touching a count already there.
-    counter!(ADMITTED_TOTAL, "target" => label.clone()).increment(0);
-    counter!(EVICTED_TOTAL, "target" => label.clone()).increment(0);
-    gauge!(QUEUE_LENGTH, "target" => label.clone()).set(waiting as f64);
-    gauge!(TARGET_ADMISSION_RATE, "target" => label).set(target_rate_per_sec);
+    with_target(target, |s| {
+        s.waiting = waiting;
+        s.target_rate_per_sec = target_rate_per_sec;
+    });
+}
+
+/// Drops the series of every target `keep` refuses (no longer declared, or idle: out of
+/// `queue:active`).
+pub fn retain_targets(keep: impl Fn(QueueTarget) -> bool) {
+    TARGETS.lock().unwrap_or_else(|e| e.into_inner()).retain(|t, _| keep(*t));
+}
+
+/// The per-target series in Prometheus text.
+fn render_targets(out: &mut String) {
+    use std::fmt::Write;
+    let targets = TARGETS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    /// Name, Prometheus type, help, value.
+    type Series = (&'static str, &'static str, &'static str, fn(&TargetSeries) -> f64);
+    let series: [Series; 4] = [
+        (QUEUE_LENGTH, "gauge", "Users waiting and not yet admitted, per target (from Redis at scrape time)", |s| {
+            s.waiting as f64
+        }),
+        (TARGET_ADMISSION_RATE, "gauge", "Admissions per second the pump aims at: batch size / tick seconds", |s| {
+            s.target_rate_per_sec
+        }),
+        (ADMITTED_TOTAL, "counter", "Users admitted by this instance's pump, per target", |s| s.admitted as f64),
+        (EVICTED_TOTAL, "counter", "Users evicted for not polling by this instance's pump, per target (churn)", |s| {
+            s.evicted as f64
+        }),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (t, s) in &targets {
+            let _ = writeln!(out, "{name}{{target=\"{t}\"}} {}", value(s));
+        }
+        out.push('\n');
+    }
 }
 
 pub fn set_capacity(max_capacity: u64) {
@@ -182,11 +228,11 @@ pub fn set_flag_missing(missing: bool) {
 
 /// Called by the pump that advanced the mark.
 pub fn admitted(target: QueueTarget, users: u64) {
-    counter!(ADMITTED_TOTAL, "target" => target.to_string()).increment(users);
+    with_target(target, |s| s.admitted += users);
 }
 
 pub fn evicted(target: QueueTarget, users: u64) {
-    counter!(EVICTED_TOTAL, "target" => target.to_string()).increment(users);
+    with_target(target, |s| s.evicted += users);
 }
 
 /// One admitted user's wait, entry to admission.
@@ -285,6 +331,9 @@ mod tests {
         http_request("/virtual-queues/{kind}/{id}/entries", 200, Duration::from_micros(300));
         let text = render();
         assert!(text.contains("virtual_queue_length{target=\"LIMITED_DROP:42\"} 7"), "{text}");
+        assert!(text.contains("virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"} 3"), "{text}");
+        retain_targets(|t| t != "LIMITED_DROP:42".parse().expect("target"));
+        assert!(!render().contains("LIMITED_DROP:42"), "a target's series go with it");
         assert!(text.contains("virtual_queue_tokens_total{event=\"consumed\"}"), "{text}");
         assert!(text.contains("virtual_queue_wait_seconds_bucket{le=\"2\"}"), "{text}");
         assert!(text.contains("virtual_queue_bypass_attempts_total"), "{text}");

@@ -52,6 +52,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let url = settings.redis.url.clone();
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
+        if let Action::Set { target: Some(t), .. } | Action::Show { target: Some(t) } = &args.action {
+            super::target::require_declared(&store, &settings, *t).await?;
+        }
         let shown = match args.action {
             Action::Show { target } => target,
             Action::Set { size, target } => {

@@ -74,6 +74,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let location = redis_location(&settings);
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
+        if let Action::On { target: Some(t), .. } | Action::Off { target: Some(t) } = &args.action {
+            super::target::require_declared(&store, &settings, *t).await?;
+        }
         let stored =
             store.read_stored_flag().await.map_err(|e| anyhow::anyhow!("cannot reach Redis at {location}: {e}"))?;
         let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;

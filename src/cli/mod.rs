@@ -9,6 +9,7 @@ mod pump;
 mod sale;
 mod serve;
 mod stats;
+mod target;
 mod token;
 
 use std::path::PathBuf;
@@ -45,6 +46,8 @@ enum Command {
     Loadgen(loadgen::Args),
     /// A target's sale: schedule, pre-queue, pause, close, ledger
     Sale(sale::Args),
+    /// Declare the targets queues answer for: add, list, remove
+    Target(target::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -206,6 +209,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Batch(a) => batch::run(a),
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
+        Command::Target(a) => target::run(a),
     };
     flush_logs(std::time::Duration::from_secs(2));
     match result {

@@ -44,7 +44,7 @@ enum Action {
         #[arg(long, value_name = "TIME")]
         closes_at: Option<String>,
     },
-    /// Show the sale of one target, or of every active target that has one
+    /// Show the sale of one target, or of every active declared target that has one
     Show {
         target: Option<QueueTarget>,
         /// Print JSON
@@ -166,6 +166,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let fail = |what: &str, t: QueueTarget, e: crate::store::StoreError| {
             anyhow::anyhow!("cannot {what} the sale of {t} in {url}: {e}")
         };
+        match &args.action {
+            Action::Schedule { target, .. } => {
+                if super::target::declare(&store, &settings, *target).await? {
+                    println!("{target} declared (vq target list)");
+                }
+            }
+            Action::Show { target: None, .. } => {}
+            Action::Show { target: Some(t), .. }
+            | Action::Pause { target: t }
+            | Action::Resume { target: t }
+            | Action::Close { target: t, .. }
+            | Action::Clear { target: t }
+            | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, *t).await?,
+        }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at } => {
                 let schedule = SaleSchedule {
@@ -196,7 +210,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Action::Show { target, json } => {
                 let targets = match target {
                     Some(t) => vec![t],
-                    None => store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?,
+                    None => {
+                        let declared = super::target::declared(&store, &settings).await?;
+                        let active =
+                            store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?;
+                        active.into_iter().filter(|t| declared.contains(*t)).collect()
+                    }
                 };
                 let mut shown = Vec::new();
                 for t in targets {

@@ -106,9 +106,14 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         None if kept => MISSING_FLAG.to_owned(),
         None => FlagState::default().describe(t),
     };
+    // Only declared targets: what clients name cannot make this longer.
+    let declared = super::target::declared(store, settings).await?;
     let mut targets = match only {
-        Some(t) => vec![t],
-        None => store.active_targets().await?,
+        Some(t) => {
+            super::target::require_declared(store, settings, t).await?;
+            vec![t]
+        }
+        None => store.active_targets().await?.into_iter().filter(|t| declared.contains(*t)).collect(),
     };
     targets.sort();
     let mut rows = Vec::with_capacity(targets.len());

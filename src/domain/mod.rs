@@ -3,12 +3,14 @@
 //! Nothing here does IO, reads a clock or touches tokio: every function takes the data and
 //! the time it needs as arguments, so the admission arithmetic is unit-tested without Redis.
 
+mod declared;
 mod flag;
 mod position;
 mod sale;
 mod stats;
 mod target;
 
+pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use sale::{

@@ -12,6 +12,8 @@ pub enum ParseError {
     BadId(String),
     #[error("`{0}` is not a target: expected TYPE:ID, e.g. limited-drop:42")]
     BadTarget(String),
+    #[error("`{0}` is not a range of targets: expected TYPE:FIRST-LAST, e.g. limited-drop:1000-1999")]
+    BadRange(String),
 }
 
 /// The kind of sale a queue protects.

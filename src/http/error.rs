@@ -25,6 +25,7 @@ const QUEUE_UNAVAILABLE_RETRY_AFTER_S: u64 = 2;
 pub enum ErrorCode {
     InvalidRequest,
     NotInQueue,
+    UnknownTarget,
     QueueFull,
     StoreUnavailable,
     Overloaded,
@@ -42,6 +43,7 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest => "INVALID_REQUEST",
             Self::NotInQueue => "NOT_IN_QUEUE",
+            Self::UnknownTarget => "UNKNOWN_TARGET",
             Self::QueueFull => "QUEUE_FULL",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
             Self::Overloaded => "OVERLOADED",
@@ -59,6 +61,7 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest => StatusCode::BAD_REQUEST,
             Self::NotInQueue => StatusCode::NOT_FOUND,
+            Self::UnknownTarget => StatusCode::NOT_FOUND,
             Self::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -99,6 +102,14 @@ impl ApiError {
 
     pub fn invalid(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::InvalidRequest, detail)
+    }
+
+    /// 404 UNKNOWN_TARGET: no queue answers for this target (nobody declared it).
+    pub fn unknown_target(target: crate::domain::QueueTarget) -> Self {
+        Self::new(
+            ErrorCode::UnknownTarget,
+            format!("there is no queue for {target}: the target is not declared (vq target add)"),
+        )
     }
 
     /// 503 OVERLOADED: this instance cannot keep up right now; nothing was decided.

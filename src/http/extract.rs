@@ -4,20 +4,25 @@
 use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 
-use super::ApiError;
+use super::{ApiError, SharedState};
 use crate::domain::{QueueTarget, UserId};
 
-/// `{kind}/{id}` of `/virtual-queues/{kind}/{id}/…`.
+/// `{kind}/{id}` of `/virtual-queues/{kind}/{id}/…`, a declared target: an undeclared one is
+/// answered 404 `UNKNOWN_TARGET` before any handler (or Redis) sees it.
 pub struct TargetPath(pub QueueTarget);
 
-impl<S: Send + Sync> FromRequestParts<S> for TargetPath {
+impl FromRequestParts<SharedState> for TargetPath {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, ApiError> {
         let Path((kind, id)) = Path::<(String, String)>::from_request_parts(parts, state)
             .await
             .map_err(|e| ApiError::invalid(e.body_text()))?;
-        QueueTarget::from_path(&kind, &id).map(TargetPath).map_err(|e| ApiError::invalid(e.to_string()))
+        let target = QueueTarget::from_path(&kind, &id).map_err(|e| ApiError::invalid(e.to_string()))?;
+        if !state.service.is_declared(target) {
+            return Err(ApiError::unknown_target(target));
+        }
+        Ok(TargetPath(target))
     }
 }
 

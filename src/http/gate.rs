@@ -77,6 +77,7 @@ fn denied(e: &GateDenial) -> ApiError {
     match e {
         GateDenial::Token(t) => ApiError::new(ErrorCode::QueueBypassDenied, t.to_string()),
         GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
+        GateDenial::UnknownTarget(t) => ApiError::unknown_target(*t),
     }
 }
 
@@ -236,6 +237,10 @@ pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: He
         Err(e @ GateDenial::Overloaded) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
             .retry_after(OVERLOADED_RETRY_AFTER_S)
             .into_response(),
+        // Likewise a purchase of an undeclared target: refused, saying why.
+        Err(e @ GateDenial::UnknownTarget(_)) => {
+            ApiError::new(ErrorCode::QueueBypassDenied, e.to_string()).into_response()
+        }
         Err(e) => denied(&e).into_response(),
     }
 }

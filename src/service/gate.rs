@@ -36,6 +36,9 @@ pub enum GateDenial {
     /// purchase is not forwarded (never unclaimed), the buyer retries.
     #[error("this instance is overloaded: retry shortly, your entry token stays valid")]
     Overloaded,
+    /// The gated route names a target nobody declared: nothing is forwarded.
+    #[error("there is no queue for {0}: the target is not declared (vq target add)")]
+    UnknownTarget(QueueTarget),
 }
 
 /// When a verified purchase may go to the purchase API (see `gate.pace`).
@@ -71,6 +74,9 @@ impl QueueService {
         token: Option<&str>,
         mode: ClaimMode,
     ) -> Result<GatePass, GateDenial> {
+        if !self.is_declared(target) {
+            return Err(GateDenial::UnknownTarget(target));
+        }
         let flag = self.flag();
         let applies = match user {
             Some(u) => flag.applies(target, u),

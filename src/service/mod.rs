@@ -13,6 +13,7 @@ mod flag;
 mod gate;
 mod local;
 mod stats;
+mod targets;
 mod tokens;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::stats::{QueueStats, read_target_stats};
+use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::{OnStoreFailure, Settings};
 use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
@@ -103,10 +105,14 @@ pub struct QueueService {
     local: Option<LocalPolls>,
     /// The queue tokens handed out here, answered again to their users until they expire.
     issued: IssuedTokens,
+    /// The declared targets: the only ones the queue answers for.
+    targets: TargetCache,
 }
 
 impl QueueService {
     pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
+        // Settings::load refuses declarations that do not parse.
+        let targets = TargetCache::new(settings.declared_targets().unwrap_or_default());
         let q = &settings.queue;
         let local = (q.local_polls && matches!(store, AnyStore::Redis(_)))
             .then(|| LocalPolls::new(q.tick_ms, q.max_capacity, q.heartbeat_timeout_s));
@@ -120,6 +126,7 @@ impl QueueService {
             registered: Mutex::new(HashMap::new()),
             local,
             issued: IssuedTokens::new(tokens::MAX_TOKENS),
+            targets,
         }
     }
 
@@ -339,12 +346,18 @@ impl QueueService {
 
     /// An enter or poll whose store work failed. Overloaded (Redis answers, this instance is
     /// behind): 503, the user keeps their place and retries. Otherwise fail-open: DIRECT_ADMITTED
-    /// with a stateless token; when the call may still run late in Redis (a stall), the user is
+    /// with a stateless token (but not for a write Redis refused for lack of memory); when the call may still run late in Redis (a stall), the user is
     /// taken out of the queue behind it, so they do not also hold a place.
     fn failed(&self, what: &str, target: QueueTarget, user: UserId, e: &StoreError) -> Result<QueueStatus, QueueError> {
         self.degraded.record(what, target, e);
         if matches!(e, StoreError::Busy) {
             return Err(QueueError::Overloaded);
+        }
+        if e.is_out_of_memory() {
+            // Redis refuses writes for lack of memory: it still answers, so this is no outage
+            // to fail open for. Nobody is let in by it: a new entry is told the queue is full,
+            // a waiting user to retry (their place is kept).
+            return Err(if what == "enter" { QueueError::Full(target) } else { QueueError::Overloaded });
         }
         if self.settings.queue.on_store_failure == OnStoreFailure::Closed {
             // Held: a place the late call may give the user is theirs to keep.

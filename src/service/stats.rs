@@ -84,10 +84,15 @@ impl QueueService {
         Ok(read_target_stats(&self.store, target, &self.settings.queue).await?.1)
     }
 
-    /// Sets the `/metrics` queue gauges of every active target from the store.
+    /// Sets the `/metrics` queue gauges of every active declared target from the store, and
+    /// drops the series of every other target.
     pub async fn record_queue_gauges(&self) -> Result<(), StoreError> {
         crate::metrics::set_capacity(self.settings.queue.max_capacity);
-        for target in self.store.active_targets().await? {
+        let active: std::collections::HashSet<QueueTarget> =
+            self.store.active_targets().await?.into_iter().filter(|t| self.is_declared(*t)).collect();
+        // Series of targets removed or gone idle go before the new figures are read.
+        crate::metrics::retain_targets(|t| active.contains(&t));
+        for &target in &active {
             let s = self.stats(target).await?;
             crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec);
         }

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
-    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,
@@ -154,6 +154,8 @@ impl TargetState {
 struct Inner {
     targets: HashMap<QueueTarget, TargetState>,
     active: BTreeSet<QueueTarget>,
+    /// Targets declared at runtime (`queue:targets`).
+    declared: BTreeSet<QueueTarget>,
     flag: HashMap<String, String>,
     global_batch: Option<u64>,
     /// instance -> (its acknowledgement as Redis stores it, expiry ms)
@@ -414,6 +416,31 @@ impl QueueStore for MemoryStore {
     async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
         self.lock().active.insert(target);
         Ok(())
+    }
+
+    async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
+        self.lock().active.remove(&target);
+        Ok(())
+    }
+
+    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        Ok(self.lock().declared.iter().copied().collect())
+    }
+
+    async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        let mut inner = self.lock();
+        if inner.declared.contains(&target) {
+            return Ok(DeclareOutcome::AlreadyDeclared);
+        }
+        if inner.declared.len() as u64 >= room {
+            return Ok(DeclareOutcome::Full { room });
+        }
+        inner.declared.insert(target);
+        Ok(DeclareOutcome::Added)
+    }
+
+    async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        Ok(self.lock().declared.remove(&target))
     }
 
     async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {

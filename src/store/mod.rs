@@ -58,11 +58,13 @@ pub enum StoreError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StoreErrorKind {
     /// The store cannot serve anyone now: connection refused, reset or timed out, loading,
-    /// busy with a long script, cluster down, read-only after a failover, out of memory,
-    /// refused credentials. Every target would fail alike.
+    /// busy with a long script, cluster down, read-only after a failover, refused
+    /// credentials. Every target would fail alike.
     Unavailable,
     /// The store answered, but this call failed on what it touched: a key of the wrong type
-    /// (a corrupt key), a script error, a reply of the wrong shape. Other targets are fine.
+    /// (a corrupt key), a script error, a reply of the wrong shape, a write refused for lack
+    /// of memory (`OOM`: reads, and writes that free memory, still work). Other calls are
+    /// asked of the store as usual.
     Data,
 }
 
@@ -88,6 +90,12 @@ impl StoreError {
         }
     }
 
+    /// Redis refused a write for lack of memory (`maxmemory` reached with `noeviction`).
+    pub fn is_out_of_memory(&self) -> bool {
+        // A script's write refused inside the script carries the code too (Redis 7).
+        matches!(self, StoreError::Redis(e) if e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed"))
+    }
+
     pub fn kind(&self) -> StoreErrorKind {
         use ::redis::{ErrorKind as K, ServerErrorKind as S};
         let StoreError::Redis(e) = self else {
@@ -107,11 +115,22 @@ impl StoreError {
                 ) | K::ClusterConnectionNotFound
                     | K::AuthenticationFailed
             )
-            // Codes redis-rs has no kind for: a script running too long, memory full, no
-            // auth, persistence failing.
-            || matches!(e.code(), Some("BUSY" | "OOM" | "NOAUTH" | "MISCONF" | "WRONGPASS"));
+            // Codes redis-rs has no kind for: a script running too long, no auth,
+            // persistence failing. (`OOM` is not one: it refuses that write, not the store.)
+            || matches!(e.code(), Some("BUSY" | "NOAUTH" | "MISCONF" | "WRONGPASS"));
         if unavailable { StoreErrorKind::Unavailable } else { StoreErrorKind::Data }
     }
+}
+
+/// What declaring a target at runtime did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeclareOutcome {
+    Added,
+    AlreadyDeclared,
+    /// `room` targets are declared at runtime already: no room for another.
+    Full {
+        room: u64,
+    },
 }
 
 /// A user's place while waiting, plus the per-target batch size if one is set at runtime.
@@ -398,6 +417,23 @@ pub trait QueueStore: Send + Sync + 'static {
 
     fn register_active(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Takes the target out of `queue:active` (it is no longer declared): the pump stops
+    /// walking it; its keys expire on their own.
+    fn deactivate(&self, target: QueueTarget) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The targets declared at runtime (`vq target add`), the set `queue:targets`.
+    fn declared_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
+
+    /// Declares a target at runtime, unless `room` targets are declared at runtime already.
+    fn declare_target(
+        &self,
+        target: QueueTarget,
+        room: u64,
+    ) -> impl Future<Output = Result<DeclareOutcome, StoreError>> + Send;
+
+    /// Removes a runtime declaration; returns whether there was one.
+    fn undeclare_target(&self, target: QueueTarget) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Records this instance's `queue.max_capacity` as the capacity in force for `target`, so
     /// every instance's stats and `vq stats` show the capacity enter is checked against, not
     /// the reader's own configuration. Expires with the target's keys.
@@ -593,6 +629,18 @@ impl QueueStore for AnyStore {
     }
     async fn publish_capacity(&self, t: QueueTarget) -> Result<(), StoreError> {
         delegate!(self, s => s.publish_capacity(t))
+    }
+    async fn deactivate(&self, t: QueueTarget) -> Result<(), StoreError> {
+        delegate!(self, s => s.deactivate(t))
+    }
+    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        delegate!(self, s => s.declared_targets())
+    }
+    async fn declare_target(&self, t: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        delegate!(self, s => s.declare_target(t, room))
+    }
+    async fn undeclare_target(&self, t: QueueTarget) -> Result<bool, StoreError> {
+        delegate!(self, s => s.undeclare_target(t))
     }
     async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         delegate!(self, s => s.active_targets())

@@ -1,15 +1,15 @@
 //! Every setting and CLI value has bounds, checked at start or at the command, with an error
 //! that names the key, its environment variable and the allowed range.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{SECRET, vq_bin};
+use crate::support::{SECRET, vq_command};
 
 /// Runs vq; one that is still running after 10 s (a value accepted, a server started) is
 /// killed, and its output is what it printed until then.
 fn vq(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(vq_bin());
+    let mut cmd = vq_command();
     cmd.args(args).env_remove("VQ_TOKEN_SECRET_FILE").env("VQ_TOKEN_SECRET", SECRET);
     for (k, v) in envs {
         cmd.env(k, v);

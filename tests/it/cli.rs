@@ -1,11 +1,11 @@
 //! The command line as an operator uses it: real processes, exit codes, stderr.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use crate::support::{SECRET, vq_bin};
+use crate::support::{SECRET, vq_command};
 
 fn vq(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(vq_bin());
+    let mut cmd = vq_command();
     cmd.args(args).env_remove("VQ_TOKEN_SECRET").env_remove("VQ_TOKEN_SECRET_FILE");
     for (k, v) in envs {
         cmd.env(k, v);

@@ -10,7 +10,7 @@ use serde_json::Value;
 use vq::domain::{QueueTarget, UserId};
 use vq::store::{EnterOutcome, QueueStore, StatusOutcome};
 
-use crate::support::{RedisCluster, VqProcess, cluster_settings, lua_as_sent, open_store, spawn_app, vq_bin};
+use crate::support::{RedisCluster, VqProcess, cluster_settings, lua_as_sent, open_store, spawn_app, vq_command};
 
 /// Turns the queue on for everyone through the cluster, as `vq flag on` does.
 async fn cluster_flag_on(cluster: &RedisCluster) {
@@ -182,11 +182,7 @@ async fn flag_off_is_confirmed_by_every_instance_on_the_cluster() {
         procs.push(VqProcess::serve_env(&envs).await);
     }
     let vq = |args: &[&str]| {
-        std::process::Command::new(vq_bin())
-            .args(args)
-            .env("VQ_REDIS__CLUSTER_NODES", cluster.nodes())
-            .output()
-            .expect("run vq")
+        vq_command().args(args).env("VQ_REDIS__CLUSTER_NODES", cluster.nodes()).output().expect("run vq")
     };
     let on = vq(&["flag", "on"]);
     assert!(on.status.success(), "{}", String::from_utf8_lossy(&on.stderr));

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::support::{RedisServer, VqProcess, vq_bin};
+use crate::support::{RedisServer, VqProcess, vq_command};
 
 fn vq_flag(redis_url: &str, args: &[&str]) -> Output {
     let mut full = vec!["flag"];
     full.extend_from_slice(args);
-    std::process::Command::new(vq_bin()).args(&full).env("VQ_REDIS__URL", redis_url).output().expect("run vq flag")
+    vq_command().args(&full).env("VQ_REDIS__URL", redis_url).output().expect("run vq flag")
 }
 
 fn out(o: &Output) -> String {
@@ -169,11 +169,8 @@ async fn a_flushed_flag_keeps_the_gate_closed_until_the_operator_writes_it_again
     let text = out(&status);
     assert!(text.contains("MISSING") && text.contains("vq-a") && text.contains("KEEPS LAST KNOWN"), "{text}");
     assert!(text.contains("on 100%"), "status names what instances keep: {text}");
-    let stats = std::process::Command::new(crate::support::vq_bin())
-        .args(["stats"])
-        .env("VQ_REDIS__URL", redis.url())
-        .output()
-        .expect("vq stats");
+    let stats =
+        crate::support::vq_command().args(["stats"]).env("VQ_REDIS__URL", redis.url()).output().expect("vq stats");
     let text = String::from_utf8_lossy(&stats.stdout);
     assert!(
         text.contains("flag MISSING") && !text.contains("flag off"),

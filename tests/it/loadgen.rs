@@ -7,7 +7,7 @@ mod stand_in;
 
 use self::stand_in::{options, stand_in};
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use redis::AsyncCommands;
 use vq::domain::QueueTarget;
 use vq::loadgen::{ArrivalCurve, Arrivals, Live, Options, Sink};
 
-use crate::support::{RedisServer, VqProcess, flag_on, free_port, vq_bin};
+use crate::support::{RedisServer, VqProcess, flag_on, free_port, vq_command};
 
 fn serve_env() -> Vec<(&'static str, String)> {
     vec![
@@ -29,7 +29,7 @@ fn serve_env() -> Vec<(&'static str, String)> {
 
 /// Runs `vq <args>` with the test Redis and the same queue settings as the server.
 fn vq(redis: &RedisServer, args: &[&str]) -> Output {
-    let mut cmd = Command::new(vq_bin());
+    let mut cmd = vq_command();
     cmd.args(args).env("VQ_REDIS__URL", redis.url()).env("RUST_LOG", "warn");
     for (k, v) in serve_env() {
         cmd.env(k, v);
@@ -284,7 +284,7 @@ async fn unusable_loadgen_input_is_refused_before_the_run() {
     ] {
         let mut all = vec!["loadgen", "--target", "limited-drop:1", "--quiet", "--assert-no-5xx"];
         all.extend(args.iter().copied());
-        let out = Command::new(vq_bin()).args(&all).env("VQ_REDIS__URL", "redis://127.0.0.1:1").output().expect("run");
+        let out = vq_command().args(&all).env("VQ_REDIS__URL", "redis://127.0.0.1:1").output().expect("run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
@@ -299,7 +299,7 @@ async fn a_run_with_requests_that_got_no_http_answer_fails() {
     flag_on(&redis).await;
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
-    let child = Command::new(vq_bin())
+    let child = vq_command()
         .args(loadgen_args(&server.addr, json.to_str().unwrap(), &[]))
         .env("VQ_REDIS__URL", redis.url())
         .stdout(std::process::Stdio::piped())
@@ -365,7 +365,7 @@ async fn following_poll_after_polls_at_the_servers_pace() {
         if follow {
             args.push("--follow-poll-after");
         }
-        let out = Command::new(vq_bin()).args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("loadgen");
+        let out = vq_command().args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("loadgen");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         read_json(json)
     };

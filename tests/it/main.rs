@@ -33,4 +33,5 @@ mod serve_limits;
 mod stall;
 mod stats;
 mod support;
+mod targets;
 mod token_format;

@@ -115,7 +115,9 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     ];
     let vq = VqProcess::serve_wrapped(&["nice", "-n", "19"], &envs).await;
     flag_on(&redis).await;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    // Generous: the answers of a starved process come late (a shed one, after at most 5 s of
+    // waiting behind the others, once the process gets the CPU to send it).
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
     let url = |path: &str| format!("{}{path}", vq.addr);
     let _hogs = Hogs::start(2);
 
@@ -163,10 +165,13 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     let summary = format!("enters {entered:?}, polls {polled:?}, purchases {purchases:?}");
     eprintln!("{summary}");
 
-    // Nobody was let in as if Redis were down, and every answer was the queue's or a shed.
+    // Nobody was let in as if Redis were down, and every answer was the queue's (a poll may
+    // find its user admitted by the pump) or a shed.
     for (what, counts) in [("enter", &entered), ("poll", &polled)] {
         for (outcome, n) in counts {
-            assert!(matches!(outcome.as_str(), "WAITING" | "OVERLOADED"), "{what}: {n} answered {outcome}: {summary}");
+            let queue =
+                matches!(outcome.as_str(), "WAITING" | "OVERLOADED") || (what == "poll" && outcome == "ADMITTED");
+            assert!(queue, "{what}: {n} answered {outcome}: {summary}");
         }
     }
     // Everyone answered WAITING holds a place in Redis; places are kept through a shed.

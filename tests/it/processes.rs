@@ -60,11 +60,7 @@ async fn three_instances_admit_one_batch_per_tick_even_when_the_lock_vanishes() 
 }
 
 fn vq_cli(redis: &RedisServer, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(crate::support::vq_bin())
-        .args(args)
-        .env("VQ_REDIS__URL", redis.url())
-        .output()
-        .expect("run vq")
+    crate::support::vq_command().args(args).env("VQ_REDIS__URL", redis.url()).output().expect("run vq")
 }
 
 async fn three_gated_instances(redis: &RedisServer) -> (Vec<VqProcess>, String) {

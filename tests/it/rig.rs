@@ -136,6 +136,10 @@ impl Rig {
         Self { _redis: redis, app, recorder, backend }
     }
 
+    pub fn redis(&self) -> &RedisServer {
+        &self._redis
+    }
+
     pub fn vq(&self) -> &str {
         self.app.addr.trim_start_matches("http://")
     }

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use vq::domain::UserId;
 use vq::token::{Secret, mint, verify_signature};
 
-use crate::support::{RedisServer, SECRET, VqProcess, flag_on, free_port, vq_bin};
+use crate::support::{RedisServer, SECRET, VqProcess, flag_on, free_port, vq_command};
 
 const PASSWORD: &str = "S3cretPw9xq";
 
 fn vq(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(vq_bin());
+    let mut cmd = vq_command();
     cmd.args(args).env_remove("VQ_TOKEN_SECRET").env_remove("VQ_TOKEN_SECRET_FILE").env("RUST_LOG", "debug");
     for (k, v) in envs {
         cmd.env(k, v);
@@ -98,7 +98,7 @@ async fn redis_password_never_appears_in_serve_logs() {
     let log = dir.path().join("log");
     let port = free_port();
     let url = format!("redis://vquser:{PASSWORD}@127.0.0.1:{}", free_port());
-    let mut child = Command::new(vq_bin())
+    let mut child = vq_command()
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .env("VQ_REDIS__URL", &url)
         .env("VQ_TOKEN_SECRET", SECRET)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
-use crate::support::{RedisServer, SECRET, free_port, vq_bin};
+use crate::support::{RedisServer, SECRET, free_port, vq_command};
 
 /// A `vq serve` child whose stdio the test chooses; killed on drop.
 struct Serve {
@@ -19,7 +19,7 @@ struct Serve {
 impl Serve {
     async fn start(redis: &RedisServer, envs: &[(&str, &str)], stderr: Stdio) -> Self {
         let port = free_port();
-        let mut cmd = Command::new(vq_bin());
+        let mut cmd = vq_command();
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .env("VQ_REDIS__URL", redis.url())
             .env("VQ_TOKEN_SECRET", SECRET)
@@ -241,7 +241,7 @@ async fn with_closed_stdout(redis: &RedisServer, args: &[&str]) -> (Option<ExitS
     drop(reader);
     let dir = tempfile::tempdir().unwrap();
     let err_path = dir.path().join("stderr");
-    let mut child = Command::new(vq_bin())
+    let mut child = vq_command()
         .args(args)
         .env("VQ_REDIS__URL", redis.url())
         .stdout(writer)
@@ -275,7 +275,7 @@ async fn cli_errors_into_a_closed_stderr_exit_one() {
     for args in [&["stats"][..], &["stats", "--watch"], &["flag", "status"], &["batch", "show"]] {
         let (reader, writer) = std::io::pipe().expect("pipe");
         drop(reader);
-        let mut child = Command::new(vq_bin())
+        let mut child = vq_command()
             .args(args)
             .env("VQ_REDIS__URL", &url)
             .stdout(std::process::Stdio::null())

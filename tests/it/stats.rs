@@ -8,7 +8,7 @@ use vq::config::Settings;
 use vq::pump::Pump;
 
 use crate::support::{
-    RedisServer, TestApp, VqProcess, flag_on, next_tick, open_store, spawn_app, test_settings, vq_bin,
+    RedisServer, TestApp, VqProcess, flag_on, next_tick, open_store, spawn_app, test_settings, vq_command,
 };
 
 const T: &str = "limited-drop/5";
@@ -115,7 +115,7 @@ async fn vq_stats_json_equals_the_endpoint() {
         app.enter(T, u).await;
     }
     let endpoint = stats_of(&app).await;
-    let out = Command::new(vq_bin())
+    let out = vq_command()
         .args(["stats", "--json"])
         .env("VQ_REDIS__URL", redis.url())
         .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
@@ -132,7 +132,7 @@ async fn vq_stats_json_equals_the_endpoint() {
     assert_eq!(rows[0]["stats"], endpoint, "vq stats --json and GET …/stats show the same figures");
 
     // The table without a terminal: readable, no escape codes, the target's row.
-    let out = Command::new(vq_bin())
+    let out = vq_command()
         .args(["stats", "--target", "limited-drop:5"])
         .env("VQ_REDIS__URL", redis.url())
         .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
@@ -147,7 +147,7 @@ async fn vq_stats_says_redis_is_unreachable_with_a_non_zero_exit() {
     let mut redis = RedisServer::spawn();
     let url = redis.url();
     redis.kill();
-    let out = Command::new(vq_bin()).args(["stats"]).env("VQ_REDIS__URL", &url).output().expect("run vq stats");
+    let out = vq_command().args(["stats"]).env("VQ_REDIS__URL", &url).output().expect("run vq stats");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unreachable"), "{err}");
@@ -272,8 +272,7 @@ async fn capacity_in_force_comes_from_the_instances_serving_the_target() {
             .expect("enter");
         assert_eq!(r.json::<serde_json::Value>().await.expect("json")["status"], "WAITING");
     }
-    let out =
-        Command::new(vq_bin()).args(["stats", "--json"]).env("VQ_REDIS__URL", redis.url()).output().expect("vq stats");
+    let out = vq_command().args(["stats", "--json"]).env("VQ_REDIS__URL", redis.url()).output().expect("vq stats");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let row = &v["targets"][0];
     assert_eq!(row["stats"]["maxCapacity"], 2, "{v}");

@@ -404,7 +404,24 @@ pub fn test_settings(redis: Option<&RedisServer>) -> Settings {
     s.queue.batch_size = 10;
     s.flag.refresh_ms = 100;
     s.redis.timeout_ms = TEST_REDIS_TIMEOUT_MS;
+    s.targets.ranges = TEST_TARGET_RANGES.iter().map(|r| (*r).to_owned()).collect();
     s
+}
+
+/// The targets the tests' apps and processes declare: ids 1 to 100 of both types. Tests of
+/// undeclared targets use ids above 100.
+pub const TEST_TARGET_RANGES: [&str; 2] = ["limited-drop:1-100", "ticketing-event:1-100"];
+
+/// [`TEST_TARGET_RANGES`] as the value of `VQ_TARGETS__RANGES`.
+pub fn test_ranges_env() -> String {
+    format!("[{}]", TEST_TARGET_RANGES.map(|r| format!("\"{r}\"")).join(","))
+}
+
+/// `vq` with the tests' declared targets in its environment ([`TEST_TARGET_RANGES`]).
+pub fn vq_command() -> Command {
+    let mut cmd = Command::new(vq_bin());
+    cmd.env("VQ_TARGETS__RANGES", test_ranges_env());
+    cmd
 }
 
 /// `redis.timeout_ms` of the tests' apps and processes: under the whole suite on two cores a
@@ -571,7 +588,7 @@ impl VqProcess {
     pub async fn serve_wrapped(wrapper: &[&str], envs: &[(&str, String)]) -> Self {
         let port = free_port();
         let mut cmd = match wrapper {
-            [] => Command::new(vq_bin()),
+            [] => vq_command(),
             [program, args @ ..] => {
                 let mut c = Command::new(program);
                 c.args(args).arg(vq_bin());
@@ -579,6 +596,7 @@ impl VqProcess {
             }
         };
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env("VQ_TARGETS__RANGES", test_ranges_env())
             .env("VQ_TOKEN_SECRET", SECRET)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

@@ -19,6 +19,8 @@ const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "../../..");
 const VQ = process.env.VQ_BIN ?? join(root, "target/debug/vq");
 const SECRET = "client-test-secret-0123456789abcdef0123456789";
+// The targets the queues answer for (vq answers 404 UNKNOWN_TARGET for any other).
+const TARGETS = '["limited-drop:40-49"]';
 const started = [];
 let dir;
 
@@ -68,7 +70,7 @@ async function redis() {
 async function serve(env = {}) {
   const port = await freePort();
   start(VQ, ["serve", "--flag-on", "--listen", `127.0.0.1:${port}`], {
-    VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, RUST_LOG: "warn", ...env,
+    VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, VQ_TARGETS__RANGES: TARGETS, RUST_LOG: "warn", ...env,
   });
   const url = `http://127.0.0.1:${port}`;
   await until("vq serve", async () => (await fetch(`${url}/healthz`)).ok);
@@ -76,7 +78,8 @@ async function serve(env = {}) {
 }
 
 function vq(...args) {
-  return execFileSync(VQ, args, { env: { ...process.env, VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET } }).toString();
+  const env = { ...process.env, VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, VQ_TARGETS__RANGES: TARGETS };
+  return execFileSync(VQ, args, { env }).toString();
 }
 
 let fast;
@@ -196,4 +199,9 @@ test("the typed answer is the OpenAPI document's Status, field for field", () =>
     assert.equal(optional === "", status.required.includes(name), `${name}: required in one, optional in the other`);
   }
   assert.deepEqual([...STATUSES].sort(), [...status.properties.status.enum].sort());
+});
+
+test("an answer it cannot wait out ends the wait with a QueueError", async () => {
+  const room = new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 99, userId: 1 });
+  await assert.rejects(room.wait(), { name: "QueueError", status: 404, code: "UNKNOWN_TARGET" });
 });

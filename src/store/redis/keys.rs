@@ -3,6 +3,9 @@
 use crate::domain::{QueueTarget, UserId};
 
 pub const ACTIVE: &str = "queue:active";
+/// SET of the targets declared at runtime (`vq target add`), `LIMITED_DROP:42`; outside any
+/// target's slot, read on its own.
+pub const TARGETS: &str = "queue:targets";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
 /// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag

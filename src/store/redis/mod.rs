@@ -47,8 +47,9 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot, PendingOpening,
-    QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot,
+    PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    TokenClaim,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
@@ -281,6 +282,35 @@ impl QueueStore for RedisStore {
         let key = keys::of(target, "capacity");
         let _: () = self.conn().set_ex(key, self.limits.max_capacity, self.limits.key_ttl_s).await?;
         Ok(())
+    }
+
+    async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        // Operators' commands, not clients': the check and the add need not be one step.
+        let mut conn = self.conn();
+        if conn.sismember(keys::TARGETS, target.to_string()).await? {
+            return Ok(DeclareOutcome::AlreadyDeclared);
+        }
+        let count: u64 = conn.scard(keys::TARGETS).await?;
+        if count >= room {
+            return Ok(DeclareOutcome::Full { room });
+        }
+        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
+        Ok(DeclareOutcome::Added)
+    }
+
+    async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
+        Ok(removed > 0)
     }
 
     async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {

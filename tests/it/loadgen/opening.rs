@@ -66,7 +66,7 @@ async fn a_simulated_opening_shows_that_arrival_order_does_not_decide_the_pre_qu
 async fn an_opening_without_redis_is_a_clear_error() {
     let redis = RedisServer::spawn();
     let server = VqProcess::serve(&redis, &serve_env()).await;
-    let out = Command::new(vq_bin())
+    let out = crate::support::vq_command()
         .args(["loadgen", "--url", &server.addr, "--target", "limited-drop:1", "--opening-in", "2", "--quiet"])
         .env("VQ_REDIS__URL", format!("redis://127.0.0.1:{}", free_port()))
         .env("RUST_LOG", "warn")

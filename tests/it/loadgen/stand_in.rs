@@ -101,7 +101,7 @@ async fn loadgen_reports_the_batch_size_and_tick_of_the_server_it_loads() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
     let args = loadgen_args(&server.addr, json.to_str().unwrap(), &[]);
-    let out = Command::new(vq_bin()).args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("run loadgen");
+    let out = crate::support::vq_command().args(&args).env("VQ_REDIS__URL", redis.url()).output().expect("run loadgen");
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let report = read_json(&json);
     assert_eq!((report["batchSize"].as_u64(), report["tickMs"].as_u64()), (Some(7), Some(1000)), "{report}");

@@ -8,7 +8,7 @@ mod close;
 mod opening;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use vq::pump::Pump;
 use vq::store::{AnyStore, QueueStore, ScheduleOutcome};
 
 use crate::support::{
-    RedisServer, TestApp, flag_on, next_tick, open_store, secret, spawn_app, test_settings, three_instances, vq_bin,
+    RedisServer, TestApp, flag_on, next_tick, open_store, secret, spawn_app, test_settings, three_instances, vq_command,
 };
 
 const T: &str = "limited-drop/7";
@@ -66,7 +66,7 @@ async fn until(at_ms: u64) {
 }
 
 fn cli(redis: &RedisServer, args: &[&str]) -> Output {
-    Command::new(vq_bin()).args(args).env("VQ_REDIS__URL", redis.url()).output().expect("run vq")
+    vq_command().args(args).env("VQ_REDIS__URL", redis.url()).output().expect("run vq")
 }
 
 fn stdout(o: &Output) -> String {
