@@ -79,6 +79,13 @@ impl Fences {
         Fence { seq_seen, seq_to: seq_seen + margin, mark: seen.mark, tick: seen.tick }
     }
 
+    /// The target's keys expired (the pump found them gone and forgot the target): what was
+    /// seen belongs to a queue that ended, not to writes a failover lost, and must not bring
+    /// its counters back.
+    pub(super) fn forget(&self, target: QueueTarget) {
+        self.targets.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
+    }
+
     /// What a reply said: the seq counter (enter.lua), the mark, the tick advanced (admit.lua),
     /// and the fences it raised (logged and counted). `by_pump`: an admit.lua reply, which does
     /// not keep what was seen from being forgotten (the pump ticks over idle targets too).

@@ -326,6 +326,7 @@ impl QueueStore for RedisStore {
             return Ok(false);
         }
         let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
+        self.fences.forget(target);
         Ok(true)
     }
 
