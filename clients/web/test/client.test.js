@@ -10,14 +10,14 @@ import { spawn, execFileSync } from "node:child_process";
 import { createServer } from "node:net";
 import { readFileSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join, dirname } from "node:path";
+import { join, dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { WaitingRoom, STATUSES } from "../index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, "../../..");
-const VQ = process.env.VQ_BIN ?? join(root, "target/debug/vq");
+const VQ = process.env.VQ_BIN ? resolve(process.env.VQ_BIN) : join(root, "target/debug/vq");
 const SECRET = "client-test-secret-0123456789abcdef0123456789";
 // The targets the queues answer for (vq answers 404 UNKNOWN_TARGET for any other).
 const TARGETS = '["limited-drop:40-49"]';
@@ -34,8 +34,12 @@ function freePort() {
   });
 }
 
+// vq reads every VQ_… variable as a setting (VQ_BIN among them would stop it): children get
+// the environment without them, and only the settings given here.
+const clean = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("VQ_")));
+
 function start(cmd, args, env = {}) {
-  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: "ignore" });
+  const child = spawn(cmd, args, { env: { ...clean, ...env }, stdio: "ignore" });
   started.push(child);
   return child;
 }
@@ -78,7 +82,7 @@ async function serve(env = {}) {
 }
 
 function vq(...args) {
-  const env = { ...process.env, VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, VQ_TARGETS__RANGES: TARGETS };
+  const env = { ...clean, VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, VQ_TARGETS__RANGES: TARGETS };
   return execFileSync(VQ, args, { env }).toString();
 }
 
