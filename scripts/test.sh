@@ -46,8 +46,10 @@ fi
 # dependency features, ~40 s); built only when the run above did not need it.
 vq_bin=${CARGO_TARGET_DIR:-target}/debug/vq
 [ -x "$vq_bin" ] || cargo build --bin vq
+# Absolute: the clients' scripts run from their own directories.
+vq_bin=$(realpath "$vq_bin")
 clients/test-against-vq.sh "$vq_bin" || clients_ok=false
 # The web client waits in real queues of that binary (its own redis-server and vq serve).
-VQ_BIN="$(realpath "$vq_bin")" node --test --test-reporter=spec clients/web/test/ || clients_ok=false
+VQ_BIN="$vq_bin" node --test --test-reporter=spec clients/web/test/ || clients_ok=false
 $clients_ok || die "clients/: a client's suite failed (see above)"
 say "clients/: every verifier accepts and refuses vq's tokens as vq does; the web client waits through real queues"
