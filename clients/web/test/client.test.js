@@ -100,9 +100,12 @@ after(() => {
 });
 
 test("a buyer waits through a paced queue and is handed a token vq verifies", async () => {
-  // Two buyers ahead, both polling (a buyer who stops polling is evicted, not admitted).
-  const ahead = [1, 2].map((u) => new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 42, userId: u }).wait());
-  await new Promise((r) => setTimeout(r, 50));
+  // Two buyers ahead, both polling (a buyer who stops polling is evicted, not admitted), both
+  // in the queue before the third enters.
+  const placed = new Set();
+  const ahead = [1, 2].map((u) =>
+    new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 42, userId: u, onUpdate: (s) => s.position && placed.add(u) }).wait());
+  await until("the buyers ahead in the queue", () => placed.size === 2);
   const seen = [];
   const room = new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 42, userId: 3, onUpdate: (s) => seen.push(s) });
   const done = await room.wait();
