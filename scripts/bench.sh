@@ -167,7 +167,7 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
     # Busy loops on the cores beside vq for the round (each stops by itself at the latest
     # when the round's time is up).
     for h in $(seq "${HOGS:-1}"); do
-      spawn "hog-$round-$h" timeout "$((duration + 240))" sh -c 'while :; do :; done'
+      spawn "hog-$round-$h" bash -c "while [ \$SECONDS -lt $((duration + 240)) ]; do :; done"
       hogs+=("$SPAWNED")
     done
   else

@@ -19,14 +19,15 @@ use crate::stall::stall;
 use crate::support::{RedisServer, VqProcess, flag_on, secret, spawn_app, test_settings};
 
 /// Busy loops on both cores beside the instance under test, killed (by PID) on drop; each
-/// also stops by itself after two minutes.
+/// also stops by itself after two minutes. The loop is the child itself (no `timeout` in
+/// between, whose kill would leave its own child spinning).
 struct Hogs(Vec<Child>);
 
 impl Hogs {
     fn start(n: usize) -> Self {
         let spawn = || {
-            Command::new("timeout")
-                .args(["120", "sh", "-c", "while :; do :; done"])
+            Command::new("bash")
+                .args(["-c", "while [ $SECONDS -lt 120 ]; do :; done"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
