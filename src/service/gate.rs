@@ -115,14 +115,7 @@ impl QueueService {
             ClaimMode::CheckOnly => match self.bounded(target, self.store.token_used(target, user, raw)).await {
                 Ok(true) => return Err(TokenError::AlreadyUsed.into()),
                 Ok(false) => GatePass::Verified { claim: None },
-                Err(StoreError::Busy) => {
-                    self.degraded.record("gate", target, &StoreError::Busy);
-                    return Err(GateDenial::Overloaded);
-                }
-                Err(e) => {
-                    self.degraded.record("gate", target, &e);
-                    GatePass::Verified { claim: None }
-                }
+                Err(e) => return self.unchecked(target, &e),
             },
             ClaimMode::Claim => {
                 match self.bounded(target, self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
@@ -130,19 +123,21 @@ impl QueueService {
                     Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
                         claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
                     },
-                    Err(StoreError::Busy) => {
-                        self.degraded.record("gate", target, &StoreError::Busy);
-                        return Err(GateDenial::Overloaded);
-                    }
-                    Err(e) => {
-                        // Redis failed this call: HMAC and expiry still hold.
-                        self.degraded.record("gate", target, &e);
-                        GatePass::Verified { claim: None }
-                    }
+                    Err(e) => return self.unchecked(target, &e),
                 }
             }
         };
         Ok(outcome)
+    }
+
+    /// A verified token whose one-time use Redis could not check: overloaded (Redis answers,
+    /// this instance is behind) → not forwarded; Redis failed the call → HMAC and expiry hold.
+    fn unchecked(&self, target: QueueTarget, e: &StoreError) -> Result<GatePass, GateDenial> {
+        self.degraded.record("gate", target, e);
+        match e {
+            StoreError::Busy => Err(GateDenial::Overloaded),
+            _ => Ok(GatePass::Verified { claim: None }),
+        }
     }
 
     /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
