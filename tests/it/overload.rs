@@ -117,25 +117,31 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     let vq = VqProcess::serve_wrapped(&["nice", "-n", "19"], &envs).await;
     flag_on(&redis).await;
     // Generous: the answers of a starved process come late (a shed one, after at most 5 s of
-    // waiting behind the others, once the process gets the CPU to send it).
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    // waiting behind the others, once the process gets the CPU to send it). Each phase has
+    // a client of its own: a connection left idle by the phase before may be closed by the
+    // server (http.header_read_timeout_ms) just as the client reuses it, which no server can
+    // answer (HTTP keep-alive's race, not vq's).
+    let client = || reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
     let url = |path: &str| format!("{}{path}", vq.addr);
     let _hogs = Hogs::start(2);
 
     let entries = url("/virtual-queues/limited-drop/42/entries");
-    let entered = each(1..=1000, 300, |u| client.post(&entries).header("X-User-Id", u.to_string())).await;
+    let enter_client = client();
+    let entered = each(1..=1000, 300, |u| enter_client.post(&entries).header("X-User-Id", u.to_string())).await;
     // Those who got a place poll (a shed enter gave none: a buyer would enter again).
     let placed: Vec<u64> = entered.iter().filter(|(_, o)| *o == "WAITING").map(|(u, _)| *u).collect();
     let me = url("/virtual-queues/limited-drop/42/entries/me");
-    let polled = each(placed.iter().copied(), 300, |u| client.get(&me).header("X-User-Id", u.to_string())).await;
+    let poll_client = client();
+    let polled = each(placed.iter().copied(), 300, |u| poll_client.get(&me).header("X-User-Id", u.to_string())).await;
     let (entered, polled) = (tally(&entered), tally(&polled));
     // Purchases: 100 tokens, each sent three times at once.
     let orders = url("/limited-drops/42/orders");
     let now = vq::service::now_epoch_ms() / 1000;
     let tokens: Vec<String> = (1..=100).map(|u| mint(&secret(), target(), UserId(u), now, 300).raw).collect();
+    let purchase_client = client();
     let purchase = |i: u64| {
         let u = (i - 1) % 100 + 1;
-        client.post(&orders).header("X-User-Id", u.to_string()).header("X-Entry-Token", &tokens[(u - 1) as usize])
+        purchase_client.post(&orders).header("X-User-Id", u.to_string()).header("X-Entry-Token", &tokens[(u - 1) as usize])
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(300));
     let mut tasks = Vec::new();
@@ -145,7 +151,10 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
         tasks.push(tokio::spawn(async move {
             let resp = req.send().await;
             drop(slot);
-            let Ok(r) = resp else { return (i, 0, Value::Null) };
+            let r = match resp {
+                Ok(r) => r,
+                Err(e) => return (i, 0, Value::String(format!("{e:#}"))),
+            };
             let status = r.status().as_u16();
             (i, status, r.json::<Value>().await.unwrap_or(Value::Null))
         }));
@@ -155,7 +164,11 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     let mut purchases: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
         let (i, status, v) = t.await.unwrap();
-        let key = if (200..300).contains(&status) { "forwarded".to_owned() } else { format!("{status} {}", v["code"]) };
+        let key = match status {
+            200..300 => "forwarded".to_owned(),
+            0 => format!("transport error {v}"),
+            _ => format!("{status} {}", v["code"]),
+        };
         *purchases.entry(key).or_default() += 1;
         if (200..300).contains(&status) {
             *forwarded.entry((i - 1) % 100 + 1).or_default() += 1;
