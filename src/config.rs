@@ -16,7 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::DeclaredTargets;
+use crate::domain::{DeclaredTargets, QueueTargetType};
 use crate::gate::{GateRoute, RouteError};
 use crate::store::StoreLimits;
 
@@ -58,7 +58,7 @@ pub struct Settings {
 
 /// The targets declared in configuration: a queue answers only for declared targets (these,
 /// and those declared at runtime with `vq target add`, kept in Redis).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TargetsSettings {
     /// Single targets, `limited-drop:42`.
@@ -66,6 +66,41 @@ pub struct TargetsSettings {
     /// Whole id ranges of a type, `limited-drop:1000-1999`; each id counts against
     /// `queue.max_targets`.
     pub ranges: Vec<String>,
+    /// The kinds of sale this deployment queues for; a target of any other type answers
+    /// 404 UNKNOWN_TARGET. Shipped: `limited-drop` and `ticketing-event`.
+    pub types: Vec<TargetTypeSettings>,
+}
+
+/// One kind of sale (`[[targets.types]]`): its slug and its defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetTypeSettings {
+    /// `flash-coupon` in URLs (`/virtual-queues/flash-coupon/7/...`), `FLASH_COUPON` in keys
+    /// and tokens; the name (`FLASH_COUPON`) is accepted too.
+    pub slug: String,
+    /// Users admitted per tick for this type's targets (else `queue.batch_size`); `vq batch
+    /// set` overrides it as it does the global value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u64>,
+    /// Users who may wait per target of this type (else `queue.max_capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_capacity: Option<u64>,
+}
+
+impl TargetTypeSettings {
+    fn shipped(slug: &str) -> Self {
+        Self { slug: slug.to_owned(), batch_size: None, max_capacity: None }
+    }
+}
+
+impl Default for TargetsSettings {
+    fn default() -> Self {
+        Self {
+            declared: Vec::new(),
+            ranges: Vec::new(),
+            types: vec![TargetTypeSettings::shipped("limited-drop"), TargetTypeSettings::shipped("ticketing-event")],
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -356,6 +391,8 @@ pub enum ConfigError {
 pub enum SettingError {
     #[error("{key} ({}) must be between {min} and {max}, got {value}", env_name(.key))]
     OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("{key} must be between {min} and {max}, got {value}")]
+    TypeOutOfRange { key: String, min: u64, max: u64, value: u64 },
     #[error("queue.key_ttl_s ({key_ttl_s}) must be longer than queue.heartbeat_timeout_s ({heartbeat_timeout_s})")]
     KeyTtlNotAboveHeartbeat { key_ttl_s: u64, heartbeat_timeout_s: u64 },
     #[error("gate.routes: {0}")]
@@ -376,6 +413,14 @@ pub enum SettingError {
     UpstreamHostNotAHost(String),
     #[error("targets: {0}")]
     Target(#[from] crate::domain::ParseError),
+    #[error(
+        "targets.types: no type is configured: a queue needs at least one ([[targets.types]] slug = \"limited-drop\")"
+    )]
+    NoTypes,
+    #[error("targets.types: `{0}` is configured twice")]
+    TypeTwice(String),
+    #[error("{what} names the type `{slug}`, which targets.types does not configure (configured: {configured})")]
+    TypeNotConfigured { what: String, slug: String, configured: String },
     #[error(
         "targets.declared and targets.ranges declare {declared} targets, over queue.max_targets (VQ_QUEUE__MAX_TARGETS) = {max}"
     )]
@@ -447,8 +492,48 @@ impl Settings {
                 heartbeat_timeout_s: q.heartbeat_timeout_s,
             });
         }
+        let types = self.target_types()?;
+        let mut seen = Vec::new();
+        for (t, def) in types.iter().zip(&self.targets.types) {
+            if seen.contains(t) {
+                return Err(SettingError::TypeTwice(def.slug.clone()));
+            }
+            seen.push(*t);
+            let what = |key| format!("targets.types.{}.{key}", t.slug());
+            for (key, value, range) in
+                [("batch_size", def.batch_size, BATCH_SIZE), ("max_capacity", def.max_capacity, 1..=1_000_000_000)]
+            {
+                if let Some(v) = value.filter(|v| !range.contains(v)) {
+                    return Err(SettingError::TypeOutOfRange {
+                        key: what(key),
+                        min: *range.start(),
+                        max: *range.end(),
+                        value: v,
+                    });
+                }
+            }
+        }
+        if types.is_empty() {
+            return Err(SettingError::NoTypes);
+        }
+        let not_configured = |what: String, kind: QueueTargetType| SettingError::TypeNotConfigured {
+            what,
+            slug: kind.slug().to_string(),
+            configured: types.iter().map(|t| t.slug().to_string()).collect::<Vec<_>>().join(", "),
+        };
+        for r in &g.routes {
+            let kind = QueueTargetType::parse_any(&r.target).map_err(RouteError::from)?;
+            if !types.contains(&kind) {
+                return Err(not_configured(format!("gate.routes ({})", r.path), kind));
+            }
+        }
         crate::gate::GateRoutes::compile(&g.routes)?;
         let declared = self.declared_targets()?;
+        for kind in declared.kinds() {
+            if !types.contains(&kind) {
+                return Err(not_configured("targets.declared / targets.ranges".to_owned(), kind));
+            }
+        }
         if declared.len() > q.max_targets {
             return Err(SettingError::TooManyTargets { declared: declared.len(), max: q.max_targets });
         }
@@ -479,6 +564,25 @@ impl Settings {
         })
     }
 
+    /// The configured target types (`[[targets.types]]`), in order.
+    pub fn target_types(&self) -> Result<Vec<QueueTargetType>, crate::domain::ParseError> {
+        self.targets.types.iter().map(|t| QueueTargetType::parse_any(&t.slug)).collect()
+    }
+
+    fn type_settings(&self, kind: QueueTargetType) -> Option<&TargetTypeSettings> {
+        self.targets.types.iter().find(|t| t.slug == *kind.slug() || t.slug == kind.as_str())
+    }
+
+    /// The batch a target of `kind` is admitted by unless `vq batch set` says otherwise.
+    pub fn type_batch_size(&self, kind: QueueTargetType) -> u64 {
+        self.type_settings(kind).and_then(|t| t.batch_size).unwrap_or(self.queue.batch_size)
+    }
+
+    /// The users who may wait per target of `kind`.
+    pub fn type_max_capacity(&self, kind: QueueTargetType) -> u64 {
+        self.type_settings(kind).and_then(|t| t.max_capacity).unwrap_or(self.queue.max_capacity)
+    }
+
     /// The targets declared in configuration (`[targets]`).
     pub fn declared_targets(&self) -> Result<DeclaredTargets, crate::domain::ParseError> {
         let listed = self.targets.declared.iter().map(|t| t.parse()).collect::<Result<_, _>>()?;
@@ -489,6 +593,12 @@ impl Settings {
     pub fn limits(&self) -> StoreLimits {
         StoreLimits {
             max_capacity: self.queue.max_capacity,
+            type_capacity: self
+                .targets
+                .types
+                .iter()
+                .filter_map(|t| Some((QueueTargetType::parse_any(&t.slug).ok()?, t.max_capacity?)))
+                .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,
         }
@@ -559,6 +669,55 @@ mod tests {
             let o = Overrides { listen: Some("127.0.0.1:9100".parse().unwrap()) };
             let s = Settings::load(Some(Path::new("vq.toml")), &o).unwrap();
             assert_eq!(s.listen.to_string(), "127.0.0.1:9100");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn target_types_come_from_the_file_with_their_routes_and_defaults() {
+        Jail::expect_with(|jail| {
+            let types = "[[targets.types]]\nslug = \"limited-drop\"\n\n[[targets.types]]\nslug = \"flash-coupon\"\n\
+                         batch_size = 20\nmax_capacity = 500\n";
+            let routes =
+                "[[gate.routes]]\nmethod = \"POST\"\npath = \"/coupons/{id}/claim\"\ntarget = \"flash-coupon\"\n";
+            jail.create_file("vq.toml", &format!("[targets]\ndeclared = [\"flash-coupon:3\"]\n\n{types}\n{routes}"))?;
+            let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+            let coupon = QueueTargetType::from_slug("flash-coupon").unwrap();
+            assert_eq!(s.target_types().unwrap(), vec![QueueTargetType::LIMITED_DROP, coupon]);
+            assert_eq!((s.type_batch_size(coupon), s.type_max_capacity(coupon)), (20, 500));
+            assert_eq!(s.type_batch_size(QueueTargetType::LIMITED_DROP), 100, "queue.batch_size");
+            assert_eq!(s.limits().capacity(coupon), 500);
+            assert_eq!(s.limits().capacity(QueueTargetType::LIMITED_DROP), 100_000);
+            let compiled = crate::gate::GateRoutes::compile(&s.gate.routes).unwrap();
+            let path = crate::gate::CanonicalPath::parse("/coupons/3/claim").unwrap();
+            assert_eq!(compiled.match_path(&path), Some(Ok("flash-coupon:3".parse().unwrap())));
+            assert_eq!(compiled.path_of("flash-coupon:3".parse().unwrap()).as_deref(), Some("/coupons/3/claim"));
+
+            // What the configuration cannot say.
+            for (file, says) in [
+                ("[targets]\ntypes = []\n", "no type is configured"),
+                (&format!("{types}[[targets.types]]\nslug = \"FLASH_COUPON\"\n"), "configured twice"),
+                ("[[targets.types]]\nslug = \"flash_coupon\"\n", "not a target type"),
+                (
+                    &format!(
+                        "{types}{routes}[[gate.routes]]\nmethod = \"POST\"\npath = \"/x/{{id}}\"\ntarget = \"mega-sale\"\n"
+                    ),
+                    "gate.routes (/x/{id}) names the type `mega-sale`, which targets.types does not configure",
+                ),
+                (
+                    "[targets]\ndeclared = [\"flash-coupon:3\"]\n",
+                    "targets.declared / targets.ranges names the type `flash-coupon`",
+                ),
+                (
+                    "[[targets.types]]\nslug = \"limited-drop\"\nbatch_size = 0\n",
+                    "targets.types.limited-drop.batch_size must be between 1 and",
+                ),
+                ("[[targets.types]]\nslug = \"limited-drop\"\nbatchsize = 5\n", "unknown field"),
+            ] {
+                jail.create_file("vq.toml", file)?;
+                let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
+                assert!(err.contains(says), "{file}: {err}");
+            }
             Ok(())
         });
     }

@@ -233,6 +233,21 @@ impl GateRoutes {
         Some(QueueTarget::from_parts(route.kind.as_str(), id))
     }
 
+    /// The path of the first gated route of `target`'s type, its id filled in: where a buyer
+    /// of `target` purchases (`vq loadgen`).
+    pub fn path_of(&self, target: QueueTarget) -> Option<String> {
+        let route = self.0.iter().find(|r| r.kind == target.kind)?;
+        let parts: Vec<String> = route
+            .segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => l.clone(),
+                Segment::Id => target.id.to_string(),
+            })
+            .collect();
+        Some(format!("/{}", parts.join("/")))
+    }
+
     /// The configured path of the gated route `path` matches, e.g.
     /// `/limited-drops/{dropId}/orders`: what metrics label it by, never the raw path.
     pub fn template(&self, path: &CanonicalPath) -> Option<&Arc<str>> {
@@ -380,7 +395,12 @@ mod tests {
         assert_eq!(bad("/a/{id}/b", "LIMITED_DROP"), Ok(()));
         assert!(matches!(bad("/a/b", "LIMITED_DROP"), Err(RouteError::NotOneId { .. })));
         assert!(matches!(bad("/a/{x}/{y}", "LIMITED_DROP"), Err(RouteError::NotOneId { .. })));
-        assert!(matches!(bad("/a/{x}", "CONCERT"), Err(RouteError::Target(_))));
+        assert_eq!(
+            bad("/a/{x}", "CONCERT"),
+            Ok(()),
+            "any well-formed type: the configuration checks it is one of its types"
+        );
+        assert!(matches!(bad("/a/{x}", "Concert"), Err(RouteError::Target(_))));
         assert!(matches!(bad("a/{x}", "LIMITED_DROP"), Err(RouteError::NotAbsolute { .. })));
         let err = bad("/a/{x}/b.json", "LIMITED_DROP").unwrap_err();
         assert_eq!(err.to_string(), "path `/a/{x}/b.json`: segment `b.json` must be letters, digits, - _ ~");

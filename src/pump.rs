@@ -93,14 +93,15 @@ impl Pump {
             tracing::info!(target_queue = %gone, "target no longer declared: the pump stops admitting for it");
         }
         targets.retain(|t| declared.contains(*t));
-        // The operator's runtime batch size, read each tick; config is the fallback.
+        // The operator's runtime batch size, read each tick; the type's configured one is the
+        // fallback.
         let global = self.store.global_batch_size().await.ok().flatten();
-        let batch = crate::domain::batch_in_force(None, global, self.settings.queue.batch_size);
         let mut out = Vec::with_capacity(targets.len());
         {
             let pump = self.clone();
             let results = run_concurrently(targets, move |target| {
                 let pump = pump.clone();
+                let batch = crate::domain::batch_in_force(None, global, pump.settings.type_batch_size(target.kind));
                 async move { pump.admit_target(target, batch).await.map_err(|e| (target, e)) }
             })
             .await;
@@ -135,10 +136,13 @@ impl Pump {
         Ok(out)
     }
 
-    /// The declared targets: the configured ones and those declared at runtime.
+    /// The declared targets: the configured ones and those declared at runtime, of the
+    /// configured types.
     async fn declared(&self) -> Result<DeclaredTargets, StoreError> {
         let configured = self.settings.declared_targets().unwrap_or_default();
-        Ok(configured.with(self.store.declared_targets().await?))
+        let types = self.settings.target_types().unwrap_or_default();
+        let runtime = self.store.declared_targets().await?.into_iter().filter(|t| types.contains(&t.kind));
+        Ok(configured.with(runtime))
     }
 
     async fn admit_target(&self, target: QueueTarget, batch: u64) -> Result<TargetTick, StoreError> {

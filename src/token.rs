@@ -196,11 +196,7 @@ pub fn decode(raw: &str) -> Result<(TokenClaims, Vec<u8>, Vec<u8>), TokenError> 
     else {
         return Err(TokenError::Malformed("payload is not TYPE|id|user|expiry"));
     };
-    let kind = match kind {
-        "LIMITED_DROP" => QueueTargetType::LimitedDrop,
-        "TICKETING_EVENT" => QueueTargetType::TicketingEvent,
-        _ => return Err(TokenError::Malformed("unknown target type")),
-    };
+    let kind = QueueTargetType::from_name(kind).map_err(|_| TokenError::Malformed("bad target type"))?;
     let target = QueueTarget::from_parts(kind.as_str(), id).map_err(|_| TokenError::Malformed("bad target id"))?;
     let user = user.parse().map_err(|_| TokenError::Malformed("bad user id"))?;
     let expires_at = exp.parse().map_err(|_| TokenError::Malformed("bad expiry"))?;

@@ -8,7 +8,11 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 
-const TYPES = { LIMITED_DROP: 'LIMITED_DROP', TICKETING_EVENT: 'TICKETING_EVENT', 'limited-drop': 'LIMITED_DROP', 'ticketing-event': 'TICKETING_EVENT' };
+// A target type as vq spells it (any the operator configures): the name in tokens
+// (LIMITED_DROP), the slug in URLs (limited-drop), at most 32 characters.
+const TYPE_NAME = /^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$/;
+const TYPE_SLUG = /^[a-z][a-z0-9]*(-[a-z0-9]+)*$/;
+const MAX_TYPE_LEN = 32;
 const U64_MAX = (1n << 64n) - 1n;
 const MIN_SECRET_LEN = 32;
 const MIN_DISTINCT_BYTES = 8;
@@ -72,7 +76,7 @@ function decodeToken(raw) {
   const parts = text.split('|');
   if (parts.length !== 4) throw new Malformed('payload is not TYPE|id|user|expiry');
   const [type, id, user, exp] = parts;
-  if (type !== 'LIMITED_DROP' && type !== 'TICKETING_EVENT') throw new Malformed('unknown target type');
+  if (type.length > MAX_TYPE_LEN || !TYPE_NAME.test(type)) throw new Malformed('bad target type');
   const targetId = parsePositive(id);
   if (targetId === null) throw new Malformed('bad target id');
   const userId = parsePositive(user);
@@ -89,8 +93,9 @@ function refuse(reason, detail) {
 
 /** A `{type, id}` as a route gives it (`LIMITED_DROP` or `limited-drop`; a decimal id). */
 function expectedTarget(type, id) {
-  const t = TYPES[type];
-  if (!t) throw new TypeError(`unknown target type \`${type}\`: expected limited-drop or ticketing-event`);
+  const ok = typeof type === 'string' && type.length <= MAX_TYPE_LEN && (TYPE_NAME.test(type) || TYPE_SLUG.test(type));
+  if (!ok) throw new TypeError(`\`${type}\` is not a target type: expected a slug such as limited-drop or its name, LIMITED_DROP`);
+  const t = type.toUpperCase().replaceAll('-', '_');
   const n = parsePositive(typeof id === 'string' ? id : String(id));
   if (n === null || (typeof id === 'number' && !Number.isSafeInteger(id))) throw new TypeError(`\`${id}\` is not a positive 64-bit integer id`);
   return { type: t, id: n };
@@ -133,7 +138,7 @@ export class Verifier {
    * Every check vq's gate makes, in its order: a user id, a token, well-formed, signed by one
    * of the keys (constant time), unexpired, for this type, target id and user.
    *
-   * @param {string} type LIMITED_DROP / TICKETING_EVENT (or limited-drop / ticketing-event)
+   * @param {string} type the target type's name, LIMITED_DROP (or its slug, limited-drop)
    * @param {string|number|bigint} id the target id the request is for; invalid ids throw TypeError
    * @param {string|number|bigint|undefined} user the buyer's id (X-User-Id)
    * @param {string|undefined} token the X-Entry-Token

@@ -85,6 +85,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("cannot read the batch size from {url}: {e}"))?;
         let configured = settings.queue.batch_size;
         println!("queue.batch_size (config default): {configured}");
+        for t in settings.targets.types.iter().filter(|t| t.batch_size.is_some()) {
+            println!("targets.types {} batch_size (config): {}", t.slug, t.batch_size.unwrap_or(configured));
+        }
         println!("global runtime batch size: {}", global.map_or_else(|| "not set".to_owned(), |b| b.to_string()));
         let mut in_force = crate::domain::batch_in_force(None, global, configured);
         if shown.is_none() {
@@ -112,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "{t} runtime batch size: {}",
                 snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
             );
-            in_force = crate::domain::batch_in_force(snap.batch_override, global, configured);
+            in_force = crate::domain::batch_in_force(snap.batch_override, global, settings.type_batch_size(t.kind));
         }
         println!(
             "in force{}: {in_force} per {} ms tick",

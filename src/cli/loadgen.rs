@@ -149,8 +149,18 @@ impl Args {
         Ok(())
     }
 
-    fn options(&self, settings: &Settings, server: Option<ServerFacts>) -> Options {
-        Options {
+    fn options(&self, settings: &Settings, server: Option<ServerFacts>) -> anyhow::Result<Options> {
+        let routes = crate::gate::GateRoutes::compile(&settings.gate.routes)?;
+        let purchase_path = match routes.path_of(self.target) {
+            Some(p) => p,
+            None if self.purchase => anyhow::bail!(
+                "--purchase: gate.routes has no route for {} (the purchase a buyer of {} sends)",
+                self.target.kind.slug(),
+                self.target
+            ),
+            None => String::new(),
+        };
+        Ok(Options {
             url: self.url.trim_end_matches('/').to_owned(),
             target: self.target,
             users: self.users,
@@ -161,6 +171,7 @@ impl Args {
             poll_max: Duration::from_millis(self.poll_max_ms),
             abandon: self.abandon,
             purchase: self.purchase,
+            purchase_path,
             purchase_times: self.purchase_times,
             concurrency: self.concurrency,
             leave_at_end: false,
@@ -169,7 +180,7 @@ impl Args {
             seed: self.seed,
             follow_poll_after: self.follow_poll_after,
             opening_in: self.opening_in.map(Duration::from_secs_f64),
-        }
+        })
     }
 }
 
@@ -184,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.url, settings.queue.batch_size, settings.queue.tick_ms
         );
     }
-    let opts = args.options(&settings, server);
+    let opts = args.options(&settings, server)?;
     let bounds = Bounds {
         poll_p95_ms: args.assert_poll_p95_ms,
         downstream_max_per_tick: args.assert_downstream_max_per_tick,

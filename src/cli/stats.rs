@@ -118,7 +118,7 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     targets.sort();
     let mut rows = Vec::with_capacity(targets.len());
     for t in targets {
-        let (snap, stats) = read_target_stats(store, t, &settings.queue).await?;
+        let (snap, stats) = read_target_stats(store, t, settings).await?;
         rows.push(TargetRow {
             target: t.to_string(),
             flag: describe(Some(t)),

@@ -52,8 +52,23 @@ pub async fn declared(store: &AnyStore, settings: &Settings) -> anyhow::Result<D
     Ok(configured.with(runtime))
 }
 
+/// Fails unless `target`'s type is one of `targets.types`.
+fn require_configured_type(settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
+    let types = settings.target_types()?;
+    if types.contains(&target.kind) {
+        return Ok(());
+    }
+    let names: Vec<String> = types.iter().map(|t| t.slug().to_string()).collect();
+    anyhow::bail!(
+        "{target}: `{}` is not a configured target type (targets.types: {}): nothing changed",
+        target.kind.slug(),
+        names.join(", ")
+    )
+}
+
 /// Fails (changing nothing) unless `target` is declared, naming a near miss if there is one.
 pub async fn require_declared(store: &AnyStore, settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
+    require_configured_type(settings, target)?;
     let declared = declared(store, settings).await?;
     if declared.contains(target) {
         return Ok(());
@@ -70,6 +85,7 @@ pub async fn require_declared(store: &AnyStore, settings: &Settings, target: Que
 
 /// Declares `target` at runtime within `queue.max_targets`; true when it was added now.
 pub async fn declare(store: &AnyStore, settings: &Settings, target: QueueTarget) -> anyhow::Result<bool> {
+    require_configured_type(settings, target)?;
     let configured = settings.declared_targets()?;
     if configured.contains(target) {
         return Ok(false);

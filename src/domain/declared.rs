@@ -77,6 +77,11 @@ impl DeclaredTargets {
         self.listed.is_empty() && self.ranges.is_empty()
     }
 
+    /// The types these declarations name.
+    pub fn kinds(&self) -> BTreeSet<QueueTargetType> {
+        self.listed.iter().map(|t| t.kind).chain(self.ranges.iter().map(|r| r.kind)).collect()
+    }
+
     /// These declarations plus single targets declared elsewhere (at runtime).
     pub fn with(&self, more: impl IntoIterator<Item = QueueTarget>) -> Self {
         let mut out = self.clone();
@@ -86,7 +91,7 @@ impl DeclaredTargets {
 
     /// Declared targets an operator who typed `t` may have meant: the same type with the id
     /// one edit away (a digit changed, dropped, added, or two neighbours swapped), or the same
-    /// id of another type. At most three, in order.
+    /// id of another declared type. At most three, in order.
     pub fn near_misses(&self, t: QueueTarget) -> Vec<QueueTarget> {
         let mut found = BTreeSet::new();
         for id in one_edit_away(&t.id.to_string()) {
@@ -97,7 +102,7 @@ impl DeclaredTargets {
                 }
             }
         }
-        for kind in QueueTargetType::ALL.into_iter().filter(|k| *k != t.kind) {
+        for kind in self.kinds().into_iter().filter(|k| *k != t.kind) {
             let c = QueueTarget::new(kind, t.id);
             if self.contains(c) {
                 found.insert(c);
@@ -152,7 +157,7 @@ mod tests {
         assert!(r.contains(t("LIMITED_DROP:1500")));
         assert!(!r.contains(t("LIMITED_DROP:2000")));
         assert!(!r.contains(t("ticketing-event:1500")));
-        for bad in ["limited-drop:5-1", "limited-drop:0-3", "limited-drop:1", "nope:1-2", "limited-drop"] {
+        for bad in ["limited-drop:5-1", "limited-drop:0-3", "limited-drop:1", "nope-:1-2", "limited-drop"] {
             assert!(bad.parse::<TargetRange>().is_err(), "{bad}");
         }
     }

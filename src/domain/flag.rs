@@ -164,7 +164,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn t(id: u64) -> QueueTarget {
-        QueueTarget::new(QueueTargetType::LimitedDrop, id)
+        QueueTarget::new(QueueTargetType::LIMITED_DROP, id)
     }
 
     #[test]

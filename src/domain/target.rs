@@ -6,8 +6,11 @@ use std::str::FromStr;
 /// Why a target, type or user id could not be parsed; the text is shown to API callers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
-    #[error("unknown target type `{0}`: expected limited-drop or ticketing-event")]
-    UnknownType(String),
+    #[error(
+        "`{0}` is not a target type: expected a slug such as limited-drop (lower-case letters and digits, \
+         words joined by `-`, at most {MAX_TYPE_LEN} characters) or its name, LIMITED_DROP"
+    )]
+    BadType(String),
     #[error("`{0}` is not a positive 64-bit integer id")]
     BadId(String),
     #[error("`{0}` is not a target: expected TYPE:ID, e.g. limited-drop:42")]
@@ -16,47 +19,140 @@ pub enum ParseError {
     BadRange(String),
 }
 
-/// The kind of sale a queue protects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QueueTargetType {
-    LimitedDrop,
-    TicketingEvent,
-}
+/// The longest type slug (and name) vq takes.
+pub const MAX_TYPE_LEN: usize = 32;
+
+/// The kind of sale a queue protects, named by the operator (`[[targets.types]]`): written
+/// `limited-drop` in URLs and `LIMITED_DROP` in Redis keys, tokens and logs, the one spelt
+/// from the other (upper case, `-` for `_`). Any well-formed name parses; whether a queue
+/// answers for it is the configuration's and the declarations' business.
+///
+/// Held inline (no allocation, `Copy`), since every target carries one: the name,
+/// zero-padded (a name holds no zero byte), so it compares and orders as the name does.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueTargetType([u8; MAX_TYPE_LEN]);
 
 impl QueueTargetType {
-    pub const ALL: [QueueTargetType; 2] = [Self::LimitedDrop, Self::TicketingEvent];
+    /// The shipped types: what `[[targets.types]]` holds unless configured otherwise.
+    pub const LIMITED_DROP: QueueTargetType = Self::known("limited-drop");
+    pub const TICKETING_EVENT: QueueTargetType = Self::known("ticketing-event");
 
     /// The name used in Redis keys, tokens and logs: `LIMITED_DROP`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::LimitedDrop => "LIMITED_DROP",
-            Self::TicketingEvent => "TICKETING_EVENT",
-        }
+    pub fn as_str(&self) -> &str {
+        let len = self.0.iter().position(|b| *b == 0).unwrap_or(MAX_TYPE_LEN);
+        // Only ASCII is ever stored.
+        std::str::from_utf8(&self.0[..len]).unwrap_or_default()
     }
 
     /// The name used in URLs: `limited-drop`.
-    pub fn slug(self) -> &'static str {
-        match self {
-            Self::LimitedDrop => "limited-drop",
-            Self::TicketingEvent => "ticketing-event",
+    pub fn slug(&self) -> TypeSlug {
+        let mut out = [0; MAX_TYPE_LEN];
+        for (o, b) in out.iter_mut().zip(self.0) {
+            *o = if b == b'_' { b'-' } else { b.to_ascii_lowercase() };
         }
+        TypeSlug(out)
     }
 
     /// Accepts the URL slug only (`limited-drop`), as the HTTP API does.
     pub fn from_slug(s: &str) -> Result<Self, ParseError> {
-        Self::ALL.into_iter().find(|t| t.slug() == s).ok_or_else(|| ParseError::UnknownType(s.to_owned()))
+        Self::build(s, Case::Lower).ok_or_else(|| bad_type(s))
     }
 
-    /// Accepts the slug or the upper-case name (`LIMITED_DROP`), as the CLI and tokens do.
+    /// Accepts the slug or the upper-case name (`LIMITED_DROP`), as the CLI, configuration
+    /// and tokens do.
     pub fn parse_any(s: &str) -> Result<Self, ParseError> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.slug() == s || t.as_str() == s)
-            .ok_or_else(|| ParseError::UnknownType(s.to_owned()))
+        Self::build(s, Case::Lower).or_else(|| Self::build(s, Case::Upper)).ok_or_else(|| bad_type(s))
+    }
+
+    /// Only the upper-case name (`LIMITED_DROP`), as in a token's payload.
+    pub fn from_name(s: &str) -> Result<Self, ParseError> {
+        Self::build(s, Case::Upper).ok_or_else(|| bad_type(s))
+    }
+
+    const fn known(slug: &str) -> Self {
+        match Self::build(slug, Case::Lower) {
+            Some(t) => t,
+            None => panic!("a shipped type slug is well formed"),
+        }
+    }
+
+    /// Words of letters and digits, the first starting with a letter, joined by single
+    /// separators (`-` in a slug, `_` in a name), in the one case.
+    const fn build(s: &str, case: Case) -> Option<Self> {
+        let b = s.as_bytes();
+        if b.is_empty() || b.len() > MAX_TYPE_LEN {
+            return None;
+        }
+        let sep = match case {
+            Case::Lower => b'-',
+            Case::Upper => b'_',
+        };
+        let mut name = [0; MAX_TYPE_LEN];
+        let mut i = 0;
+        while i < b.len() {
+            let c = b[i];
+            let letter = match case {
+                Case::Lower => c.is_ascii_lowercase(),
+                Case::Upper => c.is_ascii_uppercase(),
+            };
+            if c == sep {
+                if i == 0 || i + 1 == b.len() || b[i - 1] == sep {
+                    return None;
+                }
+                name[i] = b'_';
+            } else if letter || (i > 0 && c.is_ascii_digit()) {
+                name[i] = c.to_ascii_uppercase();
+            } else {
+                return None;
+            }
+            i += 1;
+        }
+        Some(Self(name))
     }
 }
 
+/// A type's URL slug, `limited-drop`, held inline; reads as a `&str`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TypeSlug([u8; MAX_TYPE_LEN]);
+
+impl std::ops::Deref for TypeSlug {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        let len = self.0.iter().position(|b| *b == 0).unwrap_or(MAX_TYPE_LEN);
+        std::str::from_utf8(&self.0[..len]).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for TypeSlug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl fmt::Debug for TypeSlug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Case {
+    Lower,
+    Upper,
+}
+
+fn bad_type(s: &str) -> ParseError {
+    ParseError::BadType(s.chars().take(40).collect())
+}
+
 impl fmt::Display for QueueTargetType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for QueueTargetType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -137,7 +233,38 @@ mod tests {
         let b: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
         assert_eq!(a, b);
         assert_eq!(a.to_string(), "LIMITED_DROP:42");
-        assert_eq!("ticketing-event:7".parse::<QueueTarget>().unwrap().kind, QueueTargetType::TicketingEvent);
+        assert_eq!("ticketing-event:7".parse::<QueueTarget>().unwrap().kind, QueueTargetType::TICKETING_EVENT);
+    }
+
+    #[test]
+    fn any_well_formed_type_parses_and_spells_its_slug_and_name_from_each_other() {
+        let t = QueueTargetType::from_slug("flash-coupon2").unwrap();
+        assert_eq!((&*t.slug(), t.as_str()), ("flash-coupon2", "FLASH_COUPON2"));
+        assert_eq!(QueueTargetType::parse_any("FLASH_COUPON2").unwrap(), t);
+        assert_eq!(QueueTargetType::from_name("FLASH_COUPON2").unwrap(), t);
+        assert!(QueueTargetType::from_name("flash-coupon2").is_err(), "a token names the type in upper case");
+        assert!(QueueTargetType::from_slug("FLASH_COUPON2").is_err(), "a URL names it by its slug");
+        let longest = "a".repeat(MAX_TYPE_LEN);
+        assert!(QueueTargetType::from_slug(&longest).is_ok());
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "a--b",
+            "a_b",
+            "1a",
+            "A-b",
+            "Flash-coupon",
+            "a b",
+            "a.b",
+            "é",
+            "\u{feff}a",
+            "a:b",
+            &"a".repeat(MAX_TYPE_LEN + 1),
+        ] {
+            assert!(QueueTargetType::parse_any(bad).is_err(), "{bad:?}");
+        }
+        assert!(QueueTargetType::LIMITED_DROP < QueueTargetType::TICKETING_EVENT, "ordered by name");
     }
 
     #[test]

@@ -157,7 +157,7 @@ pub async fn waiting_room(
     let lang = language(&headers);
     let text = texts(lang);
     let config = json!({
-        "type": target.kind.slug(),
+        "type": &*target.kind.slug(),
         "id": target.id,
         "user": user.0,
         "returnUrl": page.settings.return_url,

@@ -46,7 +46,7 @@ pub use self::report::{
 pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};
 pub use self::sink::{Sink, SinkFigures};
-use crate::domain::{QueueTarget, QueueTargetType};
+use crate::domain::QueueTarget;
 use crate::store::{QueueStore, RedisStore};
 
 /// A request that has not answered after this long counts as a transport error (its
@@ -75,6 +75,8 @@ pub struct Options {
     pub abandon: f64,
     /// Admitted users call the gated purchase route with their token.
     pub purchase: bool,
+    /// That route's path for the target (`POST`), from `gate.routes`.
+    pub purchase_path: String,
     /// Times each buyer sends the purchase (one after the other, as a buyer clicking "buy"
     /// again): a token must buy once however often it is sent.
     pub purchase_times: u32,
@@ -96,15 +98,6 @@ pub struct Options {
     /// opening gather in the pre-queue; the report shows how their places relate to their
     /// arrival order ([`OpeningFigures`]).
     pub opening_in: Option<Duration>,
-}
-
-impl Options {
-    fn purchase_path(&self) -> String {
-        match self.target.kind {
-            QueueTargetType::LimitedDrop => format!("/limited-drops/{}/orders", self.target.id),
-            QueueTargetType::TicketingEvent => format!("/events/{}/seats/select", self.target.id),
-        }
-    }
 }
 
 /// Counters the live view reads while the run goes on.
@@ -196,7 +189,7 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
         deadline: start + opts.duration,
         enter_path: format!("/virtual-queues/{slug}/{id}/entries"),
         me_path: format!("/virtual-queues/{slug}/{id}/entries/me"),
-        purchase_path: opts.purchase_path(),
+        purchase_path: opts.purchase_path.clone(),
         rec: Recorder::new(),
         live,
         opts,

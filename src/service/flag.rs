@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::QueueService;
-use crate::domain::{FlagState, QueueTarget, UserId, batch_in_force};
+use crate::domain::{FlagState, QueueTarget, QueueTargetType, UserId, batch_in_force};
 use crate::store::{QueueStore, StoreError};
 
 /// The flag as this instance applies it.
@@ -94,12 +94,13 @@ impl QueueService {
         Ok(AppliedFlag { version: current.version, kept_missing: missing, state: current.summary() })
     }
 
-    /// The batch size in force: the target's runtime value, else the global one, else config.
-    pub fn batch_size(&self, target_override: Option<u64>) -> u64 {
+    /// The batch size in force for a target of `kind`: the target's runtime value, else the
+    /// global one, else the type's configured one.
+    pub fn batch_size(&self, kind: QueueTargetType, target_override: Option<u64>) -> u64 {
         let global = match self.global_batch.load(Ordering::Relaxed) {
             0 => None,
             b => Some(b),
         };
-        batch_in_force(target_override, global, self.settings.queue.batch_size)
+        batch_in_force(target_override, global, self.settings.type_batch_size(kind))
     }
 }

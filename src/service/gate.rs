@@ -155,7 +155,10 @@ impl QueueService {
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
             match self
-                .bounded(target, self.store.pace_purchase(target, self.batch_size(None), tick_ms, gate.pace_max_ticks))
+                .bounded(
+                    target,
+                    self.store.pace_purchase(target, self.batch_size(target.kind, None), tick_ms, gate.pace_max_ticks),
+                )
                 .await
             {
                 Ok(Some(slot)) => {

@@ -162,7 +162,7 @@ impl LocalPolls {
 impl QueueService {
     /// A waiting user's place from this instance's copy, when it may answer (module doc).
     pub(super) fn local_answer(&self, target: QueueTarget, user: UserId) -> Option<Waiting> {
-        let w = self.local.as_ref()?.answer(target, user, |o| self.batch_size(o))?;
+        let w = self.local.as_ref()?.answer(target, user, |o| self.batch_size(target.kind, o))?;
         crate::metrics::poll_answered_locally();
         Some(w)
     }
@@ -199,7 +199,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LimitedDrop, id: 1 }
+        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
     }
 
     fn synced_at(mark: u64, departed: Vec<u64>) -> LocalPolls {

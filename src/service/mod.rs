@@ -31,7 +31,7 @@ pub use self::stats::{QueueStats, read_target_stats};
 use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::{OnStoreFailure, Settings};
-use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
+use crate::domain::{QueuePosition, QueueTarget, QueueTargetType, SaleControl, SaleSource, UserId};
 use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
 
 /// What a closed sale tells users when it was closed without a message.
@@ -112,7 +112,10 @@ pub struct QueueService {
 impl QueueService {
     pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
         // Settings::load refuses declarations that do not parse.
-        let targets = TargetCache::new(settings.declared_targets().unwrap_or_default());
+        let targets = TargetCache::new(
+            settings.target_types().unwrap_or_default(),
+            settings.declared_targets().unwrap_or_default(),
+        );
         let q = &settings.queue;
         let local = (q.local_polls && matches!(store, AnyStore::Redis(_)))
             .then(|| LocalPolls::new(q.tick_ms, q.max_capacity, q.heartbeat_timeout_s));
@@ -211,12 +214,12 @@ impl QueueService {
         raw
     }
 
-    fn waiting(&self, w: Waiting) -> QueueStatus {
+    fn waiting(&self, kind: QueueTargetType, w: Waiting) -> QueueStatus {
         let pos = QueuePosition { seq: w.seq, admitted_mark: w.mark, ahead: w.ahead };
         QueueStatus::Waiting {
             position: w.seq,
             ahead: w.ahead,
-            eta_seconds: pos.eta_seconds(self.batch_size(w.batch_override), self.settings.queue.tick_ms),
+            eta_seconds: pos.eta_seconds(self.batch_size(kind, w.batch_override), self.settings.queue.tick_ms),
             paused: w.paused,
         }
     }
@@ -277,7 +280,7 @@ impl QueueService {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
-                Ok(self.waiting(w))
+                Ok(self.waiting(target.kind, w))
             }
             Ok(EnterOutcome::Admitted(raw)) => Ok(self.stored_token(target, user, Self::count_issue(raw, &minted))),
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
@@ -301,19 +304,19 @@ impl QueueService {
         if let Some(answer) = self.bypass_store(target, user) {
             // Held while Redis is down: a place the copy knows is still the best answer.
             return match (answer, self.local_answer(target, user)) {
-                (Err(QueueError::Unavailable), Some(w)) => Ok(self.waiting(w)),
+                (Err(QueueError::Unavailable), Some(w)) => Ok(self.waiting(target.kind, w)),
                 (answer, _) => answer,
             };
         }
         if let Some(w) = self.local_answer(target, user) {
-            return Ok(self.waiting(w));
+            return Ok(self.waiting(target.kind, w));
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
         match self.bounded(target, self.store.status(target, user, &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
-                Ok(self.waiting(w))
+                Ok(self.waiting(target.kind, w))
             }
             Ok(StatusOutcome::Admitted(raw)) => {
                 self.local_learn(target, user, None);

@@ -2,8 +2,8 @@
 //! endpoint answers, what `vq stats` shows and what the `/metrics` queue gauges say.
 
 use super::QueueService;
-use crate::config::QueueSettings;
-use crate::domain::{QueueTarget, admission_rate_per_sec, batch_in_force};
+use crate::config::Settings;
+use crate::domain::{QueueTarget, QueueTargetType, admission_rate_per_sec, batch_in_force};
 use crate::store::{AnyStore, QueueStore, StoreError, TargetSnapshot};
 
 /// Cluster-wide figures of one target, computed from the store's snapshot only,
@@ -42,8 +42,15 @@ pub struct QueueStats {
 impl QueueStats {
     /// The one computation behind the stats endpoint, `/metrics` gauges and `vq stats`.
     /// `global_batch` is the operator's runtime batch size for every target, if set.
-    pub fn from_snapshot(snap: &TargetSnapshot, global_batch: Option<u64>, queue: &QueueSettings, now_ms: u64) -> Self {
-        let batch_size = batch_in_force(snap.batch_override, global_batch, queue.batch_size);
+    pub fn from_snapshot(
+        snap: &TargetSnapshot,
+        kind: QueueTargetType,
+        global_batch: Option<u64>,
+        settings: &Settings,
+        now_ms: u64,
+    ) -> Self {
+        let queue = &settings.queue;
+        let batch_size = batch_in_force(snap.batch_override, global_batch, settings.type_batch_size(kind));
         Self {
             waiting_count: snap.waiting,
             admitted_count: snap.admitted_total,
@@ -54,7 +61,7 @@ impl QueueStats {
             batch_size,
             tick_ms: queue.tick_ms,
             target_rate_per_sec: batch_size as f64 * 1000.0 / queue.tick_ms.max(1) as f64,
-            max_capacity: snap.capacity.unwrap_or(queue.max_capacity),
+            max_capacity: snap.capacity.unwrap_or(settings.type_max_capacity(kind)),
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
@@ -71,17 +78,17 @@ impl QueueStats {
 pub async fn read_target_stats(
     store: &AnyStore,
     target: QueueTarget,
-    queue: &QueueSettings,
+    settings: &Settings,
 ) -> Result<(TargetSnapshot, QueueStats), StoreError> {
     let global_batch = store.global_batch_size().await?;
     let snap = store.snapshot(target).await?;
-    let stats = QueueStats::from_snapshot(&snap, global_batch, queue, store.now_ms());
+    let stats = QueueStats::from_snapshot(&snap, target.kind, global_batch, settings, store.now_ms());
     Ok((snap, stats))
 }
 
 impl QueueService {
     pub async fn stats(&self, target: QueueTarget) -> Result<QueueStats, StoreError> {
-        Ok(read_target_stats(&self.store, target, &self.settings.queue).await?.1)
+        Ok(read_target_stats(&self.store, target, &self.settings).await?.1)
     }
 
     /// Sets the `/metrics` queue gauges of every active declared target from the store, and

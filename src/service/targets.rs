@@ -9,10 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::QueueService;
-use crate::domain::{DeclaredTargets, QueueTarget};
+use crate::domain::{DeclaredTargets, QueueTarget, QueueTargetType};
 use crate::store::{QueueStore, StoreError};
 
 pub(super) struct TargetCache {
+    /// The configured types: a target of another type is never declared, whatever Redis holds
+    /// (a type removed from the configuration takes its runtime declarations with it).
+    types: Vec<QueueTargetType>,
     config: DeclaredTargets,
     runtime: RwLock<Arc<HashSet<QueueTarget>>>,
     /// The runtime set was read at least once.
@@ -20,17 +23,20 @@ pub(super) struct TargetCache {
 }
 
 impl TargetCache {
-    pub(super) fn new(config: DeclaredTargets) -> Self {
-        Self { config, runtime: RwLock::new(Arc::default()), read: AtomicBool::new(false) }
+    pub(super) fn new(types: Vec<QueueTargetType>, config: DeclaredTargets) -> Self {
+        Self { types, config, runtime: RwLock::new(Arc::default()), read: AtomicBool::new(false) }
     }
 }
 
 impl QueueService {
-    /// Whether the queue answers for `target`. Until the runtime set has been read once (Redis
+    /// Whether the queue answers for `target`: one of a configured type, declared. Until the runtime set has been read once (Redis
     /// unreachable since start), a target outside the configuration counts as declared only
     /// while the store is silent: such requests fail open without touching Redis anyway.
     pub fn is_declared(&self, target: QueueTarget) -> bool {
         let t = &self.targets;
+        if !t.types.contains(&target.kind) {
+            return false;
+        }
         t.config.contains(target)
             || t.runtime.read().unwrap_or_else(|e| e.into_inner()).contains(&target)
             || (!t.read.load(Ordering::Relaxed) && self.store.silent(Some(target)))

@@ -68,7 +68,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LimitedDrop, id: 1 }
+        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
     }
 
     fn token(raw: &str, expires_at: u64) -> EntryToken {

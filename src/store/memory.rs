@@ -251,7 +251,8 @@ impl QueueStore for MemoryStore {
         {
             return Ok(EnterOutcome::Admitted(token));
         }
-        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.max_capacity, ttl_ms) {
+        if let Some(answer) = sale::enter_gate(&mut inner, target, user, now, self.limits.capacity(target.kind), ttl_ms)
+        {
             return Ok(answer);
         }
         let paused = sale::paused(&inner, target);
@@ -263,7 +264,7 @@ impl QueueStore for MemoryStore {
                     return Ok(EnterOutcome::Admitted(token));
                 }
                 let q = &mut t.queue;
-                if q.waiting_count() >= self.limits.max_capacity {
+                if q.waiting_count() >= self.limits.capacity(target.kind) {
                     return Ok(EnterOutcome::Full);
                 }
                 q.seq += 1;
@@ -446,7 +447,7 @@ impl QueueStore for MemoryStore {
     async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
         let now = now_ms();
         let until = now + self.key_ttl_ms();
-        self.lock().target(target, now).capacity = Some((self.limits.max_capacity, until));
+        self.lock().target(target, now).capacity = Some((self.limits.capacity(target.kind), until));
         Ok(())
     }
 
@@ -687,7 +688,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_forgotten_target_is_dropped_once_nothing_of_it_lives() {
-        let s = MemoryStore::new(StoreLimits { max_capacity: 5, key_ttl_s: 1, token_ttl_s: 1 });
+        let s =
+            MemoryStore::new(StoreLimits { max_capacity: 5, type_capacity: Vec::new(), key_ttl_s: 1, token_ttl_s: 1 });
         let t: QueueTarget = "limited-drop:1".parse().expect("target");
         s.register_active(t).await.expect("register");
         s.claim_token(t, UserId(1), "A", 1).await.expect("claim");

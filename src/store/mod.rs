@@ -20,18 +20,28 @@ pub use self::memory::MemoryStore;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 
 use crate::domain::{
-    FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId, WaitHistogram,
+    FlagChange, FlagState, LedgerEntry, QueueTarget, QueueTargetType, SaleControl, SaleRecord, SaleSchedule, UserId,
+    WaitHistogram,
 };
 
 /// What the store needs to know of the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreLimits {
     /// Users waiting (not yet admitted) beyond which enter answers full.
     pub max_capacity: u64,
+    /// The types configured with a capacity of their own (`targets.types.*.max_capacity`).
+    pub type_capacity: Vec<(QueueTargetType, u64)>,
     /// Sliding expiry of a target's keys.
     pub key_ttl_s: u64,
     /// Lifetime of the stored token key (= the token's own lifetime).
     pub token_ttl_s: u64,
+}
+
+impl StoreLimits {
+    /// The users who may wait per target of `kind`.
+    pub fn capacity(&self, kind: QueueTargetType) -> u64 {
+        self.type_capacity.iter().find(|(k, _)| *k == kind).map_or(self.max_capacity, |(_, c)| *c)
+    }
 }
 
 /// The longest a request waits for a store that is answering other calls of its instance

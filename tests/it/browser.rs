@@ -237,7 +237,8 @@ async fn the_page_speaks_korean_or_english_and_trusts_only_the_configured_identi
     assert_eq!(query_user.status(), 400, "?user= is off by default");
     let v: Value = query_user.json().await.unwrap();
     assert!(v["detail"].as_str().unwrap().contains("page.allow_query_user"), "{v}");
-    assert_eq!(get("en", None, "/waiting-room/concert/1").await.unwrap().status(), 400);
+    assert_eq!(get("en", None, "/waiting-room/concert/1").await.unwrap().status(), 404, "a type not configured");
+    assert_eq!(get("en", None, "/waiting-room/Concert/1").await.unwrap().status(), 400, "not a type");
 }
 
 /// A web app served from another origin calls vq from a real browser: allowed with

@@ -98,9 +98,14 @@ fn mint_then_verify_explains_each_outcome() {
 
     let usage = vq(&["verify"], &env);
     assert_eq!(usage.status.code(), Some(2));
-    let bad_target = vq(&["mint", "--target", "concert:1", "--user", "7"], &env);
+    let bad_target = vq(&["mint", "--target", "Concert:1", "--user", "7"], &env);
     assert_eq!(bad_target.status.code(), Some(2));
-    assert!(text(&bad_target.stderr).contains("concert"));
+    assert!(text(&bad_target.stderr).contains("Concert"));
+    // Any well-formed type: a token is as good as the configuration that honours it.
+    let other = vq(&["mint", "--target", "flash-coupon:1", "--user", "7", "--json"], &env);
+    assert_eq!(other.status.code(), Some(0), "{}", text(&other.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&other.stdout).unwrap();
+    assert_eq!(v["targetType"], "FLASH_COUPON");
 }
 
 #[test]

@@ -141,7 +141,10 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     let purchase_client = client();
     let purchase = |i: u64| {
         let u = (i - 1) % 100 + 1;
-        purchase_client.post(&orders).header("X-User-Id", u.to_string()).header("X-Entry-Token", &tokens[(u - 1) as usize])
+        purchase_client
+            .post(&orders)
+            .header("X-User-Id", u.to_string())
+            .header("X-Entry-Token", &tokens[(u - 1) as usize])
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(300));
     let mut tasks = Vec::new();

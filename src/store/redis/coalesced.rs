@@ -19,9 +19,11 @@ impl RedisStore {
     /// One user's enter or poll, sent with whatever else is queued for the same target.
     pub(super) async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
-            let (conn, limits) = (self.conn.clone(), self.limits);
+            let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
             let fences = self.fences.clone();
-            Coalescer::spawn(move |(op, target), jobs| execute(conn.clone(), limits, fences.clone(), op, target, jobs))
+            Coalescer::spawn(move |(op, target), jobs| {
+                execute(conn.clone(), limits.clone(), fences.clone(), op, target, jobs)
+            })
         });
         let (reply, answer) = oneshot::channel();
         let job = Job { user, reply };
@@ -84,7 +86,14 @@ pub(super) enum Answer {
 /// pile them up. A caller that gives up while the call is in Redis changes nothing here: the
 /// user keeps the place the call gave them (a client that hung up polls again); a request
 /// that failed open takes its user out itself (`QueueService::failed`).
-async fn execute(conn: Conn, limits: StoreLimits, fences: Arc<Fences>, op: Op, target: QueueTarget, jobs: Vec<Job>) {
+async fn execute(
+    conn: Conn,
+    limits: Arc<StoreLimits>,
+    fences: Arc<Fences>,
+    op: Op,
+    target: QueueTarget,
+    jobs: Vec<Job>,
+) {
     let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
@@ -98,7 +107,7 @@ async fn execute(conn: Conn, limits: StoreLimits, fences: Arc<Fences>, op: Op, t
             &ENTER,
             "enter.lua",
             ENTER_KEYS,
-            &[limits.max_capacity, limits.key_ttl_s, fence.seq_seen, fence.seq_to, fence.mark],
+            &[limits.capacity(target.kind), limits.key_ttl_s, fence.seq_seen, fence.seq_to, fence.mark],
         ),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
     };

@@ -280,7 +280,7 @@ impl QueueStore for RedisStore {
 
     async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
         let key = keys::of(target, "capacity");
-        let _: () = self.conn().set_ex(key, self.limits.max_capacity, self.limits.key_ttl_s).await?;
+        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
         Ok(())
     }
 

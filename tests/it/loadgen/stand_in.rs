@@ -38,9 +38,11 @@ pub(super) async fn stand_in(upstream: Option<String>) -> (String, Seen) {
 }
 
 pub(super) fn options(url: String, target: &str) -> Options {
+    let target = target.parse::<QueueTarget>().unwrap();
+    let routes = vq::gate::GateRoutes::compile(&vq::config::Settings::default().gate.routes).unwrap();
     Options {
         url,
-        target: target.parse::<QueueTarget>().unwrap(),
+        target,
         users: 20,
         first_user: 100,
         arrivals: Arrivals { curve: ArrivalCurve::Constant, rate: 200.0, warmup: Duration::ZERO },
@@ -49,6 +51,7 @@ pub(super) fn options(url: String, target: &str) -> Options {
         poll_max: Duration::from_millis(150),
         abandon: 0.0,
         purchase: true,
+        purchase_path: routes.path_of(target).unwrap(),
         purchase_times: 1,
         concurrency: 8,
         leave_at_end: false,

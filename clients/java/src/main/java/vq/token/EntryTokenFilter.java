@@ -58,7 +58,7 @@ public final class EntryTokenFilter implements Filter {
     private void configure(EntryTokenVerifier verifier, String type, String route,
                            Function<HttpServletRequest, String> user) {
         if (EntryTokenVerifier.targetType(type) == null) {
-            throw new IllegalArgumentException("unknown target type `" + type + "`");
+            throw new IllegalArgumentException("`" + type + "` is not a target type");
         }
         String[] segments = route.replaceFirst("^/", "").split("/", -1);
         if (!route.startsWith("/") || Collections.frequency(java.util.Arrays.asList(segments), "{id}") != 1) {

@@ -31,6 +31,10 @@ public final class EntryTokenVerifier {
     static final int MIN_SECRET_LEN = 32;
     static final int MIN_DISTINCT_BYTES = 8;
     private static final Pattern DIGITS = Pattern.compile("[0-9]+");
+    /** A target type as vq spells it (any the operator configures): the name in tokens, the slug in URLs. */
+    private static final Pattern TYPE_NAME = Pattern.compile("[A-Z][A-Z0-9]*(_[A-Z0-9]+)*");
+    private static final Pattern TYPE_SLUG = Pattern.compile("[a-z][a-z0-9]*(-[a-z0-9]+)*");
+    private static final int MAX_TYPE_LEN = 32;
     private static final Pattern EXPIRY = Pattern.compile("\\+?[0-9]+");
     private static final Pattern B64URL = Pattern.compile("[A-Za-z0-9_-]*");
 
@@ -203,7 +207,7 @@ public final class EntryTokenVerifier {
      * Every check vq's gate makes, in its order: a user id, a token, well-formed, signed by one of
      * the keys (constant time), unexpired, for this type, target id and user.
      *
-     * @param type LIMITED_DROP / TICKETING_EVENT (or limited-drop / ticketing-event)
+     * @param type the target type's name, LIMITED_DROP (or its slug, limited-drop)
      * @param id the target id the request is for, in decimal
      * @param user the buyer's id (X-User-Id), in decimal; null or not one: {@link Reason#NO_USER}
      * @param token the X-Entry-Token; null or empty: {@link Reason#MISSING}
@@ -212,7 +216,8 @@ public final class EntryTokenVerifier {
     public Verdict verify(String type, String id, String user, String token, long nowEpochSec) {
         String kind = targetType(type);
         if (kind == null) {
-            throw new IllegalArgumentException("unknown target type `" + type + "`: expected limited-drop or ticketing-event");
+            throw new IllegalArgumentException(
+                "`" + type + "` is not a target type: expected a slug such as limited-drop or its name, LIMITED_DROP");
         }
         Long targetId = positive(id);
         if (targetId == null) {
@@ -273,11 +278,14 @@ public final class EntryTokenVerifier {
     }
 
     static String targetType(String type) {
-        if ("LIMITED_DROP".equals(type) || "limited-drop".equals(type)) {
-            return "LIMITED_DROP";
+        if (type == null || type.length() > MAX_TYPE_LEN) {
+            return null;
         }
-        if ("TICKETING_EVENT".equals(type) || "ticketing-event".equals(type)) {
-            return "TICKETING_EVENT";
+        if (TYPE_NAME.matcher(type).matches()) {
+            return type;
+        }
+        if (TYPE_SLUG.matcher(type).matches()) {
+            return type.toUpperCase(java.util.Locale.ROOT).replace('-', '_');
         }
         return null;
     }
@@ -369,8 +377,8 @@ public final class EntryTokenVerifier {
         if (parts.length != 4) {
             throw new MalformedToken("payload is not TYPE|id|user|expiry");
         }
-        if (!parts[0].equals("LIMITED_DROP") && !parts[0].equals("TICKETING_EVENT")) {
-            throw new MalformedToken("unknown target type");
+        if (parts[0].length() > MAX_TYPE_LEN || !TYPE_NAME.matcher(parts[0]).matches()) {
+            throw new MalformedToken("bad target type");
         }
         Long id = positive(parts[1]);
         if (id == null) {
