@@ -63,6 +63,9 @@
 . "$(dirname "$0")/lib.sh"
 
 usage() { say "$*"; exit 2; }
+# Every vq started here answers for the targets the scenarios load (limited-drop:1 and its
+# neighbours): a queue answers only for declared targets.
+export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
   sale | naive | starved | wrk | pair | lua) shift ;;
