@@ -138,6 +138,9 @@ pub struct QueueSettings {
     /// runtime together: what the pump, `/metrics`, `vq stats` and Redis hold grows with
     /// declared targets only, and this bounds them.
     pub max_targets: u64,
+    /// Queues one user may hold a place in at once (waiting or pre-queued), across targets;
+    /// beyond it enter answers 409 TOO_MANY_QUEUES naming them. 0: no limit.
+    pub max_queues_per_user: u64,
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
@@ -283,6 +286,7 @@ impl Default for QueueSettings {
             local_polls: true,
             on_store_failure: OnStoreFailure::Open,
             max_targets: 1000,
+            max_queues_per_user: 10,
         }
     }
 }
@@ -463,8 +467,9 @@ impl Settings {
 
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 16] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 17] = [
             ("queue.max_targets", q.max_targets, 1..=1_000_000),
+            ("queue.max_queues_per_user", q.max_queues_per_user, 0..=1_000_000),
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),

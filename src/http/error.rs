@@ -27,6 +27,7 @@ pub enum ErrorCode {
     NotInQueue,
     UnknownTarget,
     QueueFull,
+    TooManyQueues,
     StoreUnavailable,
     Overloaded,
     QueueUnavailable,
@@ -45,6 +46,7 @@ impl ErrorCode {
             Self::NotInQueue => "NOT_IN_QUEUE",
             Self::UnknownTarget => "UNKNOWN_TARGET",
             Self::QueueFull => "QUEUE_FULL",
+            Self::TooManyQueues => "TOO_MANY_QUEUES",
             Self::StoreUnavailable => "STORE_UNAVAILABLE",
             Self::Overloaded => "OVERLOADED",
             Self::QueueUnavailable => "QUEUE_UNAVAILABLE",
@@ -63,6 +65,7 @@ impl ErrorCode {
             Self::NotInQueue => StatusCode::NOT_FOUND,
             Self::UnknownTarget => StatusCode::NOT_FOUND,
             Self::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            Self::TooManyQueues => StatusCode::CONFLICT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueueUnavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -135,6 +138,7 @@ impl From<QueueError> for ApiError {
             QueueError::Full(_) => Self::new(ErrorCode::QueueFull, e.to_string()).retry_after(QUEUE_FULL_RETRY_AFTER_S),
             QueueError::NotInQueue(_) => Self::new(ErrorCode::NotInQueue, e.to_string()),
             QueueError::Overloaded => Self::overloaded(e.to_string()),
+            QueueError::TooManyQueues { .. } => Self::new(ErrorCode::TooManyQueues, e.to_string()),
             QueueError::Unavailable => {
                 Self::new(ErrorCode::QueueUnavailable, e.to_string()).retry_after(QUEUE_UNAVAILABLE_RETRY_AFTER_S)
             }

@@ -90,6 +90,26 @@ pub enum QueueError {
     /// Redis is down and `queue.on_store_failure` is `closed`: nobody is let in meanwhile.
     #[error("the waiting room cannot reach its queue right now: retry shortly (nobody is let in meanwhile)")]
     Unavailable,
+    /// The user holds a place in `queue.max_queues_per_user` queues already.
+    #[error(
+        "you are waiting in {} queues already, the most one buyer may wait in at once: leave one of them (DELETE \
+         /virtual-queues/{{type}}/{{id}}/entries/me) to join {target}; you wait in {}",
+        .held.len(),
+        .held.iter().map(|t| format!("{}/{}", t.kind.slug(), t.id)).collect::<Vec<_>>().join(", ")
+    )]
+    TooManyQueues { target: QueueTarget, held: Vec<QueueTarget> },
+}
+
+/// How long after a target is counted among a user's queues its enter has surely run (an
+/// enter's store work ends within `BUSY_WAIT_MAX`), so that a target without the user's place
+/// is one they left, not one still being entered.
+const HOLD_SETTLED: Duration = Duration::from_secs(10);
+
+/// Why [`QueueService::hold_queue`] did not count a target.
+enum Hold {
+    /// The user holds a place in these, the most they may.
+    TooMany(Vec<QueueTarget>),
+    Store(StoreError),
 }
 
 pub struct QueueService {
@@ -207,9 +227,23 @@ impl QueueService {
     /// The store asks for a candidate only when it issues the token in this call, and keeps
     /// it unless another call issued one first. (Two calls in the same second mint equal
     /// candidates, so a race can rarely count twice.)
-    fn count_issue(raw: String, minted: &OnceLock<EntryToken>) -> String {
+    /// Admitted now, the user no longer holds a place at `target`: it stops counting among
+    /// their queues (`queue.max_queues_per_user`; best effort, a stale count is dropped when
+    /// the limit is reached).
+    async fn count_issue(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        raw: String,
+        minted: &OnceLock<EntryToken>,
+    ) -> String {
         if minted.get().is_some_and(|c| c.raw == raw) {
             crate::metrics::token_issued();
+            if self.settings.queue.max_queues_per_user > 0
+                && let Err(e) = self.bounded(target, self.store.release_queues(user, &[target])).await
+            {
+                self.degraded.record("release", target, &e);
+            }
         }
         raw
     }
@@ -274,6 +308,12 @@ impl QueueService {
         if let Some(answer) = self.bypass_store(target, user) {
             return answer;
         }
+        if let Err(e) = self.hold_queue(target, user).await {
+            return match e {
+                Hold::TooMany(held) => Err(QueueError::TooManyQueues { target, held }),
+                Hold::Store(e) => self.failed("enter", target, user, &e),
+            };
+        }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
         match self.bounded(target, self.store.enter(target, user, &candidate)).await {
@@ -282,7 +322,9 @@ impl QueueService {
                 self.register_active(target).await;
                 Ok(self.waiting(target.kind, w))
             }
-            Ok(EnterOutcome::Admitted(raw)) => Ok(self.stored_token(target, user, Self::count_issue(raw, &minted))),
+            Ok(EnterOutcome::Admitted(raw)) => {
+                Ok(self.stored_token(target, user, self.count_issue(target, user, raw, &minted).await))
+            }
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
             Ok(EnterOutcome::PreQueue(n)) => {
                 self.register_active(target).await;
@@ -320,7 +362,7 @@ impl QueueService {
             }
             Ok(StatusOutcome::Admitted(raw)) => {
                 self.local_learn(target, user, None);
-                Ok(self.stored_token(target, user, Self::count_issue(raw, &minted)))
+                Ok(self.stored_token(target, user, self.count_issue(target, user, raw, &minted).await))
             }
             Ok(StatusOutcome::NotInQueue) => {
                 self.local_learn(target, user, None);
@@ -335,6 +377,39 @@ impl QueueService {
         }
     }
 
+    /// Counts `target` among the queues `user` waits in, within `queue.max_queues_per_user`
+    /// (0: no limit). At the limit, the targets counted where the user no longer holds a
+    /// place (admitted, evicted, a sale closed) are dropped and the count is tried again.
+    async fn hold_queue(&self, target: QueueTarget, user: UserId) -> Result<(), Hold> {
+        let max = self.settings.queue.max_queues_per_user;
+        if max == 0 || self.local_answer(target, user).is_some() {
+            return Ok(());
+        }
+        let hold = || self.bounded(target, self.store.hold_queue(user, target, max));
+        let held = hold().await.map_err(Hold::Store)?;
+        if held.is_empty() {
+            return Ok(());
+        }
+        // Only targets counted long enough ago for their enter to have run: one counted just
+        // now by a racing enter holds no place yet, and must not be dropped.
+        let mut gone = Vec::new();
+        for &(t, age_ms) in &held {
+            let settled = age_ms > HOLD_SETTLED.as_millis() as u64;
+            if settled && !self.bounded(target, self.store.holds_place(t, user)).await.map_err(Hold::Store)? {
+                gone.push(t);
+            }
+        }
+        let names = |held: Vec<(QueueTarget, u64)>| held.into_iter().map(|(t, _)| t).collect();
+        if gone.is_empty() {
+            return Err(Hold::TooMany(names(held)));
+        }
+        self.bounded(target, self.store.release_queues(user, &gone)).await.map_err(Hold::Store)?;
+        match hold().await.map_err(Hold::Store)? {
+            held if held.is_empty() => Ok(()),
+            held => Err(Hold::TooMany(names(held))),
+        }
+    }
+
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
     pub async fn leave(&self, target: QueueTarget, user: UserId) {
         self.local_learn(target, user, None);
@@ -343,6 +418,11 @@ impl QueueService {
             return;
         }
         if let Err(e) = self.bounded(target, self.store.leave(target, user)).await {
+            self.degraded.record("leave", target, &e);
+        }
+        if self.settings.queue.max_queues_per_user > 0
+            && let Err(e) = self.bounded(target, self.store.release_queues(user, &[target])).await
+        {
             self.degraded.record("leave", target, &e);
         }
     }

@@ -164,6 +164,9 @@ struct Inner {
     forwarded: HashMap<(QueueTarget, u64), u64>,
     /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).
     sales: HashMap<QueueTarget, sale::MemSale>,
+    /// The targets each user is counted in, with when (ms), and when that expires (ms):
+    /// `queue:user:{u}:queues`.
+    user_queues: HashMap<UserId, (BTreeMap<QueueTarget, u64>, u64)>,
 }
 
 impl Inner {
@@ -323,6 +326,44 @@ impl QueueStore for MemoryStore {
         Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
     }
 
+    async fn hold_queue(
+        &self,
+        user: UserId,
+        target: QueueTarget,
+        max: u64,
+    ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let until = now + self.key_ttl_ms();
+        let held = inner.user_queues.entry(user).or_default();
+        if held.1 <= now {
+            held.0.clear();
+        }
+        if !held.0.contains_key(&target) && held.0.len() as u64 >= max {
+            return Ok(held.0.iter().map(|(t, at)| (*t, now.saturating_sub(*at))).collect());
+        }
+        held.0.entry(target).or_insert(now);
+        held.1 = until;
+        Ok(Vec::new())
+    }
+
+    async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        if let Some(held) = inner.user_queues.get_mut(&user) {
+            for t in targets {
+                held.0.remove(t);
+            }
+        }
+        Ok(())
+    }
+
+    async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let waiting = inner.existing(target, now).is_some_and(|t| t.queue.seq_of.contains_key(&user));
+        Ok(waiting || sale::holds_prequeued(&inner, target, user))
+    }
+
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
@@ -466,11 +507,12 @@ impl QueueStore for MemoryStore {
             inner.active.remove(&target);
             // What outlives a target's queue (tokens, used marks, the lock) is kept until it
             // expires too; targets out of the active set are not asked again, so sweep here.
-            let Inner { targets, active, .. } = &mut *inner;
+            let Inner { targets, active, user_queues, .. } = &mut *inner;
             targets.retain(|target, t| {
                 t.expire(now);
                 active.contains(target) || !t.is_gone(now)
             });
+            user_queues.retain(|_, (_, until)| *until > now);
         }
         Ok(expired)
     }

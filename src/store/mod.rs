@@ -352,6 +352,29 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Returns whether the user was waiting.
     fn leave(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Counts `target` among the queues `user` holds a place in, unless `max` are counted
+    /// already: empty when counted (now or before), else the targets counted, each with the
+    /// ms since it was counted. The count is per user across targets
+    /// (`queue.max_queues_per_user`) and lives `queue.key_ttl_s` after its last change, as a
+    /// target's keys do.
+    fn hold_queue(
+        &self,
+        user: UserId,
+        target: QueueTarget,
+        max: u64,
+    ) -> impl Future<Output = Result<Vec<(QueueTarget, u64)>, StoreError>> + Send;
+
+    /// Stops counting `targets` among `user`'s queues.
+    fn release_queues(
+        &self,
+        user: UserId,
+        targets: &[QueueTarget],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether `user` holds a place at `target`: waiting (admitted but not yet told included)
+    /// or pre-queued.
+    fn holds_place(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// `SET NX PX` on the target's admission lock.
     fn try_lock_admission(
         &self,
@@ -592,6 +615,15 @@ impl QueueStore for AnyStore {
     }
     async fn leave(&self, t: QueueTarget, u: UserId) -> Result<bool, StoreError> {
         delegate!(self, s => s.leave(t, u))
+    }
+    async fn hold_queue(&self, u: UserId, t: QueueTarget, max: u64) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
+        delegate!(self, s => s.hold_queue(u, t, max))
+    }
+    async fn release_queues(&self, u: UserId, ts: &[QueueTarget]) -> Result<(), StoreError> {
+        delegate!(self, s => s.release_queues(u, ts))
+    }
+    async fn holds_place(&self, t: QueueTarget, u: UserId) -> Result<bool, StoreError> {
+        delegate!(self, s => s.holds_place(t, u))
     }
     async fn try_lock_admission(&self, t: QueueTarget, h: &str, ttl: u64) -> Result<bool, StoreError> {
         delegate!(self, s => s.try_lock_admission(t, h, ttl))

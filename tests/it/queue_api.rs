@@ -176,7 +176,8 @@ async fn malformed_requests_get_400_invalid_request() {
         ("/virtual-queues/limited-drop/42/entries", Some("-3")),
         ("/virtual-queues/limited-drop/42/entries", Some("99999999999999999999999")),
         ("/virtual-queues/LIMITED_DROP/42/entries", Some("1")),
-        ("/virtual-queues/concert/42/entries", Some("1")),
+        ("/virtual-queues/Concert/42/entries", Some("1")),
+        ("/virtual-queues/concert-/42/entries", Some("1")),
         ("/virtual-queues/limited-drop/0/entries", Some("1")),
         ("/virtual-queues/limited-drop/x1/entries", Some("1")),
         ("/virtual-queues/limited-drop/%FF/entries", Some("1")),
@@ -192,6 +193,10 @@ async fn malformed_requests_get_400_invalid_request() {
         assert_eq!(v["code"], "INVALID_REQUEST", "{path} {user:?}");
         assert!(!v["detail"].as_str().unwrap().is_empty());
     }
+    // A well-formed type nobody configured: unknown, as an undeclared target.
+    let r = app.enter("concert/42", 1).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(app.json(r).await["code"], "UNKNOWN_TARGET");
     let r = app.client.get(app.url("/nope")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(app.json(r).await["code"], "NOT_FOUND");

@@ -455,16 +455,20 @@ pub struct TestApp {
 }
 
 pub async fn spawn_app(settings: Settings, pump: bool) -> TestApp {
+    spawn_app_with(settings, ServeOptions { pump, flag_on: false }).await
+}
+
+/// [`spawn_app`] with the queue turned on by the app itself (`vq serve --flag-on`), as the
+/// embedded store needs.
+pub async fn spawn_app_flag_on(settings: Settings, pump: bool) -> TestApp {
+    spawn_app_with(settings, ServeOptions { pump, flag_on: true }).await
+}
+
+async fn spawn_app_with(settings: Settings, options: ServeOptions) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = format!("http://{}", listener.local_addr().expect("addr"));
     let cancel = CancellationToken::new();
-    let handle = tokio::spawn(run(
-        listener,
-        Arc::new(settings),
-        secret(),
-        ServeOptions { pump, flag_on: false },
-        cancel.clone(),
-    ));
+    let handle = tokio::spawn(run(listener, Arc::new(settings), secret(), options, cancel.clone()));
     TestApp { addr, client: reqwest::Client::new(), cancel, handle: Some(handle) }
 }
 

@@ -162,6 +162,11 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
 }
 
 /// Takes a user out of the pre-queue (left, or evicted).
+/// Whether `user` is in `target`'s pre-queue.
+pub(super) fn holds_prequeued(inner: &Inner, target: QueueTarget, user: UserId) -> bool {
+    inner.sales.get(&target).is_some_and(|s| s.prequeue.contains_key(&user))
+}
+
 pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: UserId) -> bool {
     inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(&user).is_some())
 }

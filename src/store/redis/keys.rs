@@ -22,6 +22,11 @@ pub fn token(target: QueueTarget, user: UserId) -> String {
 pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
     format!("queue:{{{target}}}:used:{user}")
 }
+/// ZSET of the targets a user holds a place in (`queue.max_queues_per_user`) -> ms counted, in the user's
+/// own slot.
+pub fn user_queues(user: UserId) -> String {
+    format!("queue:user:{{{user}}}:queues")
+}
 pub fn admission_lock(target: QueueTarget) -> String {
     format!("queue:admission:{{{target}}}")
 }

@@ -43,7 +43,7 @@ use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
-    SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, num, on_target, reply_err,
+    SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, USER_HOLD, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
@@ -215,6 +215,42 @@ impl QueueStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
+    }
+
+    async fn hold_queue(
+        &self,
+        user: UserId,
+        target: QueueTarget,
+        max: u64,
+    ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
+        let held: Vec<(String, u64)> = USER_HOLD
+            .key(keys::user_queues(user))
+            .arg(target.to_string())
+            .arg(max)
+            .arg(self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        // A member that no longer parses counts for nothing.
+        Ok(held.into_iter().filter_map(|(t, age)| Some((t.parse().ok()?, age))).collect())
+    }
+
+    async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let _: u64 = self.conn().zrem(keys::user_queues(user), names).await?;
+        Ok(())
+    }
+
+    async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
+            .zscore(keys::of(target, "waiting"), user.0)
+            .zscore(keys::of(target, "prequeue"), user.0)
+            .zscore(keys::of(target, "opening"), user.0)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(waiting.is_some() || prequeued.is_some() || opening.is_some())
     }
 
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {

@@ -36,3 +36,39 @@ async fn waits_are_bucketed_by_the_domain_rule() {
     })
     .await;
 }
+
+/// A user's count of queues: a target counted once however often, none past the limit (the
+/// targets counted named), released ones free their place; a place is held while waiting
+/// (admitted but not yet told included) and no longer once the token is collected or the
+/// user left.
+#[tokio::test]
+async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
+    with_both(async |s, tick_ms| {
+        let (u, other) = (UserId(7), UserId(8));
+        let tt = |id: u64| QueueTarget::new(t().kind, id);
+        for id in [1, 2, 1, 2] {
+            assert!(s.hold_queue(u, tt(id), 2).await.unwrap().is_empty(), "target {id}");
+        }
+        let mut held = s.hold_queue(u, tt(3), 2).await.unwrap();
+        held.sort();
+        assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), vec![tt(1), tt(2)], "at the limit: the counted ones");
+        assert!(held.iter().all(|(_, age_ms)| *age_ms < 5_000), "counted just now: {held:?}");
+        assert!(s.hold_queue(other, tt(3), 2).await.unwrap().is_empty(), "per user");
+        s.release_queues(u, &[tt(1)]).await.unwrap();
+        assert!(s.hold_queue(u, tt(3), 2).await.unwrap().is_empty(), "a released target frees a place");
+        assert!(!s.hold_queue(u, tt(1), 2).await.unwrap().is_empty());
+
+        assert!(!s.holds_place(t(), u).await.unwrap());
+        s.enter(t(), u, &"tok").await.unwrap();
+        s.enter(t(), other, &"tok").await.unwrap();
+        assert!(s.holds_place(t(), u).await.unwrap());
+        next_tick(tick_ms).await;
+        s.admit(t(), 1, tick_ms).await.unwrap();
+        assert!(s.holds_place(t(), u).await.unwrap(), "admitted, not yet told");
+        assert!(matches!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
+        assert!(!s.holds_place(t(), u).await.unwrap(), "the token collected");
+        assert!(s.leave(t(), other).await.unwrap());
+        assert!(!s.holds_place(t(), other).await.unwrap(), "left");
+    })
+    .await;
+}

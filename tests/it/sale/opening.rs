@@ -268,7 +268,7 @@ fn the_cli_refuses_bad_schedules_with_a_clear_message() {
     let redis = RedisServer::spawn();
     let future = vq::domain::format_instant(now_ms() + 3_600_000);
     let later = vq::domain::format_instant(now_ms() + 7_200_000);
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["sale", "schedule", "limited-drop:7", "--opens-at", "tomorrow"], "not an ISO-8601 time"),
         (&["sale", "schedule", "limited-drop:7", "--opens-at", "2020-01-01T00:00:00Z"], "in the past"),
         (
@@ -276,7 +276,8 @@ fn the_cli_refuses_bad_schedules_with_a_clear_message() {
             "not before opens-at",
         ),
         (&["sale", "schedule", "limited-drop:7", "--opens-at", &later, "--closes-at", &future], "not after opens-at"),
-        (&["sale", "schedule", "nonsense:7", "--opens-at", &future], "unknown target type"),
+        (&["sale", "schedule", "nonsense:7", "--opens-at", &future], "`nonsense` is not a configured target type"),
+        (&["sale", "schedule", "Nonsense:7", "--opens-at", &future], "is not a target type"),
     ];
     for (args, expected) in cases {
         let out = cli(&redis, args);
