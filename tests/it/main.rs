@@ -17,6 +17,7 @@ mod gate_paths;
 mod loadgen;
 mod local_polls;
 mod lost_writes;
+mod monitoring;
 mod one_time_use;
 mod openapi;
 mod overload;
