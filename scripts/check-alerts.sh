@@ -3,7 +3,7 @@
 # fire when they should), then, unless --no-scrape, a real Prometheus scrapes a running
 # `vq serve` once and must see its virtual_queue_* series. Loopback only, time-bounded,
 # stops only the processes it started. Installs promtool (Debian package prometheus) when
-# missing.
+# missing. ALERTS_VQ=path runs that vq binary instead of building one.
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
@@ -18,9 +18,11 @@ use_work_dir
 work=$WORK
 vq_port=$(free_port); prom_port=$(free_port)
 start_redis
-cargo build --quiet --bin vq
-VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="$REDIS_URL" \
-  spawn vq target/debug/vq serve --no-pump --flag-on --listen "127.0.0.1:$vq_port"
+# ALERTS_VQ: a vq binary already built (scripts/test.sh passes the suite's).
+vq_bin=${ALERTS_VQ:-target/debug/vq}
+[ -n "${ALERTS_VQ:-}" ] || cargo build --quiet --bin vq
+VQ_TOKEN_SECRET=check-alerts-secret-0123456789abcdef VQ_REDIS__URL="$REDIS_URL" VQ_TARGETS__DECLARED='["limited-drop:42"]' \
+  spawn vq "$vq_bin" serve --no-pump --flag-on --listen "127.0.0.1:$vq_port"
 wait_http "127.0.0.1:$vq_port/healthz" 10 "$SPAWNED" || die "vq serve did not start: $(tail -5 "$work/vq.log")"
 for u in 1 2 3; do
   curl -fs -X POST -H "X-User-Id: $u" "127.0.0.1:$vq_port/virtual-queues/limited-drop/42/entries" >/dev/null

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of vq: installs what the suite needs when missing (Debian packages, as
-# root or through sudo; the Python API tools in target/venv), runs the alert rules' unit tests
-# with promtool, the token verifiers' suites in clients/ (Node, Python, Java: seconds), then the
-# whole suite with cargo-nextest (cargo test without it), then checks the clients' verifiers
-# against tokens signed by the vq binary that suite built.
+# root or through sudo; the Python API tools in target/venv), runs the token verifiers' suites
+# in clients/ (Node, Python, Java: seconds), then the whole suite with cargo-nextest (cargo
+# test without it), then checks the clients' verifiers against tokens signed by the vq binary
+# that suite built, the alert rules (scripts/check-alerts.sh) and the local three-replica
+# topology behind nginx (scripts/topology-check.sh) with that binary.
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx caddy)
+needs=(redis-server python3 promtool=prometheus /usr/sbin/nginx=nginx caddy wrk curl)
 # clients/: node's test runner, a JDK, and the Jakarta Servlet API to compile the Java filter.
 needs+=(node=nodejs javac=default-jdk-headless /usr/share/java/jakarta-servlet-api.jar=libjakarta-servlet-api-java)
 # An instance with its clock a minute off (tests/it/overload.rs) runs under libfaketime.
@@ -30,8 +31,6 @@ if ! [ -x "$venv/bin/schemathesis" ] || ! [ -x "$venv/bin/openapi-spec-validator
   "$venv/bin/pip" install -q "${tools[@]}"
 fi
 
-promtool test rules deploy/prometheus/alerts_test.yml
-
 # A failing client does not stop the Rust suite; the script fails at the end.
 clients_ok=true
 clients/test.sh || clients_ok=false
@@ -51,5 +50,9 @@ vq_bin=$(realpath "$vq_bin")
 clients/test-against-vq.sh "$vq_bin" || clients_ok=false
 # The web client waits in real queues of that binary (its own redis-server and vq serve).
 VQ_BIN="$vq_bin" node --test --test-reporter=spec clients/web/test/ || clients_ok=false
+# The alert rules (promtool, then a real Prometheus scraping that binary) and the local
+# topology (three replicas behind a real nginx, one killed under load), ~40 s together.
+ALERTS_VQ="$vq_bin" scripts/check-alerts.sh
+TOPOLOGY_VQ="$vq_bin" TOPOLOGY_DIR="$(pwd)/target/topology-check" scripts/topology-check.sh
 $clients_ok || die "clients/: a client's suite failed (see above)"
 say "clients/: every verifier accepts and refuses vq's tokens as vq does; the web client waits through real queues"

@@ -11,7 +11,9 @@
 # Environment: TOPOLOGY_DIR (state dir, default target/topology), TOPOLOGY_VQ (default: the
 # release build, built with scripts/build-release.sh when missing), VQ_TOKEN_SECRET (else a
 # random one is written to the state dir, mode 600), PURCHASE_BACKEND (an http:// URL; else
-# the stub backend), and any VQ_* setting for the three replicas (e.g. VQ_QUEUE__TICK_MS).
+# the stub backend), VQ_TARGETS__DECLARED (default: limited-drop:1 and limited-drop:42, the
+# targets scripts/topology-check.sh loads), and any VQ_* setting for the three replicas (e.g.
+# VQ_QUEUE__TICK_MS).
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 repo=$(pwd)
@@ -78,6 +80,8 @@ EOF
   start backend python3 "$state/backend.py" "$bport"
   local backend="${PURCHASE_BACKEND:-http://127.0.0.1:$bport}"
 
+  # A queue answers only for declared targets.
+  export VQ_TARGETS__DECLARED="${VQ_TARGETS__DECLARED:-[\"limited-drop:1\",\"limited-drop:42\"]}"
   local i
   for i in 0 1 2; do
     start "vq$((i + 1))" env VQ_LISTEN="127.0.0.1:${vports[$i]}" VQ_INSTANCE_ID="vq$((i + 1))" \
