@@ -54,6 +54,7 @@ pub struct Settings {
     pub page: PageSettings,
     pub http: HttpSettings,
     pub targets: TargetsSettings,
+    pub adaptive: AdaptiveSettings,
 }
 
 /// The targets declared in configuration: a queue answers only for declared targets (these,
@@ -141,9 +142,48 @@ pub struct QueueSettings {
     /// Queues one user may hold a place in at once (waiting or pre-queued), across targets;
     /// beyond it enter answers 409 TOO_MANY_QUEUES naming them. 0: no limit.
     pub max_queues_per_user: u64,
+    /// How many users each tick admits: `fixed` (the batch in force) or `adaptive` (a batch
+    /// between `batch_min` and `batch_max` that follows the purchase API's health, `[adaptive]`).
+    pub outflow: Outflow,
+    pub batch_min: u64,
+    pub batch_max: u64,
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
+}
+
+/// `queue.outflow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outflow {
+    #[default]
+    Fixed,
+    Adaptive,
+}
+
+/// `[adaptive]`: the controller of `queue.outflow = "adaptive"` (domain::Controller).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptiveSettings {
+    /// One decision per interval, cluster-wide, from the gates' observations of the one before
+    /// (at least one tick: a shorter one counts as `queue.tick_ms`).
+    pub interval_ms: u64,
+    /// P95 latency of purchases the purchase API should stay under.
+    pub latency_ms: u64,
+    /// Share of purchases answered 5xx/429, timed out or not reached that it may give.
+    pub error_ratio: f64,
+    /// Users added to the batch after a healthy interval.
+    pub increase: u64,
+    /// Factor applied to the batch after an unhealthy one.
+    pub decrease: f64,
+    /// Fewer purchases than this in an interval: the batch holds.
+    pub min_samples: u64,
+}
+
+impl Default for AdaptiveSettings {
+    fn default() -> Self {
+        Self { interval_ms: 6000, latency_ms: 1000, error_ratio: 0.05, increase: 10, decrease: 0.7, min_samples: 10 }
+    }
 }
 
 /// `queue.on_store_failure`.
@@ -264,6 +304,7 @@ impl Default for Settings {
             page: PageSettings::default(),
             http: HttpSettings::default(),
             targets: TargetsSettings::default(),
+            adaptive: AdaptiveSettings::default(),
         }
     }
 }
@@ -287,6 +328,9 @@ impl Default for QueueSettings {
             on_store_failure: OnStoreFailure::Open,
             max_targets: 1000,
             max_queues_per_user: 10,
+            outflow: Outflow::Fixed,
+            batch_min: 10,
+            batch_max: 1000,
         }
     }
 }
@@ -395,6 +439,8 @@ pub enum ConfigError {
 pub enum SettingError {
     #[error("{key} ({}) must be between {min} and {max}, got {value}", env_name(.key))]
     OutOfRange { key: &'static str, min: u64, max: u64, value: u64 },
+    #[error("{key} ({}) must be a fraction above 0 and at most 1 (decrease: under 1), got {value}", env_name(.key))]
+    NotAFraction { key: &'static str, value: String },
     #[error("{key} must be between {min} and {max}, got {value}")]
     TypeOutOfRange { key: String, min: u64, max: u64, value: u64 },
     #[error("queue.key_ttl_s ({key_ttl_s}) must be longer than queue.heartbeat_timeout_s ({heartbeat_timeout_s})")]
@@ -467,7 +513,14 @@ impl Settings {
 
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 17] = [
+        let a = &self.adaptive;
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 23] = [
+            ("queue.batch_min", q.batch_min, BATCH_SIZE),
+            ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
+            ("adaptive.interval_ms", a.interval_ms, 200..=600_000),
+            ("adaptive.latency_ms", a.latency_ms, 1..=600_000),
+            ("adaptive.increase", a.increase, 1..=*BATCH_SIZE.end()),
+            ("adaptive.min_samples", a.min_samples, 0..=1_000_000),
             ("queue.max_targets", q.max_targets, 1..=1_000_000),
             ("queue.max_queues_per_user", q.max_queues_per_user, 0..=1_000_000),
             ("threads", self.threads as u64, 0..=1024),
@@ -489,6 +542,14 @@ impl Settings {
         for (key, value, range) in bounded {
             if !range.contains(&value) {
                 return Err(SettingError::OutOfRange { key, min: *range.start(), max: *range.end(), value });
+            }
+        }
+        for (key, value, ok) in [
+            ("adaptive.error_ratio", a.error_ratio, a.error_ratio > 0.0 && a.error_ratio <= 1.0),
+            ("adaptive.decrease", a.decrease, a.decrease > 0.0 && a.decrease < 1.0),
+        ] {
+            if !ok {
+                return Err(SettingError::NotAFraction { key, value: value.to_string() });
             }
         }
         if q.key_ttl_s <= q.heartbeat_timeout_s {
@@ -567,6 +628,25 @@ impl Settings {
                 .unwrap_or_else(|_| "vq".to_owned());
             format!("{host}-{}", std::process::id())
         })
+    }
+
+    /// The adaptive outflow's control interval: `adaptive.interval_ms`, at least one tick.
+    pub fn outflow_interval_ms(&self) -> u64 {
+        self.adaptive.interval_ms.max(self.queue.tick_ms)
+    }
+
+    /// The adaptive outflow's controller (`queue.batch_min/max`, `[adaptive]`).
+    pub fn controller(&self) -> crate::domain::Controller {
+        let a = &self.adaptive;
+        crate::domain::Controller {
+            batch_min: self.queue.batch_min,
+            batch_max: self.queue.batch_max,
+            latency_ms: a.latency_ms,
+            error_ratio: a.error_ratio,
+            increase: a.increase,
+            decrease: a.decrease,
+            min_samples: a.min_samples,
+        }
     }
 
     /// The configured target types (`[[targets.types]]`), in order.
@@ -722,6 +802,29 @@ mod tests {
                 jail.create_file("vq.toml", file)?;
                 let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
                 assert!(err.contains(says), "{file}: {err}");
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn adaptive_outflow_settings_are_bounded() {
+        Jail::expect_with(|jail| {
+            jail.set_env("VQ_QUEUE__OUTFLOW", "adaptive");
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!(s.queue.outflow, Outflow::Adaptive);
+            assert_eq!((s.controller().batch_min, s.controller().batch_max), (10, 1000));
+            for (key, value, says) in [
+                ("VQ_ADAPTIVE__DECREASE", "1.5", "adaptive.decrease (VQ_ADAPTIVE__DECREASE) must be a fraction"),
+                ("VQ_ADAPTIVE__ERROR_RATIO", "0", "adaptive.error_ratio"),
+                ("VQ_QUEUE__BATCH_MIN", "2000", "queue.batch_max (VQ_QUEUE__BATCH_MAX) must be between 2000 and"),
+                ("VQ_QUEUE__OUTFLOW", "auto", "found `auto`, expected"),
+            ] {
+                jail.set_env(key, value);
+                let err = Settings::load(None, &Overrides::default()).unwrap_err().to_string();
+                assert!(err.contains(says), "{key}={value}: {err}");
+                jail.clear_env();
+                jail.set_env("VQ_QUEUE__OUTFLOW", "adaptive");
             }
             Ok(())
         });

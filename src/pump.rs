@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget};
-use crate::store::{AdmitOutcome, AnyStore, QueueStore, StoreError};
+use crate::store::{AdmitOutcome, AnyStore, OutflowClaim, OutflowState, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,8 +101,10 @@ impl Pump {
             let pump = self.clone();
             let results = run_concurrently(targets, move |target| {
                 let pump = pump.clone();
-                let batch = crate::domain::batch_in_force(None, global, pump.settings.type_batch_size(target.kind));
-                async move { pump.admit_target(target, batch).await.map_err(|e| (target, e)) }
+                async move {
+                    let batch = pump.batch_for(target, global).await.map_err(|e| (target, e))?;
+                    pump.admit_target(target, batch).await.map_err(|e| (target, e))
+                }
             })
             .await;
             out.extend(results);
@@ -134,6 +136,39 @@ impl Pump {
             Err((t, _)) => *t,
         });
         Ok(out)
+    }
+
+    /// The batch this tick admits for `target` (a per-target pin in Redis overrides it inside
+    /// admit.lua): the operator's global runtime batch; else, with `queue.outflow =
+    /// "adaptive"`, the controller's (deciding the interval just ended if no pump has yet);
+    /// else the type's configured one. A failed claim skips the target this tick, so no
+    /// batch but the chosen one is ever admitted.
+    async fn batch_for(&self, target: QueueTarget, global: Option<u64>) -> Result<u64, StoreError> {
+        let configured = self.settings.type_batch_size(target.kind);
+        if let Some(g) = global {
+            return Ok(g);
+        }
+        if self.settings.queue.outflow != Outflow::Adaptive {
+            return Ok(configured);
+        }
+        let controller = self.settings.controller();
+        let now = self.store.now_ms();
+        let interval = (now / self.settings.outflow_interval_ms()).saturating_sub(1);
+        Ok(match self.store.claim_outflow(target, interval).await? {
+            OutflowClaim::Pinned => configured,
+            OutflowClaim::Decided { current } => {
+                current.unwrap_or(configured).clamp(controller.batch_min, controller.batch_max)
+            }
+            OutflowClaim::Decide { current, seen } => {
+                let d = controller.decide(current.unwrap_or(configured), &seen);
+                if current != Some(d.batch) {
+                    tracing::info!(target_queue = %target, from = ?current, to = d.batch, reason = %d.reason, "adaptive outflow");
+                }
+                let state = OutflowState { batch: d.batch, reason: d.reason, decided_at_ms: now };
+                self.store.set_outflow(target, &state).await?;
+                d.batch
+            }
+        })
     }
 
     /// The declared targets: the configured ones and those declared at runtime, of the

@@ -292,6 +292,8 @@ mod tests {
             sale_state: None,
             opens_at: None,
             prequeued_count: None,
+            outflow: "fixed".into(),
+            outflow_reason: None,
         }
     }
 

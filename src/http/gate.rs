@@ -143,7 +143,22 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
         )
         .into_response();
     };
+    let sent = std::time::Instant::now();
     let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
+    if let Some(target) = route_target {
+        // For the adaptive outflow: failed (5xx, 429, timed out, not reached) and backing off
+        // (503, 429, Retry-After).
+        let (error, backoff) = match &result {
+            Ok(r) => {
+                let s = r.status();
+                let busy = s == StatusCode::TOO_MANY_REQUESTS;
+                let retry = r.headers().contains_key(header::RETRY_AFTER);
+                (s.is_server_error() || busy, busy || s == StatusCode::SERVICE_UNAVAILABLE || retry)
+            }
+            Err(_) => (true, false),
+        };
+        st.service.observe_purchase(target, sent.elapsed(), error, backoff);
+    }
     if let Ok(resp) = &mut result
         && let Some(message) = st.gate.take_close(resp)
         && let Some(target) = route_target

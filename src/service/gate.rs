@@ -152,15 +152,15 @@ impl QueueService {
             return Pace::Now;
         }
         let tick_ms = self.settings.queue.tick_ms;
+        // Adaptive outflow: the batch moves up to queue.batch_max, the most the operator says
+        // the purchase API takes per tick; pacing caps at that.
+        let batch = match self.settings.queue.outflow {
+            crate::config::Outflow::Adaptive => self.settings.queue.batch_max,
+            crate::config::Outflow::Fixed => self.batch_size(target.kind, None),
+        };
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
-            match self
-                .bounded(
-                    target,
-                    self.store.pace_purchase(target, self.batch_size(target.kind, None), tick_ms, gate.pace_max_ticks),
-                )
-                .await
-            {
+            match self.bounded(target, self.store.pace_purchase(target, batch, tick_ms, gate.pace_max_ticks)).await {
                 Ok(Some(slot)) => {
                     // Both ends err on the safe side: the start counts from the answer, the
                     // end from the question (Redis' clock read in between).

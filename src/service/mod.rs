@@ -12,6 +12,7 @@ mod degraded;
 mod flag;
 mod gate;
 mod local;
+mod outflow;
 mod stats;
 mod targets;
 mod tokens;

@@ -37,6 +37,12 @@ pub struct QueueStats {
     /// Users in the sale's pre-queue, not yet given a position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prequeued_count: Option<u64>,
+    /// `fixed` or `adaptive` (`queue.outflow`): where `batch_size` comes from.
+    #[serde(default)]
+    pub outflow: String,
+    /// The adaptive controller's last decision and why; absent before it made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outflow_reason: Option<String>,
 }
 
 impl QueueStats {
@@ -50,7 +56,13 @@ impl QueueStats {
         now_ms: u64,
     ) -> Self {
         let queue = &settings.queue;
-        let batch_size = batch_in_force(snap.batch_override, global_batch, settings.type_batch_size(kind));
+        let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
+        // The controller's batch while nothing pins one (as the pump admits: pump.rs).
+        let configured = match (&snap.outflow, adaptive) {
+            (Some(o), true) => o.batch,
+            _ => settings.type_batch_size(kind),
+        };
+        let batch_size = batch_in_force(snap.batch_override, global_batch, configured);
         Self {
             waiting_count: snap.waiting,
             admitted_count: snap.admitted_total,
@@ -68,6 +80,8 @@ impl QueueStats {
             sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
             opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
             prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
+            outflow: if adaptive { "adaptive" } else { "fixed" }.to_owned(),
+            outflow_reason: snap.outflow.as_ref().filter(|_| adaptive).map(|o| o.reason.clone()),
         }
     }
 }

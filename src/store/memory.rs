@@ -14,11 +14,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView,
-    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, OutflowClaim, OutflowState, PaceSlot,
+    PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
+    TokenClaim, Waiting,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,
+    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule, UserId,
+    WaitHistogram,
 };
 
 use crate::clock::now_epoch_ms as now_ms;
@@ -87,6 +89,11 @@ struct TargetState {
     admissions: (Vec<(u64, u64)>, u64),
     /// The capacity in force and when it expires (ms).
     capacity: Option<(u64, u64)>,
+    /// The adaptive outflow: the last decision, the last interval claimed, and what the gates
+    /// saw per interval (the newest few).
+    outflow: Option<OutflowState>,
+    outflow_interval: Option<u64>,
+    observations: BTreeMap<u64, Observations>,
 }
 
 /// Where a user holding a seq stands after an enter or a poll.
@@ -326,6 +333,48 @@ impl QueueStore for MemoryStore {
         Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
     }
 
+    async fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let t = inner.target(target, now_ms());
+        let seen = t.observations.entry(interval).or_default();
+        seen.purchases += 1;
+        seen.errors += u64::from(error);
+        seen.backoffs += u64::from(backoff);
+        if let Some(n) = seen.latency.get_mut(bucket) {
+            *n += 1;
+        }
+        while t.observations.len() > 8 {
+            t.observations.pop_first();
+        }
+        Ok(())
+    }
+
+    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+        let mut inner = self.lock();
+        let t = inner.target(target, now_ms());
+        if t.batch_override.is_some() {
+            return Ok(OutflowClaim::Pinned);
+        }
+        let current = t.outflow.as_ref().map(|o| o.batch);
+        if t.outflow_interval.is_some_and(|i| i >= interval) {
+            return Ok(OutflowClaim::Decided { current });
+        }
+        t.outflow_interval = Some(interval);
+        Ok(OutflowClaim::Decide { current, seen: t.observations.get(&interval).cloned().unwrap_or_default() })
+    }
+
+    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
+        self.lock().target(target, now_ms()).outflow = Some(state.clone());
+        Ok(())
+    }
+
     async fn hold_queue(
         &self,
         user: UserId,
@@ -557,6 +606,7 @@ impl QueueStore for MemoryStore {
             seq: q.seq,
             evicted: q.evicted,
             batch_override: t.batch_override,
+            outflow: t.outflow.clone(),
             capacity: t.capacity.filter(|(_, until)| *until > now).map(|(c, _)| c),
             lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
             admissions: if t.admissions.1 > now { t.admissions.0.clone() } else { Vec::new() },

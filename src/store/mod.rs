@@ -20,8 +20,8 @@ pub use self::memory::MemoryStore;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 
 use crate::domain::{
-    FlagChange, FlagState, LedgerEntry, QueueTarget, QueueTargetType, SaleControl, SaleRecord, SaleSchedule, UserId,
-    WaitHistogram,
+    FlagChange, FlagState, LedgerEntry, Observations, QueueTarget, QueueTargetType, SaleControl, SaleRecord,
+    SaleSchedule, UserId, WaitHistogram,
 };
 
 /// What the store needs to know of the configuration.
@@ -311,6 +311,31 @@ pub struct TargetSnapshot {
     pub direct_tokens_used: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
+    /// The adaptive outflow's last decision, if it made one.
+    pub outflow: Option<OutflowState>,
+}
+
+/// The adaptive outflow's state for a target (`queue:{T}:outflow`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutflowState {
+    /// The batch the controller chose.
+    pub batch: u64,
+    /// Why, in words (domain::Decision).
+    pub reason: String,
+    /// When, on Redis' clock (ms).
+    pub decided_at_ms: u64,
+}
+
+/// What [`QueueStore::claim_outflow`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutflowClaim {
+    /// The interval is this caller's to decide: the batch now (if any was chosen) and what
+    /// the gates saw in the interval.
+    Decide { current: Option<u64>, seen: Observations },
+    /// Another pump decided this interval already: the batch it chose.
+    Decided { current: Option<u64> },
+    /// An operator pinned the target's batch (`vq batch set --target`): nothing to decide.
+    Pinned,
 }
 
 /// The token to store if a call admits the user now. Made only then: signing costs an HMAC,
@@ -351,6 +376,33 @@ pub trait QueueStore: Send + Sync + 'static {
 
     /// Returns whether the user was waiting.
     fn leave(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Counts one purchase the gate forwarded for `target` in control interval `interval`:
+    /// its latency bucket (domain::latency_bucket), whether it failed and whether the
+    /// purchase API backed off.
+    fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Claims control interval `interval` of `target`'s adaptive outflow: once per interval
+    /// across every pump, and never while the target's batch is pinned.
+    fn claim_outflow(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+    ) -> impl Future<Output = Result<OutflowClaim, StoreError>> + Send;
+
+    /// Records the controller's decision for `target`.
+    fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts `target` among the queues `user` holds a place in, unless `max` are counted
     /// already: empty when counted (now or before), else the targets counted, each with the
@@ -615,6 +667,15 @@ impl QueueStore for AnyStore {
     }
     async fn leave(&self, t: QueueTarget, u: UserId) -> Result<bool, StoreError> {
         delegate!(self, s => s.leave(t, u))
+    }
+    async fn observe_purchase(&self, t: QueueTarget, i: u64, b: usize, e: bool, o: bool) -> Result<(), StoreError> {
+        delegate!(self, s => s.observe_purchase(t, i, b, e, o))
+    }
+    async fn claim_outflow(&self, t: QueueTarget, i: u64) -> Result<OutflowClaim, StoreError> {
+        delegate!(self, s => s.claim_outflow(t, i))
+    }
+    async fn set_outflow(&self, t: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_outflow(t, state))
     }
     async fn hold_queue(&self, u: UserId, t: QueueTarget, max: u64) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         delegate!(self, s => s.hold_queue(u, t, max))

@@ -20,6 +20,7 @@ mod lost_writes;
 mod monitoring;
 mod one_time_use;
 mod openapi;
+mod outflow;
 mod overload;
 mod pacing;
 mod processes;

@@ -42,18 +42,18 @@ use self::fence::Fences;
 use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
-    SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
-    SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, USER_HOLD, num, on_target, reply_err,
+    OUTFLOW_CLAIM, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS,
+    SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, USER_HOLD, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot,
-    PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, OutflowClaim,
+    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
+    StoreLimits, TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
-    WaitHistogram,
+    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
+    UserId, WaitHistogram,
 };
 
 /// Production store on one Redis server or a Redis Cluster.
@@ -215,6 +215,85 @@ impl QueueStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
+    }
+
+    async fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> Result<(), StoreError> {
+        let key = keys::of(target, &format!("outflow:obs:{interval}"));
+        let mut p = redis::pipe();
+        p.hincr(&key, "n", 1).hincr(&key, format!("l{bucket}"), 1);
+        if error {
+            p.hincr(&key, "e", 1);
+        }
+        if backoff {
+            p.hincr(&key, "b", 1);
+        }
+        // A few intervals: the pump reads the one just ended.
+        let _: () = p.expire(&key, 600).ignore().query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+        let reply: Vec<String> = OUTFLOW_CLAIM
+            .key(keys::of(target, "outflow"))
+            .key(keys::of(target, "batch_size"))
+            .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .arg(interval)
+            .arg(self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        let bad = || StoreError::Reply { what: "outflow_claim.lua", detail: format!("unexpected reply {reply:?}") };
+        let current = |v: Option<&String>| v.and_then(|b| b.parse().ok());
+        match reply.first().map(String::as_str) {
+            Some("pinned") => Ok(OutflowClaim::Pinned),
+            Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
+            Some("decide") => {
+                let mut seen = Observations::default();
+                for pair in reply[2..].chunks(2) {
+                    let [field, value] = pair else { return Err(bad()) };
+                    let n: u64 = value.parse().map_err(|_| bad())?;
+                    match field.as_str() {
+                        "n" => seen.purchases = n,
+                        "e" => seen.errors = n,
+                        "b" => seen.backoffs = n,
+                        l => {
+                            if let Some(k) = l.strip_prefix('l').and_then(|k| k.parse::<usize>().ok())
+                                && k < seen.latency.len()
+                            {
+                                seen.latency[k] = n;
+                            }
+                        }
+                    }
+                }
+                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen })
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
+        let key = keys::of(target, "outflow");
+        let _: () = redis::pipe()
+            .hset_multiple(
+                &key,
+                &[
+                    ("batch", state.batch.to_string()),
+                    ("reason", state.reason.clone()),
+                    ("at", state.decided_at_ms.to_string()),
+                ],
+            )
+            .ignore()
+            .expire(&key, self.limits.key_ttl_s as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
     }
 
     async fn hold_queue(
@@ -424,7 +503,14 @@ impl QueueStore for RedisStore {
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
         let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
+        let outflow: HashMap<String, String> = conn.hgetall(keys::of(target, "outflow")).await?;
+        let outflow = outflow.get("batch").and_then(|b| b.parse().ok()).map(|batch| OutflowState {
+            batch,
+            reason: outflow.get("reason").cloned().unwrap_or_default(),
+            decided_at_ms: outflow.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+        });
         Ok(TargetSnapshot {
+            outflow,
             sale,
             prequeued,
             waiting,

@@ -112,6 +112,7 @@ pub(super) static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new
 pub(super) static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_control.lua")));
 pub(super) static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_place.lua")));
 pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_read.lua")));
+pub(super) static OUTFLOW_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_claim.lua")));
 pub(super) static USER_HOLD: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("user_hold.lua")));
 pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));
 

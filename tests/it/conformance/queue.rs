@@ -72,3 +72,29 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
     })
     .await;
 }
+
+/// The adaptive outflow's interval is claimed once across pumps, with every gate's
+/// observations of it; a decision is read back; a pinned batch claims nothing.
+#[tokio::test]
+async fn an_outflow_interval_is_decided_once_with_every_observation() {
+    use vq::domain::{Observations, latency_bucket};
+    use vq::store::{OutflowClaim, OutflowState};
+    with_both(async |s, _| {
+        s.observe_purchase(t(), 7, latency_bucket(30), false, false).await.unwrap();
+        s.observe_purchase(t(), 7, latency_bucket(700), true, true).await.unwrap();
+        s.observe_purchase(t(), 8, latency_bucket(30), false, false).await.unwrap();
+        let mut seen = Observations { purchases: 2, errors: 1, backoffs: 1, ..Observations::default() };
+        seen.latency[latency_bucket(30)] = 1;
+        seen.latency[latency_bucket(700)] = 1;
+        assert_eq!(s.claim_outflow(t(), 7).await.unwrap(), OutflowClaim::Decide { current: None, seen });
+        assert_eq!(s.claim_outflow(t(), 7).await.unwrap(), OutflowClaim::Decided { current: None });
+        let state = OutflowState { batch: 42, reason: "up: test".into(), decided_at_ms: 1 };
+        s.set_outflow(t(), &state).await.unwrap();
+        assert_eq!(s.claim_outflow(t(), 6).await.unwrap(), OutflowClaim::Decided { current: Some(42) }, "an older one");
+        assert!(matches!(s.claim_outflow(t(), 8).await.unwrap(), OutflowClaim::Decide { current: Some(42), .. }));
+        assert_eq!(s.snapshot(t()).await.unwrap().outflow, Some(state));
+        s.set_batch_size(Some(t()), Some(5)).await.unwrap();
+        assert_eq!(s.claim_outflow(t(), 9).await.unwrap(), OutflowClaim::Pinned);
+    })
+    .await;
+}

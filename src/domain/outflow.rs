@@ -1,0 +1,157 @@
+//! Adaptive outflow (`queue.outflow = "adaptive"`): the batch follows the purchase API's
+//! health, as the gate measures it. Pure: the observations of one control interval in, the
+//! next batch and why out.
+//!
+//! The rule is AIMD, as TCP's congestion control: an interval where the purchase API kept its
+//! latency and error targets and never backed off adds `increase` users; one where it did not
+//! multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
+//! with fewer than `min_samples` purchases holds the batch (no evidence either way).
+
+/// Upper bounds (ms) of the latency buckets the gate counts purchases in; the last is open.
+pub const LATENCY_BUCKETS_MS: [u64; 10] = [25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, u64::MAX];
+
+/// The bucket a purchase's latency falls in.
+pub fn latency_bucket(ms: u64) -> usize {
+    LATENCY_BUCKETS_MS.iter().position(|b| ms <= *b).unwrap_or(LATENCY_BUCKETS_MS.len() - 1)
+}
+
+/// What the gates saw of the purchase API in one control interval, every instance together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observations {
+    /// Purchases forwarded and answered (or failed).
+    pub purchases: u64,
+    /// Answered 5xx or 429, timed out, or not reached.
+    pub errors: u64,
+    /// Answered 503 or 429, or with `Retry-After`: the purchase API asks for less.
+    pub backoffs: u64,
+    /// Purchases per [`LATENCY_BUCKETS_MS`] bucket.
+    pub latency: [u64; LATENCY_BUCKETS_MS.len()],
+}
+
+impl Observations {
+    /// The 95th percentile latency, as the upper bound of its bucket (ms); `None` without
+    /// purchases.
+    pub fn p95_ms(&self) -> Option<u64> {
+        let total: u64 = self.latency.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (total * 95).div_ceil(100);
+        let mut seen = 0;
+        for (i, n) in self.latency.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(LATENCY_BUCKETS_MS[i]);
+            }
+        }
+        Some(u64::MAX)
+    }
+
+    pub fn error_ratio(&self) -> f64 {
+        if self.purchases == 0 { 0.0 } else { self.errors as f64 / self.purchases as f64 }
+    }
+}
+
+/// The controller's settings (`queue.batch_min`, `queue.batch_max`, `[adaptive]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Controller {
+    pub batch_min: u64,
+    pub batch_max: u64,
+    /// P95 latency the purchase API should stay under.
+    pub latency_ms: u64,
+    /// Share of errors the purchase API may give.
+    pub error_ratio: f64,
+    /// Users added after a healthy interval.
+    pub increase: u64,
+    /// Factor applied after an unhealthy interval (0 < decrease < 1).
+    pub decrease: f64,
+    /// Fewer purchases than this in an interval: hold.
+    pub min_samples: u64,
+}
+
+/// The controller's choice for the next interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub batch: u64,
+    pub reason: String,
+}
+
+impl Controller {
+    /// The batch after an interval with `seen`, from `current` (clamped into the bounds first).
+    pub fn decide(&self, current: u64, seen: &Observations) -> Decision {
+        let current = current.clamp(self.batch_min, self.batch_max);
+        if seen.purchases < self.min_samples {
+            return Decision {
+                batch: current,
+                reason: format!("hold: {} purchases, fewer than {}", seen.purchases, self.min_samples),
+            };
+        }
+        let p95 = seen.p95_ms().unwrap_or(0);
+        let ratio = seen.error_ratio();
+        let trouble = if seen.backoffs > 0 {
+            Some(format!("{} purchases answered 503/429 or Retry-After", seen.backoffs))
+        } else if ratio > self.error_ratio {
+            Some(format!("error ratio {ratio:.3} over {}", self.error_ratio))
+        } else if p95 > self.latency_ms {
+            Some(format!("P95 ≤ {p95} ms over {} ms", self.latency_ms))
+        } else {
+            None
+        };
+        match trouble {
+            Some(why) => {
+                let batch = ((current as f64 * self.decrease).floor() as u64).max(self.batch_min);
+                Decision { batch, reason: format!("down: {why}") }
+            }
+            None => Decision {
+                batch: current.saturating_add(self.increase).min(self.batch_max),
+                reason: format!("up: {} purchases, P95 ≤ {p95} ms, error ratio {ratio:.3}", seen.purchases),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: Controller = Controller {
+        batch_min: 10,
+        batch_max: 100,
+        latency_ms: 500,
+        error_ratio: 0.05,
+        increase: 10,
+        decrease: 0.5,
+        min_samples: 5,
+    };
+
+    fn seen(purchases: u64, errors: u64, backoffs: u64, ms: u64) -> Observations {
+        let mut latency = [0; LATENCY_BUCKETS_MS.len()];
+        latency[latency_bucket(ms)] = purchases;
+        Observations { purchases, errors, backoffs, latency }
+    }
+
+    #[test]
+    fn healthy_intervals_add_and_unhealthy_ones_multiply_within_the_bounds() {
+        assert_eq!(C.decide(50, &seen(40, 0, 0, 100)).batch, 60);
+        assert_eq!(C.decide(95, &seen(40, 0, 0, 100)).batch, 100, "never past batch_max");
+        assert_eq!(C.decide(50, &seen(40, 0, 0, 900)).batch, 25, "slow");
+        assert_eq!(C.decide(50, &seen(40, 4, 0, 100)).batch, 25, "10 % errors");
+        assert_eq!(C.decide(50, &seen(40, 0, 1, 100)).batch, 25, "backing off");
+        assert_eq!(C.decide(12, &seen(40, 40, 0, 100)).batch, 10, "never under batch_min");
+        let hold = C.decide(50, &seen(4, 4, 4, 9000));
+        assert_eq!(hold.batch, 50, "too few purchases: hold");
+        assert!(hold.reason.starts_with("hold"), "{}", hold.reason);
+        assert_eq!(C.decide(500, &seen(0, 0, 0, 0)).batch, 100, "a current value out of bounds is clamped");
+    }
+
+    #[test]
+    fn p95_is_the_bucket_holding_the_95th_purchase() {
+        let mut o = seen(100, 0, 0, 20);
+        assert_eq!(o.p95_ms(), Some(25));
+        o.latency[latency_bucket(700)] = 6;
+        assert_eq!(o.p95_ms(), Some(1000), "6 of 106 slow");
+        assert_eq!(Observations::default().p95_ms(), None);
+        assert_eq!(latency_bucket(0), 0);
+        assert_eq!(latency_bucket(10_001), 9);
+    }
+}

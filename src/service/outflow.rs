@@ -1,0 +1,30 @@
+//! What the gate tells the adaptive outflow (`queue.outflow = "adaptive"`): each forwarded
+//! purchase's latency and outcome, counted per control interval in the store, where the pump
+//! that claims the interval reads every instance's observations together (pump.rs).
+
+use std::time::Duration;
+
+use super::QueueService;
+use crate::config::Outflow;
+use crate::domain::{QueueTarget, latency_bucket};
+use crate::store::QueueStore;
+
+impl QueueService {
+    /// Counts one purchase the gate forwarded for `target`: how long it took, whether it
+    /// failed (5xx, 429, timed out, not reached) and whether the purchase API backed off (503,
+    /// 429, `Retry-After`). Off the response path: the count is sent by a task of its own, and
+    /// a failed count is only a missing observation.
+    pub fn observe_purchase(&self, target: QueueTarget, took: Duration, error: bool, backoff: bool) {
+        if self.settings.queue.outflow != Outflow::Adaptive {
+            return;
+        }
+        let interval = self.store.now_ms() / self.settings.outflow_interval_ms();
+        let bucket = latency_bucket(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.observe_purchase(target, interval, bucket, error, backoff).await {
+                tracing::debug!(target_queue = %target, error = %e, "a purchase's observation was lost");
+            }
+        });
+    }
+}

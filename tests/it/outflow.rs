@@ -1,0 +1,130 @@
+//! Adaptive outflow (`queue.outflow = "adaptive"`): the batch follows the purchase API's
+//! health as the gate measures it, within `queue.batch_min` and `queue.batch_max`; a pinned
+//! batch (`vq batch set --target`) holds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use redis::AsyncCommands;
+use vq::domain::{QueueTarget, UserId};
+use vq::store::QueueStore;
+
+use crate::support::{RedisServer, flag_on, open_store, secret, spawn_app, test_settings};
+
+/// A purchase API that answers 200 after `delay` ms.
+async fn purchase_api(delay: Arc<AtomicU64>) -> String {
+    let handler = move || {
+        let delay = delay.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(delay.load(Ordering::Relaxed))).await;
+            StatusCode::OK
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, axum::Router::new().fallback(handler)).await });
+    addr
+}
+
+const OUTFLOW: &str = "queue:{LIMITED_DROP:42}:outflow";
+
+async fn batch_now(redis: &RedisServer) -> Option<u64> {
+    redis.conn().await.hget(OUTFLOW, "batch").await.unwrap()
+}
+
+#[tokio::test]
+async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_bounds() {
+    let redis = RedisServer::spawn();
+    let delay = Arc::new(AtomicU64::new(5));
+    let mut s = test_settings(Some(&redis));
+    s.queue.tick_ms = 200;
+    s.queue.batch_size = 10;
+    s.queue.outflow = vq::config::Outflow::Adaptive;
+    (s.queue.batch_min, s.queue.batch_max) = (4, 30);
+    s.adaptive = vq::config::AdaptiveSettings {
+        interval_ms: 600,
+        latency_ms: 250,
+        error_ratio: 0.2,
+        increase: 4,
+        decrease: 0.5,
+        min_samples: 3,
+    };
+    s.gate.upstream = Some(purchase_api(delay.clone()).await);
+    s.gate.timeout_ms = 5000;
+    let app = spawn_app(s.clone(), false).await;
+    flag_on(&redis).await;
+    let target: QueueTarget = "limited-drop:42".parse().unwrap();
+    for u in 1..=6000u64 {
+        app.enter("limited-drop/42", u).await;
+    }
+    let pump = vq::pump::Pump::new(open_store(&s), Arc::new(s.clone()), "test-pump".into());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pump_task = tokio::spawn(pump.run(stop.clone()));
+
+    // Buyers: everyone admitted buys at once with their token.
+    let buyers = {
+        let (client, url, redis_url) = (app.client.clone(), app.url("/limited-drops/42/orders"), redis.url());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut c = redis::Client::open(redis_url).unwrap().get_multiplexed_async_connection().await.unwrap();
+            let mut last = 0u64;
+            while !stop.is_cancelled() {
+                let mark: u64 = c.get("queue:{LIMITED_DROP:42}:admitted_count").await.unwrap_or(0);
+                if mark > last {
+                    let users: Vec<u64> =
+                        c.zrangebyscore("queue:{LIMITED_DROP:42}:waiting", format!("({last}"), mark).await.unwrap();
+                    for u in users {
+                        let now = vq::service::now_epoch_ms() / 1000;
+                        let token = vq::token::mint(&secret(), target, UserId(u), now, 300).raw;
+                        let req = client.post(&url).header("X-User-Id", u.to_string()).header("X-Entry-Token", token);
+                        tokio::spawn(req.send());
+                    }
+                    last = mark;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    // Healthy, slow, healthy again; the controller's batch sampled throughout.
+    let mut phases: Vec<(&str, Vec<u64>)> = Vec::new();
+    for (name, ms, secs) in [("healthy", 5, 5), ("slow", 600, 5), ("recovered", 5, 6)] {
+        delay.store(ms, Ordering::Relaxed);
+        let mut seen = Vec::new();
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            if let Some(b) = batch_now(&redis).await {
+                seen.push(b);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        phases.push((name, seen));
+    }
+    let stats = app.json(app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap()).await;
+    stop.cancel();
+    let _ = pump_task.await;
+    let _ = buyers.await;
+
+    let summary = format!("{phases:?}");
+    eprintln!("batch samples by phase: {summary}");
+    let all: Vec<u64> = phases.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    assert!(all.iter().all(|b| (4..=30).contains(b)), "outside [batch_min, batch_max]: {summary}");
+    let (healthy, slow, recovered) = (&phases[0].1, &phases[1].1, &phases[2].1);
+    let peak = *healthy.iter().max().expect("decisions while healthy");
+    assert!(peak > 10, "the batch rose above its start while the API was healthy: {summary}");
+    let low = *slow.iter().min().unwrap();
+    assert!(low <= peak / 2, "the batch fell while the API was slow: {summary}");
+    assert!(*recovered.last().unwrap() > low, "the batch rose again once the API recovered: {summary}");
+    assert_eq!(stats["outflow"], "adaptive", "{stats}");
+    assert!(stats["outflowReason"].as_str().is_some_and(|r| !r.is_empty()), "{stats}");
+
+    // A pinned batch holds: the controller decides nothing while `vq batch set --target` is.
+    let store = open_store(&s);
+    store.set_batch_size(Some(target), Some(7)).await.unwrap();
+    let interval = store.now_ms() / 600 + 5;
+    assert_eq!(store.claim_outflow(target, interval).await.unwrap(), vq::store::OutflowClaim::Pinned);
+    store.set_batch_size(Some(target), None).await.unwrap();
+    assert!(matches!(store.claim_outflow(target, interval).await.unwrap(), vq::store::OutflowClaim::Decide { .. }));
+}
