@@ -115,7 +115,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "{t} runtime batch size: {}",
                 snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
             );
-            in_force = crate::domain::batch_in_force(snap.batch_override, global, settings.type_batch_size(t.kind));
+            let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
+            let base = match (&snap.outflow, adaptive) {
+                (Some(o), true) => o.batch,
+                _ => settings.type_batch_size(t.kind),
+            };
+            if adaptive {
+                let pinned = snap.batch_override.is_some() || global.is_some();
+                match (&snap.outflow, pinned) {
+                    (_, true) => println!(
+                        "queue.outflow = adaptive, pinned by the runtime batch size: `vq batch clear` hands it back"
+                    ),
+                    (Some(o), false) => println!(
+                        "queue.outflow = adaptive: the controller's batch {} ({}, {})",
+                        o.batch,
+                        o.reason,
+                        crate::domain::format_instant(o.decided_at_ms)
+                    ),
+                    (None, false) => println!("queue.outflow = adaptive: no decision yet (starts at {base})"),
+                }
+            }
+            in_force = crate::domain::batch_in_force(snap.batch_override, global, base);
         }
         println!(
             "in force{}: {in_force} per {} ms tick",

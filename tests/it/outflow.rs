@@ -120,9 +120,25 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     assert_eq!(stats["outflow"], "adaptive", "{stats}");
     assert!(stats["outflowReason"].as_str().is_some_and(|r| !r.is_empty()), "{stats}");
 
+    // `vq batch show` says where the batch comes from.
+    let show = || {
+        let out = crate::support::vq_command()
+            .args(["batch", "show", "--target", "limited-drop:42"])
+            .env("VQ_REDIS__URL", redis.url())
+            .env("VQ_QUEUE__OUTFLOW", "adaptive")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = show();
+    assert!(text.contains("queue.outflow = adaptive: the controller's batch"), "{text}");
+
     // A pinned batch holds: the controller decides nothing while `vq batch set --target` is.
     let store = open_store(&s);
     store.set_batch_size(Some(target), Some(7)).await.unwrap();
+    let text = show();
+    assert!(text.contains("pinned") && text.contains("in force for LIMITED_DROP:42: 7"), "{text}");
     let interval = store.now_ms() / 600 + 5;
     assert_eq!(store.claim_outflow(target, interval).await.unwrap(), vq::store::OutflowClaim::Pinned);
     store.set_batch_size(Some(target), None).await.unwrap();
