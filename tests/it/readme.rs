@@ -103,8 +103,7 @@ async fn works_end_to_end(port: u16, log: &NamedTempFile) {
     let me = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries/me");
     let deadline = Instant::now() + Duration::from_secs(10);
     let token = loop {
-        let b: serde_json::Value =
-            client.get(&me).header("X-User-Id", "1").send().await.unwrap().json().await.unwrap();
+        let b: serde_json::Value = client.get(&me).header("X-User-Id", "1").send().await.unwrap().json().await.unwrap();
         if let Some(t) = b["entryToken"].as_str() {
             break t.to_owned();
         }
