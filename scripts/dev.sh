@@ -3,8 +3,14 @@
 #
 # - uses the Redis at $VQ_REDIS__URL when set; otherwise starts a private redis-server on a
 #   free loopback port (installing the Debian package when missing), never one that happens to
-#   answer on 6379; with no way to get one, falls back to the embedded single-instance store
-#   (VQ_STORE=memory forces that);
+#   answer on 6379, and prints the VQ_REDIS__URL that points the operator commands (vq flag,
+#   sale, stats, ...) at it; with no way to get one it stops and says why (VQ_STORE=memory runs
+#   the embedded single-instance store instead, where no operator command reaches);
+# - forwards gated purchases to a stand-in purchase API it starts (scripts/purchase-stand-in.py,
+#   200 to everything) unless VQ_GATE__UPSTREAM names one, e.g. the sink of
+#   `vq loadgen --sink 127.0.0.1:9000` with VQ_GATE__UPSTREAM=http://127.0.0.1:9000;
+# - lets a browser name its user with ?user=ID on the waiting page (page.allow_query_user,
+#   trials only) and prints such a URL;
 # - generates a development secret when VQ_TOKEN_SECRET is not set (and says so);
 # - builds vq (release; DEV_PROFILE=debug for a debug build) with cargo's progress shown,
 #   declares the example target limited-drop:42 (VQ_TARGETS__DECLARED), turns the queue on,
@@ -32,16 +38,28 @@ if [ "${VQ_STORE:-redis}" = "redis" ]; then
     say "using the Redis at $VQ_REDIS__URL (VQ_REDIS__URL)"
   else
     install_missing redis-server || true
-    if command -v redis-server >/dev/null 2>&1; then
-      start_redis --maxmemory 512mb --maxmemory-policy noeviction
-      export VQ_REDIS__URL="$REDIS_URL"
-      say "started a private redis-server on 127.0.0.1:$REDIS_PORT (pid $REDIS_PID; stopped on exit)"
-    else
-      say "no redis-server available: using the embedded store (single instance only)"
-      export VQ_STORE=memory
-    fi
+    command -v redis-server >/dev/null 2>&1 ||
+      die "no redis-server, and it could not be installed (see apt-get's error above: another apt may hold its lock; retry when it is done). Or point VQ_REDIS__URL at a Redis, or run VQ_STORE=memory $0 for the embedded single-instance store (no operator command reaches it: vq flag, sale, stats need Redis)"
+    start_redis --maxmemory 512mb --maxmemory-policy noeviction
+    export VQ_REDIS__URL="$REDIS_URL"
+    say "started a private redis-server on 127.0.0.1:$REDIS_PORT (pid $REDIS_PID; stopped on exit)"
   fi
+else
+  say "VQ_STORE=$VQ_STORE: the embedded single-instance store; operator commands (vq flag, sale, stats, batch) cannot reach it"
 fi
+
+# The purchase API behind the gate: a stand-in unless VQ_GATE__UPSTREAM names one.
+if [ -z "${VQ_GATE__UPSTREAM:-}" ]; then
+  stand_in_port=$(free_port)
+  spawn purchase-stand-in python3 scripts/purchase-stand-in.py "$stand_in_port"
+  export VQ_GATE__UPSTREAM="http://127.0.0.1:$stand_in_port"
+  wait_http "$VQ_GATE__UPSTREAM/" 10 "$SPAWNED" || die "the purchase API stand-in did not start on $VQ_GATE__UPSTREAM"
+  say "purchases that pass the gate go to a stand-in purchase API on $VQ_GATE__UPSTREAM (200 to everything; VQ_GATE__UPSTREAM=URL names your own)"
+else
+  say "purchases that pass the gate go to $VQ_GATE__UPSTREAM (VQ_GATE__UPSTREAM)"
+fi
+# A browser has no X-User-Id: let the waiting page take ?user=ID (trials only).
+export VQ_PAGE__ALLOW_QUERY_USER="${VQ_PAGE__ALLOW_QUERY_USER:-true}"
 
 if [ -z "${VQ_TOKEN_SECRET:-}" ] && [ -z "${VQ_TOKEN_SECRET_FILE:-}" ]; then
   VQ_TOKEN_SECRET="$(head -c 32 /dev/urandom | base64)"
@@ -84,6 +102,15 @@ cat >&2 <<EOT
   curl -s http://$listen/virtual-queues/limited-drop/42/stats
   curl -s -X DELETE -H 'X-User-Id: 1' http://$listen/virtual-queues/limited-drop/42/entries/me
 ==> The first answer is WAITING; poll again after the next tick (2 s) to be ADMITTED.
-==> Ctrl-C stops it.
+==> The waiting page in a browser, as user 1 (?user= stands in for the X-User-Id a login would set):
+  http://$listen/waiting-room/limited-drop/42?user=1
 EOT
+if [ "${VQ_STORE:-redis}" = "redis" ]; then
+  cat >&2 <<EOT
+==> Operator commands talk to this Redis only with its URL (without it they try 127.0.0.1:6379):
+  export VQ_REDIS__URL=$VQ_REDIS__URL
+  $vq stats     # also: vq flag status, vq sale show, vq batch show
+EOT
+fi
+say "Ctrl-C stops it."
 wait "$vq_pid"

@@ -35,11 +35,23 @@ pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
             ),
             None => AnyStore::Redis(
                 RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
-                    .with_context(|| format!("invalid redis.url {}", settings.redis.url))?,
+                    .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
             ),
         },
         StoreKind::Memory => AnyStore::Memory(MemoryStore::new(settings.limits())),
     })
+}
+
+/// A `redis.url` the Redis client refuses, said once (the client's own text repeats itself:
+/// "Redis URL did not parse - InvalidClientConfig: Redis URL did not parse - …").
+fn invalid_redis_url(shown: &str, e: &crate::store::StoreError) -> anyhow::Error {
+    match e {
+        crate::store::StoreError::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => anyhow::anyhow!(
+            "invalid redis.url `{shown}` (VQ_REDIS__URL): not a Redis URL; expected redis://[user:password@]host[:port][/db], \
+             rediss://… for TLS or redis+unix:///path/to/socket"
+        ),
+        other => anyhow::anyhow!("invalid redis.url `{shown}` (VQ_REDIS__URL): {other}"),
+    }
 }
 
 /// How long an instance's flag acknowledgement lives: an instance whose record is gone has

@@ -34,10 +34,26 @@ fn describe_one(e: &Error) -> String {
         Kind::UnknownVariant(found, expected) => {
             format!("{setting} must be one of {}, got `{found}`", expected.join(", "))
         }
-        Kind::InvalidType(actual, expected) => format!("{setting} must be {expected}, got {actual}"),
+        Kind::InvalidType(actual, expected) => format!("{setting} must be {}, got {actual}", plain(expected)),
+        Kind::InvalidValue(actual, expected) => format!("{setting} must be {}, got {actual}", plain(expected)),
         Kind::Message(m) if key.is_empty() => m.clone(),
         kind if key.is_empty() => kind.to_string(),
         kind => format!("{setting}: {kind}"),
+    }
+}
+
+/// What serde expects, in an operator's words: "u64" is "a whole number, 0 or more".
+fn plain(expected: &str) -> String {
+    let range = |max: &str| format!("a whole number from 0 to {max}");
+    match expected {
+        "u64" | "usize" => "a whole number, 0 or more".to_owned(),
+        "u32" => range("4294967295"),
+        "u16" => range("65535"),
+        "u8" => range("255"),
+        "i64" | "i32" | "isize" => "a whole number".to_owned(),
+        "f64" | "f32" => "a number".to_owned(),
+        "a boolean" | "bool" => "true or false".to_owned(),
+        other => other.to_owned(),
     }
 }
 
@@ -122,8 +138,17 @@ mod tests {
             jail.create_file("vq.toml", "[queue]\nbatch_size = \"abc\"\n")?;
             let err = load_error();
             assert!(err.starts_with("queue.batch_size (VQ_QUEUE__BATCH_SIZE, in "), "{err}");
-            assert!(err.ends_with("must be u64, got string \"abc\""), "{err}");
+            assert!(err.ends_with("must be a whole number, 0 or more, got string \"abc\""), "{err}");
             assert!(!err.contains("default.") && !err.contains('`'), "{err}");
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.create_file("vq.toml", "")?;
+            jail.set_env("VQ_QUEUE__BATCH_SIZE", "-3");
+            assert_eq!(
+                load_error(),
+                "queue.batch_size (VQ_QUEUE__BATCH_SIZE, from the environment) must be a whole number, 0 or more, got signed int `-3`"
+            );
             Ok(())
         });
     }

@@ -260,6 +260,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut broken = false;
     for report in &reports {
+        if let Some(cause) = purchase_failure_cause(report, args.sink) {
+            eprintln!("{cause}");
+        }
         if let Some(n) = report.status_counts.get("transportError") {
             broken = true;
             eprintln!("run failed: {n} requests got no HTTP answer from {}", report.url);
@@ -270,6 +273,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(if broken { ExitCode::from(EXIT_BOUND_BROKEN) } else { ExitCode::SUCCESS })
+}
+
+/// Why purchases failed, when the gate answered 502 `UPSTREAM_UNAVAILABLE`: vq has no
+/// purchase API to forward them to (`gate.upstream` unset: `scripts/dev.sh` sets one) or
+/// nothing answers there. The run's figures alone would show only a count of 5xx.
+fn purchase_failure_cause(report: &loadgen::Report, sink: Option<SocketAddr>) -> Option<String> {
+    let purchases = report.status_counts_by_kind.get("purchase")?;
+    let bad = purchases.get("502").copied().filter(|n| *n > 0)?;
+    let all: u64 = purchases.values().sum();
+    let point = match sink {
+        Some(addr) => format!("point it at this run's sink (VQ_GATE__UPSTREAM=http://{addr})"),
+        None => "point it at the purchase API, or at a counting one with --sink ADDR".to_owned(),
+    };
+    Some(format!(
+        "{bad} of {all} purchases got 502 UPSTREAM_UNAVAILABLE: the vq at {} cannot forward purchases: it has no \
+         gate.upstream (VQ_GATE__UPSTREAM) or nothing answers there; {point}",
+        report.url
+    ))
 }
 
 /// The base URL of a plain-HTTP server: loadgen speaks HTTP/1.1 without TLS, as vq serves.

@@ -12,14 +12,16 @@ use serde::Serialize;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::domain::{
-    LedgerEntry, QueueTarget, SaleControl, SaleSchedule, SaleSource, format_instant, ledger_admitted, parse_instant,
+    LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleSchedule, SaleSource, format_instant, ledger_admitted,
+    parse_instant,
 };
 use crate::service::{DEFAULT_CLOSE_MESSAGE, now_epoch_ms};
 use crate::store::{AnyStore, QueueStore, SaleView, ScheduleOutcome};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  vq sale schedule limited-drop:42 --opens-at 2026-12-24T10:00:00Z --prequeue-from 2026-12-24T09:30:00Z\n  vq sale show limited-drop:42 --json        # seedCommitment now, seed and prequeued from the opening\n  vq sale pause limited-drop:42\n  vq sale resume limited-drop:42\n  vq sale close limited-drop:42 --message \"Sold out\"\n  vq sale ledger limited-drop:42\n  vq sale clear limited-drop:42              # back to always open"
+    after_help = "Examples:\n  vq sale schedule limited-drop:42 --opens-at 2026-12-24T10:00:00Z --prequeue-from 2026-12-24T09:30:00Z\n  vq sale show limited-drop:42 --json        # seedCommitment now, seed and prequeued from the opening\n  vq sale pause limited-drop:42\n  vq sale resume limited-drop:42\n  vq sale close limited-drop:42 --message \"Sold out\"\n  vq sale ledger limited-drop:42\n  vq sale clear limited-drop:42              # back to always open; refused while users are pre-queued
+  vq sale pause --target limited-drop:42     # --target, as vq flag, batch and stats take it"
 )]
 pub struct Args {
     #[command(subcommand)]
@@ -28,12 +30,42 @@ pub struct Args {
     config: ConfigArg,
 }
 
+/// The target of a sale command, positional (`vq sale pause limited-drop:42`) or with
+/// `--target` as `vq flag`, `batch` and `stats` take it.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct TargetArg {
+    /// The target, e.g. limited-drop:42
+    #[arg(value_name = "TARGET")]
+    target: Option<QueueTarget>,
+    /// The target, as the other commands take it (the same as the positional TARGET)
+    #[arg(long = "target", id = "target_opt", value_name = "T")]
+    target_opt: Option<QueueTarget>,
+}
+
+impl TargetArg {
+    fn get(&self) -> QueueTarget {
+        self.target.or(self.target_opt).expect("clap requires one of TARGET and --target")
+    }
+}
+
+/// [`TargetArg`] for `vq sale show`, where the target is optional.
+#[derive(clap::Args)]
+struct MaybeTargetArg {
+    /// The target, e.g. limited-drop:42 (default: every active declared target)
+    #[arg(value_name = "TARGET", conflicts_with = "target_opt")]
+    target: Option<QueueTarget>,
+    /// The target, as the other commands take it (the same as the positional TARGET)
+    #[arg(long = "target", id = "target_opt", value_name = "T")]
+    target_opt: Option<QueueTarget>,
+}
+
 #[derive(Subcommand)]
 enum Action {
     /// Schedule the opening (and optionally the pre-queue and the close); ISO-8601 times with Z or an offset
     Schedule {
-        /// The target, e.g. limited-drop:42
-        target: QueueTarget,
+        #[command(flatten)]
+        target: TargetArg,
         /// When admission starts and the pre-queue gets its random order
         #[arg(long, value_name = "TIME")]
         opens_at: String,
@@ -46,27 +78,44 @@ enum Action {
     },
     /// Show the sale of one target, or of every active declared target that has one
     Show {
-        target: Option<QueueTarget>,
+        #[command(flatten)]
+        target: MaybeTargetArg,
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
     /// Stop admitting (enter and poll go on; answers say paused)
-    Pause { target: QueueTarget },
+    Pause {
+        #[command(flatten)]
+        target: TargetArg,
+    },
     /// Admit again after a pause
-    Resume { target: QueueTarget },
+    Resume {
+        #[command(flatten)]
+        target: TargetArg,
+    },
     /// Close the sale: waiting and pre-queued users are told CLOSED; admitted users keep their tokens
     Close {
-        target: QueueTarget,
+        #[command(flatten)]
+        target: TargetArg,
         /// What users are told
         #[arg(long, value_name = "TEXT", default_value = DEFAULT_CLOSE_MESSAGE)]
         message: String,
     },
-    /// Remove the sale: the target is always open again (the ledger stays)
-    Clear { target: QueueTarget },
+    /// Remove the sale: the target is always open again (the ledger stays). Pre-queued users
+    /// lose their place (they get NOT_IN_QUEUE), so it is refused while the pre-queue holds
+    /// users or the opening is under way, unless --force
+    Clear {
+        #[command(flatten)]
+        target: TargetArg,
+        /// Clear even though pre-queued users lose their place (`vq sale close` tells them instead)
+        #[arg(long)]
+        force: bool,
+    },
     /// The admission ledger: every admission step, the opening, pauses, resumes and closes
     Ledger {
-        target: QueueTarget,
+        #[command(flatten)]
+        target: TargetArg,
         /// Print JSON
         #[arg(long)]
         json: bool,
@@ -168,20 +217,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         match &args.action {
             Action::Schedule { target, .. } => {
-                if super::target::declare(&store, &settings, *target).await? {
+                let target = target.get();
+                if super::target::declare(&store, &settings, target).await? {
                     println!("{target} declared (vq target list)");
                 }
             }
-            Action::Show { target: None, .. } => {}
-            Action::Show { target: Some(t), .. }
-            | Action::Pause { target: t }
+            Action::Show { target: MaybeTargetArg { target: None, target_opt: None }, .. } => {}
+            Action::Show {
+                target: MaybeTargetArg { target: Some(t), .. } | MaybeTargetArg { target_opt: Some(t), .. },
+                ..
+            } => super::target::require_declared(&store, &settings, *t).await?,
+            Action::Pause { target: t }
             | Action::Resume { target: t }
             | Action::Close { target: t, .. }
-            | Action::Clear { target: t }
-            | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, *t).await?,
+            | Action::Clear { target: t, .. }
+            | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, t.get()).await?,
         }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at } => {
+                let target = target.get();
                 let schedule = SaleSchedule {
                     opens_at_ms: parse_instant(&opens_at).map_err(|e| anyhow::anyhow!("--opens-at: {e}"))?,
                     prequeue_from_ms: prequeue_from
@@ -208,6 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             Action::Show { target, json } => {
+                let target = target.target.or(target.target_opt);
                 let targets = match target {
                     Some(t) => vec![t],
                     None => {
@@ -240,19 +295,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             Action::Pause { target } => {
-                control(&store, target, SaleControl::Pause, "paused", "was paused already").await?
+                control(&store, target.get(), SaleControl::Pause, "paused", "was paused already").await?
             }
             Action::Resume { target } => {
-                control(&store, target, SaleControl::Resume, "resumed", "was not paused").await?;
+                control(&store, target.get(), SaleControl::Resume, "resumed", "was not paused").await?;
             }
             Action::Close { target, message } => {
                 let close = SaleControl::Close { message, source: SaleSource::Command };
-                control(&store, target, close, "closed", "was closed already").await?;
+                control(&store, target.get(), close, "closed", "was closed already").await?;
             }
-            Action::Clear { target } => {
+            Action::Clear { target, force } => {
+                let target = target.get();
+                if !force {
+                    refuse_to_drop_prequeued(&store, target).await?;
+                }
                 control(&store, target, SaleControl::Clear, "cleared (always open)", "had no sale").await?;
             }
             Action::Ledger { target, json } => {
+                let target = target.get();
                 let mut entries = store.sale_ledger(target).await.map_err(|e| fail("read the ledger of", target, e))?;
                 entries.reverse();
                 let snap = store.snapshot(target).await.map_err(|e| fail("read", target, e))?;
@@ -272,6 +332,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `vq sale clear` without `--force`: refused while clearing would drop pre-queued users (they
+/// get NOT_IN_QUEUE and the next user to enter is first), that is while the pre-queue holds
+/// users or the opening is giving them their places. Checked just before the clear, not in
+/// the same script: a user who pre-queues between the two is dropped as with `--force`.
+async fn refuse_to_drop_prequeued(store: &AnyStore, target: QueueTarget) -> anyhow::Result<()> {
+    let snap = store.snapshot(target).await.map_err(|e| anyhow::anyhow!("cannot read the sale of {target}: {e}"))?;
+    let Some(view) = &snap.sale else { return Ok(()) };
+    let n = snap.prequeued;
+    let users = if n == 1 { "1 user".to_owned() } else { format!("{n} users") };
+    let instead = format!(
+        "`vq sale close {target}` tells them the sale is closed instead; `vq sale clear {target} --force` clears anyway"
+    );
+    match view.record.phase_at(view.now_ms) {
+        SalePhase::Opening => anyhow::bail!(
+            "refused: the sale of {target} is opening (its pre-queue of {users} is being given its order); clearing now \
+             drops them: {users} would lose their place (NOT_IN_QUEUE). Wait until `vq sale show {target}` says open, \
+             or {instead}"
+        ),
+        SalePhase::Scheduled | SalePhase::PreQueue if n > 0 => anyhow::bail!(
+            "refused: the pre-queue of {target} holds {users}; clearing the sale drops them: {users} would lose their \
+             place (NOT_IN_QUEUE) and the next user to enter would be first. {instead}"
+        ),
+        _ => Ok(()),
+    }
 }
 
 async fn control(

@@ -42,6 +42,11 @@ pub struct Args {
     /// Print JSON (the stats endpoint's figures per target, plus flag, lock and Redis health)
     #[arg(long)]
     json: bool,
+    /// Every column, however wide (by default the table fits the terminal: $COLUMNS, the
+    /// terminal's width, or 100 columns without a terminal; evicted users and the lock holder
+    /// show only when it is wide enough)
+    #[arg(long)]
+    wide: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -159,7 +164,118 @@ fn sale_cell(s: &QueueStats, now_ms: u64) -> String {
     }
 }
 
-/// The dashboard as text; `colour` on a terminal.
+/// Columns of text `vq stats` fits its table into without a terminal or `$COLUMNS`.
+pub const DEFAULT_COLUMNS: u16 = 100;
+
+/// The width the table must fit: `None` with `--wide`; else `$COLUMNS`, the terminal's width,
+/// or [`DEFAULT_COLUMNS`].
+fn columns(wide: bool) -> Option<u16> {
+    if wide {
+        return None;
+    }
+    let from_env = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse::<u16>().ok()).filter(|c| *c > 0);
+    let from_terminal = || std::io::stdout().is_terminal().then(|| Table::new().width()).flatten();
+    Some(from_env.or_else(from_terminal).unwrap_or(DEFAULT_COLUMNS))
+}
+
+/// The dashboard as text, fitted into `columns` (every column when `None` or when they all
+/// fit); `colour` on a terminal.
+pub fn render_within(report: &Report, colour: bool, columns: Option<u16>) -> String {
+    let wide = render(report, colour);
+    match columns {
+        Some(max) if wide.lines().any(|l| visible_width(l) > usize::from(max)) => render_compact(report, colour, max),
+        _ => wide,
+    }
+}
+
+/// Characters a line takes on a terminal, colour escapes left out.
+fn visible_width(line: &str) -> usize {
+    let mut width = 0;
+    let mut escape = false;
+    for c in line.chars() {
+        match (escape, c) {
+            (false, '\x1b') => escape = true,
+            (true, 'm') => escape = false,
+            (true, _) => {}
+            (false, _) => width += 1,
+        }
+    }
+    width
+}
+
+/// The headline: Redis, flag, tick and the number of targets, on two lines when one would not
+/// fit into `columns`.
+fn headline(report: &Report, columns: Option<u16>) -> String {
+    let redis = format!("vq stats  redis {} ok ({:.1} ms)", report.redis.url, report.redis.latency_ms);
+    let rest = format!(
+        "flag {} (v{})  tick {} ms  {} target(s)",
+        report.flag,
+        report.flag_version,
+        report.tick_ms,
+        report.targets.len()
+    );
+    match columns {
+        Some(max) if redis.chars().count() + 2 + rest.chars().count() > usize::from(max) => {
+            format!("{redis}\n{rest}\n")
+        }
+        _ => format!("{redis}  {rest}\n"),
+    }
+}
+
+/// The table within `columns`: two-line headers, the numbers that say whether the sale goes
+/// well (waiting, admitted, rate, wait) and the alerts; a target's sale and a flag other than
+/// the global one on a line of their own under the table; tokens, evicted users and the lock
+/// holder only in the full table (`--wide`, `--json`).
+fn render_compact(report: &Report, colour: bool, columns: u16) -> String {
+    let mut table = Table::new();
+    table.load_style(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic).set_width(columns);
+    if !colour {
+        table.force_no_tty();
+    }
+    table.set_header(vec!["target", "waiting\n(cap %)", "admitted", "rate/s\n(target)", "wait s\navg/p95", "alert"]);
+    let red = |c: Cell, on: bool| if colour && on { c.fg(Color::Red) } else { c };
+    let now = now_epoch_ms();
+    let mut notes = String::new();
+    for r in &report.targets {
+        let s = &r.stats;
+        let full = r.alerts.contains(&"OVER_CAPACITY_90");
+        let slow = r.alerts.contains(&"RATE_UNDER_50");
+        table.add_row(vec![
+            Cell::new(&r.target),
+            red(Cell::new(format!("{} ({:.0} %)", s.waiting_count, r.capacity_percent)), full)
+                .set_alignment(CellAlignment::Right),
+            Cell::new(s.admitted_count).set_alignment(CellAlignment::Right),
+            red(Cell::new(format!("{:.1} ({:.1})", s.admission_rate_per_sec, s.target_rate_per_sec)), slow)
+                .set_alignment(CellAlignment::Right),
+            Cell::new(format!("{:.0}/{:.0}", s.avg_wait_seconds, s.p95_wait_seconds))
+                .set_alignment(CellAlignment::Right),
+            red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
+        ]);
+        if s.sale_state.is_some() {
+            notes.push_str(&format!("{} sale: {}\n", r.target, sale_cell(s, now)));
+        }
+        if r.flag != report.flag {
+            notes.push_str(&format!("{} flag: {}\n", r.target, r.flag));
+        }
+    }
+    // The figures never wrap; the target and the alert words do when they must.
+    for i in 1..5 {
+        if let Some(c) = table.column_mut(i) {
+            c.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
+        }
+    }
+    let mut out = headline(report, Some(columns));
+    if report.targets.is_empty() {
+        out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
+    } else {
+        out.push_str(&table.to_string());
+        out.push('\n');
+        out.push_str(&notes);
+    }
+    out
+}
+
+/// The dashboard as text with every column; `colour` on a terminal.
 pub fn render(report: &Report, colour: bool) -> String {
     let mut table = Table::new();
     table.load_style(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Dynamic);
@@ -203,15 +319,7 @@ pub fn render(report: &Report, colour: bool) -> String {
             red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
         ]);
     }
-    let mut out = format!(
-        "vq stats  redis {} ok ({:.1} ms)  flag {} (v{})  tick {} ms  {} target(s)\n",
-        report.redis.url,
-        report.redis.latency_ms,
-        report.flag,
-        report.flag_version,
-        report.tick_ms,
-        report.targets.len()
-    );
+    let mut out = headline(report, None);
     if report.targets.is_empty() {
         out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
     } else {
@@ -224,17 +332,18 @@ pub fn render(report: &Report, colour: bool) -> String {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = args.config.load_shared("stats")?;
     let colour = std::io::stdout().is_terminal() && !args.json;
+    let columns = columns(args.wide);
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
         if !args.watch {
             let report = collect(&store, &settings, args.target).await?;
-            print(&report, args.json, colour, false)?;
+            print(&report, args.json, colour, columns, false)?;
             return anyhow::Ok(());
         }
         let every = Duration::from_millis(settings.queue.tick_ms);
         loop {
             match collect(&store, &settings, args.target).await {
-                Ok(report) => print(&report, args.json, colour, true)?,
+                Ok(report) => print(&report, args.json, colour, columns, true)?,
                 // Keep watching through a Redis outage: that is when the operator looks.
                 Err(e) if colour => println!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)"),
                 Err(e) => eprintln!("error: {e:#}"),
@@ -254,15 +363,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print(report: &Report, json: bool, colour: bool, watch: bool) -> anyhow::Result<()> {
+fn print(report: &Report, json: bool, colour: bool, columns: Option<u16>, watch: bool) -> anyhow::Result<()> {
     if json {
         // One JSON document per line in --watch, so scripts can read it line by line.
         println!("{}", serde_json::to_string(report)?);
     } else if watch && colour {
         // Home + clear: redraw in place like watch(1).
-        print!("\x1b[H\x1b[2J{}", render(report, colour));
+        print!("\x1b[H\x1b[2J{}", render_within(report, colour, columns));
     } else {
-        print!("{}", render(report, colour));
+        print!("{}", render_within(report, colour, columns));
         if watch {
             println!("-- {} ms", now_epoch_ms());
         }
@@ -324,5 +433,70 @@ mod tests {
         let text = render(&report, false);
         assert!(text.contains("OVER_CAPACITY_90 RATE_UNDER_50"), "{text}");
         assert!(!text.contains('\x1b'), "{text}");
+    }
+
+    /// A busy sale day: six-figure queues, a pre-queued sale with its countdown, both alerts.
+    fn busy_report() -> Report {
+        let row = |target: &str, waiting: u64, rate: f64, sale: bool| {
+            let mut s = stats(waiting, rate);
+            s.max_capacity = 100_000;
+            s.admitted_count = 98_765;
+            s.avg_wait_seconds = 312.4;
+            s.p95_wait_seconds = 1480.2;
+            s.evicted_count = 4_321;
+            s.tokens_issued = 98_765;
+            s.tokens_used = 95_432;
+            s.direct_tokens_used = 120;
+            if sale {
+                s.sale_state = Some("pre-queue".into());
+                s.opens_at = Some(crate::domain::format_instant(now_epoch_ms() + 3_600_000));
+                s.prequeued_count = Some(95_000);
+            }
+            TargetRow {
+                target: target.into(),
+                flag: "on 100%".into(),
+                lock_holder: Some("vq-7f9c2d-1234".into()),
+                capacity_percent: waiting as f64 * 100.0 / 100_000.0,
+                alerts: alerts_of(&s),
+                stats: s,
+            }
+        };
+        Report {
+            redis: RedisHealth { url: "redis://redis.internal.example:6379".into(), ok: true, latency_ms: 1.2 },
+            flag: "on 100%".into(),
+            flag_version: 12,
+            tick_ms: 2000,
+            targets: vec![row("LIMITED_DROP:42", 95_000, 12.5, true), row("TICKETING_EVENT:2026", 10_000, 50.0, false)],
+        }
+    }
+
+    #[test]
+    fn the_table_fits_100_columns_and_wide_shows_every_column() {
+        let report = busy_report();
+        let wide = render_within(&report, false, None);
+        assert!(wide.lines().any(|l| l.chars().count() > 100), "the full table is wider than 100:\n{wide}");
+        assert!(wide.contains("lock holder") && wide.contains("vq-7f9c2d-1234"), "{wide}");
+        {
+            let columns = 100;
+            let text = render_within(&report, false, Some(columns));
+            for line in text.lines() {
+                assert!(line.chars().count() <= usize::from(columns), "over {columns} columns:\n{text}");
+            }
+            for shown in [
+                "LIMITED_DROP:42",
+                "TICKETING_EVENT:2026",
+                "95000 (95 %)",
+                "98765",
+                "12.5 (50.0)",
+                "312/1480",
+                "OVER_CAPACITY_90",
+                "LIMITED_DROP:42 sale: pre-queue, 95000 pre-queued, opens in",
+                "flag on 100%",
+            ] {
+                assert!(text.contains(shown), "{shown} missing at {columns} columns:\n{text}");
+            }
+        }
+        // A terminal wide enough gets every column.
+        assert_eq!(render_within(&report, false, Some(400)), wide);
     }
 }

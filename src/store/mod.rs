@@ -52,7 +52,7 @@ pub const BUSY_WAIT_MAX: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    #[error("redis: {0}")]
+    #[error("redis: {}", describe_redis_error(.0))]
     Redis(#[from] ::redis::RedisError),
     #[error("redis command timed out")]
     Timeout,
@@ -62,6 +62,19 @@ pub enum StoreError {
     Busy,
     #[error("unexpected reply from {what}: {detail}")]
     Reply { what: &'static str, detail: String },
+}
+
+/// The client's text, except for a reply that is not the Redis protocol at all, which the
+/// client reports as a byte it did not expect ("Parse error at 1 Unexpected `84`"): that is the
+/// address of something else, most often an HTTP port.
+fn describe_redis_error(e: &::redis::RedisError) -> String {
+    let text = e.to_string();
+    if e.kind() == ::redis::ErrorKind::Parse && text.contains("Parse error at") {
+        return "what answers at this address does not speak the Redis protocol: is it an HTTP port, such as \
+                vq's own listen address? Point redis.url (VQ_REDIS__URL) at redis-server"
+            .to_owned();
+    }
+    text
 }
 
 /// What a store failure says about the store, which decides how far fail-open reaches.

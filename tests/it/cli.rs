@@ -118,3 +118,53 @@ fn every_flag_option_has_help_text() {
         assert!(line.trim_start().len() > "--target <T>".len() + 5, "vq flag {sub}: --target has no help:\n{help}");
     }
 }
+
+/// Stands in for vq's HTTP port: answers anything with what hyper answers a request it
+/// cannot parse (a Redis `PING` included).
+fn http_port() -> (u16, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        // The CLI may connect more than once (a retry); a few answers are enough.
+        for _ in 0..4 {
+            let Ok((mut conn, _)) = listener.accept() else { return };
+            let mut buf = [0u8; 256];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (port, handle)
+}
+
+#[test]
+fn a_redis_url_that_is_not_one_or_an_http_port_is_named_plainly_once() {
+    let out = vq(&["stats"], &[("VQ_REDIS__URL", "http://127.0.0.1:6379")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("invalid redis.url `http://127.0.0.1:6379` (VQ_REDIS__URL): not a Redis URL"), "{err}");
+    assert!(err.contains("redis://"), "says what a Redis URL looks like: {err}");
+    assert_eq!(err.matches("parse").count(), 0, "no repeated client text: {err}");
+
+    let (port, _answers) = http_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    for args in [&["stats"][..], &["flag", "status"]] {
+        let out = vq(args, &[("VQ_REDIS__URL", &url)]);
+        assert_eq!(out.status.code(), Some(1), "vq {args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("does not speak the Redis protocol") && err.contains("HTTP port"), "vq {args:?}: {err}");
+        assert!(!err.contains("Unexpected"), "vq {args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_number_in_the_configuration_says_what_a_number_is() {
+    for value in ["-3", "many"] {
+        let out = vq(&["stats"], &[("VQ_QUEUE__BATCH_SIZE", value)]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = text(&out.stderr);
+        assert!(err.contains("queue.batch_size (VQ_QUEUE__BATCH_SIZE"), "{err}");
+        assert!(err.contains("must be a whole number, 0 or more"), "{err}");
+        assert!(!err.contains("u64"), "{err}");
+    }
+}

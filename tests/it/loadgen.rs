@@ -392,3 +392,18 @@ async fn a_run_held_back_by_its_own_concurrency_says_the_client_was_the_limit() 
     assert!(why.contains("--concurrency 1 slots"), "{why}");
     assert!(report.client.cpu_cores.is_some(), "{:?}", report.client);
 }
+
+/// A vq without `gate.upstream` answers every purchase 502: loadgen says that is the cause.
+#[tokio::test]
+async fn purchases_refused_for_want_of_an_upstream_are_explained() {
+    let redis = RedisServer::spawn();
+    let server = VqProcess::serve(&redis, &serve_env()).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = vq(&redis, &loadgen_args(&server.addr, json.to_str().unwrap(), &["--purchase", "--assert-no-5xx"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("purchases got 502 UPSTREAM_UNAVAILABLE"), "{stderr}");
+    assert!(stderr.contains("gate.upstream (VQ_GATE__UPSTREAM)"), "{stderr}");
+}

@@ -5,6 +5,7 @@ mod browser;
 mod cli;
 mod cluster;
 mod conformance;
+mod deploy;
 mod eviction;
 mod failover;
 mod fault_isolation;

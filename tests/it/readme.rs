@@ -77,10 +77,49 @@ async fn dev_script_serves_with_the_queue_on_and_stops_cleanly() {
     wait_for_text(&log, "curl -s -X POST").await;
     assert!(said(&log).contains("generated a development token secret"), "{}", said(&log));
     assert!(said(&log).contains(&format!("using the Redis at {}", redis.url())), "{}", said(&log));
+    assert!(said(&log).contains(&format!("export VQ_REDIS__URL={}", redis.url())), "{}", said(&log));
+    works_end_to_end(port, &log).await;
     stop(&mut child, &log).await;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries");
     assert!(client.post(&url).header("X-User-Id", "1").send().await.is_err(), "vq serve stopped too");
+}
+
+/// What the script prints works: the waiting page's URL opens in a browser (no X-User-Id),
+/// and user 1, once admitted, buys through the gate (a purchase API stands in behind it).
+async fn works_end_to_end(port: u16, log: &NamedTempFile) {
+    wait_for_text(log, "waiting-room").await;
+    let text = said(log);
+    let page = text
+        .split_whitespace()
+        .find(|w| w.starts_with("http://") && w.contains("/waiting-room/"))
+        .unwrap_or_else(|| panic!("no waiting-page URL printed: {text}"));
+    assert!(page.contains("?user="), "{page}");
+    let client = reqwest::Client::new();
+    let resp = client.get(page).send().await.unwrap();
+    assert_eq!(resp.status(), 200, "the printed waiting page opens without X-User-Id: {page}");
+    assert!(resp.text().await.unwrap().contains("<html"), "an HTML page");
+
+    let me = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries/me");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        let b: serde_json::Value = client.get(&me).header("X-User-Id", "1").send().await.unwrap().json().await.unwrap();
+        if let Some(t) = b["entryToken"].as_str() {
+            break t.to_owned();
+        }
+        assert!(Instant::now() < deadline, "user 1 never admitted: {b}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let buy = client
+        .post(format!("http://127.0.0.1:{port}/limited-drops/42/orders"))
+        .header("X-User-Id", "1")
+        .header("X-Entry-Token", token)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let status = buy.status();
+    assert_eq!(status, 200, "the purchase reaches the stand-in: {}", buy.text().await.unwrap());
 }
 
 /// Without VQ_REDIS__URL the script never uses whatever answers on 6379: it starts its own
@@ -99,6 +138,10 @@ async fn dev_script_starts_a_private_redis_on_a_free_port_and_stops_it() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no private redis-server announced: {text}"));
     assert_ne!(redis_port, 6379);
+    assert!(
+        text.contains(&format!("export VQ_REDIS__URL=redis://127.0.0.1:{redis_port}")),
+        "the operator commands' Redis is printed: {text}"
+    );
     assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_ok());
     stop(&mut child, &log).await;
     assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_err(), "its redis-server is stopped");

@@ -4,6 +4,7 @@
 //! ticks, close by command, by `closes_at` and by the purchase API's header, and the ledger's
 //! sum in `close.rs`. The helpers below serve all three.
 
+mod clear;
 mod close;
 mod opening;
 
