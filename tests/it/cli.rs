@@ -126,8 +126,9 @@ fn http_port() -> (u16, std::thread::JoinHandle<()>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let handle = std::thread::spawn(move || {
-        // The CLI may connect more than once (a retry); a few answers are enough.
-        for _ in 0..4 {
+        // Each command may connect several times (its connection, the liveness probe,
+        // retries): answer every one for the test's length.
+        for _ in 0..256 {
             let Ok((mut conn, _)) = listener.accept() else { return };
             let mut buf = [0u8; 256];
             let _ = conn.read(&mut buf);

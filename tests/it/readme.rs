@@ -138,10 +138,14 @@ async fn dev_script_starts_a_private_redis_on_a_free_port_and_stops_it() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no private redis-server announced: {text}"));
     assert_ne!(redis_port, 6379);
-    assert!(
-        text.contains(&format!("export VQ_REDIS__URL=redis://127.0.0.1:{redis_port}")),
-        "the operator commands' Redis is printed: {text}"
-    );
+    // Printed with the lines to try, once vq answers: maybe just after the first enter.
+    let export = format!("export VQ_REDIS__URL=redis://127.0.0.1:{redis_port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !said(&log).contains(&export) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let text = said(&log);
+    assert!(text.contains(&export), "the operator commands' Redis is printed: {text}");
     assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_ok());
     stop(&mut child, &log).await;
     assert!(std::net::TcpStream::connect(("127.0.0.1", redis_port)).is_err(), "its redis-server is stopped");
