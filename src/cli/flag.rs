@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 use comfy_table::Table;
 
+use super::redis_location;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::clock::now_epoch_ms;
-use crate::config::{Settings, redact_credentials};
 use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
 use crate::store::{AnyStore, FlagAck, QueueStore};
 
@@ -276,14 +276,6 @@ fn print_flag(flag: &FlagState) {
     println!("target overrides (win over the global setting; `vq flag clear --target T` removes one):");
     for (target, o) in &flag.overrides {
         println!("  {target}: {}", override_text(*o));
-    }
-}
-
-/// The Redis this command talks to, for messages: credentials replaced by `***`.
-fn redis_location(settings: &Settings) -> String {
-    match settings.redis_cluster_nodes() {
-        Some(nodes) => format!("cluster {}", redact_credentials(&nodes.join(","))),
-        None => settings.redis.url.to_string(),
     }
 }
 

@@ -58,7 +58,14 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedisHealth {
-    pub url: String,
+    /// The Redis URL (one server), credentials replaced by `***`; absent in cluster mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The cluster's seed nodes (Redis Cluster mode), credentials replaced by `***`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_nodes: Option<Vec<String>>,
+    /// What the header shows: the URL, or `cluster` and the nodes.
+    pub location: String,
     pub ok: bool,
     pub latency_ms: f64,
 }
@@ -94,9 +101,9 @@ const MISSING_FLAG: &str = "MISSING (instances keep their last known flag: vq fl
 
 /// Reads everything the dashboard shows, in one pass.
 pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTarget>) -> anyhow::Result<Report> {
-    let url = settings.redis.url.to_string();
+    let location = super::redis_location(settings);
     let started = Instant::now();
-    store.ping().await.map_err(|e| anyhow::anyhow!("redis at {url} is unreachable: {e}"))?;
+    store.ping().await.map_err(|e| anyhow::anyhow!("redis at {location} is unreachable: {e}"))?;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     // A lost flag hash is not "off": instances that had read it keep it (`vq flag status`).
     let stored = store.read_stored_flag().await?;
@@ -133,7 +140,15 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         });
     }
     Ok(Report {
-        redis: RedisHealth { url, ok: true, latency_ms },
+        redis: RedisHealth {
+            url: settings.redis_cluster_nodes().is_none().then(|| settings.redis.url.to_string()),
+            cluster_nodes: settings
+                .redis_cluster_nodes()
+                .map(|nodes| nodes.iter().map(|n| crate::config::redact_credentials(n)).collect()),
+            location,
+            ok: true,
+            latency_ms,
+        },
         flag: describe(None),
         flag_version: stored.as_ref().map_or(0, |f| f.version),
         tick_ms: settings.queue.tick_ms,
@@ -205,7 +220,7 @@ pub fn render(report: &Report, colour: bool) -> String {
     }
     let mut out = format!(
         "vq stats  redis {} ok ({:.1} ms)  flag {} (v{})  tick {} ms  {} target(s)\n",
-        report.redis.url,
+        report.redis.location,
         report.redis.latency_ms,
         report.flag,
         report.flag_version,
@@ -306,7 +321,13 @@ mod tests {
     #[test]
     fn without_a_terminal_the_marker_word_shows_and_no_escape_codes() {
         let report = Report {
-            redis: RedisHealth { url: "redis://x".into(), ok: true, latency_ms: 0.2 },
+            redis: RedisHealth {
+                url: Some("redis://x".into()),
+                cluster_nodes: None,
+                location: "redis://x".into(),
+                ok: true,
+                latency_ms: 0.2,
+            },
             flag: "on 100%".into(),
             flag_version: 1,
             tick_ms: 2000,
