@@ -282,6 +282,7 @@ fn print_flag(flag: &FlagState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Settings;
 
     #[test]
     fn the_redis_location_loses_its_credentials() {

@@ -17,9 +17,9 @@ use serde::Serialize;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{FlagState, QueueTarget};
+use crate::domain::{FlagState, QueueTarget, admission_rate_over};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
-use crate::store::{AnyStore, QueueStore};
+use crate::store::{AnyStore, QueueStore, TargetSnapshot};
 
 /// Share of capacity above which a row is flagged.
 const CAPACITY_ALERT: f64 = 0.9;
@@ -84,16 +84,45 @@ pub struct TargetRow {
     pub alerts: Vec<&'static str>,
 }
 
-fn alerts_of(s: &QueueStats) -> Vec<&'static str> {
+/// A queue whose longest-waiting user entered fewer than this many ticks ago has not had
+/// the ticks to show a rate: no `RATE_UNDER_50` yet.
+const RATE_ALERT_MIN_TICKS: u64 = 3;
+
+/// The sale states in which admitting nobody is what the operator asked for: before the
+/// opening, paused, closed. No rate alert then.
+const HOLDS_ADMISSION: [&str; 4] = ["scheduled", "pre-queue", "paused", "closed"];
+
+/// How fast the queue admits, for its rate alert: `longest_wait_ms` is how long the
+/// longest-waiting user has waited (0 while nobody waits), `recent_rate` the admissions per
+/// second over the last minute or, for a younger queue, since that user entered.
+struct RateSeen {
+    longest_wait_ms: u64,
+    recent_rate: f64,
+}
+
+/// `OVER_CAPACITY_90` over 90 % of capacity; `RATE_UNDER_50` when, with at least a batch
+/// waiting for at least [`RATE_ALERT_MIN_TICKS`] ticks and the sale admitting (no sale, or
+/// opening / open), the queue admits under half its target rate.
+fn alerts_of(s: &QueueStats, seen: &RateSeen) -> Vec<&'static str> {
     let mut out = Vec::new();
     if s.max_capacity > 0 && s.waiting_count as f64 > CAPACITY_ALERT * s.max_capacity as f64 {
         out.push("OVER_CAPACITY_90");
     }
+    let held = s.sale_state.as_deref().is_some_and(|st| HOLDS_ADMISSION.contains(&st));
+    let young = seen.longest_wait_ms < RATE_ALERT_MIN_TICKS * s.tick_ms;
     // Only with at least a batch waiting: a short queue admits less than the target by nature.
-    if s.waiting_count >= s.batch_size && s.admission_rate_per_sec < RATE_ALERT * s.target_rate_per_sec {
+    if !held && !young && s.waiting_count >= s.batch_size && seen.recent_rate < RATE_ALERT * s.target_rate_per_sec {
         out.push("RATE_UNDER_50");
     }
     out
+}
+
+/// The rate the alert judges: over the last minute, or since the longest-waiting user
+/// entered if that is more recent (a queue 6 s old has not had a minute to admit in).
+fn rate_seen(snap: &TargetSnapshot, tick_ms: u64, now_ms: u64) -> RateSeen {
+    let longest_wait_ms = snap.oldest_entry_ms.map_or(0, |at| now_ms.saturating_sub(at));
+    let window = longest_wait_ms.clamp(tick_ms, 60_000);
+    RateSeen { longest_wait_ms, recent_rate: admission_rate_over(&snap.admissions, tick_ms, now_ms, window) }
 }
 
 /// What the flag columns say while the flag hash is missing from Redis.
@@ -126,6 +155,7 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     let mut rows = Vec::with_capacity(targets.len());
     for t in targets {
         let (snap, stats) = read_target_stats(store, t, settings).await?;
+        let seen = rate_seen(&snap, stats.tick_ms, store.now_ms());
         rows.push(TargetRow {
             target: t.to_string(),
             flag: describe(Some(t)),
@@ -135,7 +165,7 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
             } else {
                 stats.waiting_count as f64 * 100.0 / stats.max_capacity as f64
             },
-            alerts: alerts_of(&stats),
+            alerts: alerts_of(&stats, &seen),
             stats,
         });
     }
@@ -310,12 +340,47 @@ mod tests {
         }
     }
 
+    /// A queue whose longest waiter has waited a minute, admitting `rate` per second.
+    fn seen(rate: f64) -> RateSeen {
+        RateSeen { longest_wait_ms: 60_000, recent_rate: rate }
+    }
+
     #[test]
     fn rows_over_90_percent_or_under_half_rate_are_flagged() {
-        assert_eq!(alerts_of(&stats(901, 50.0)), vec!["OVER_CAPACITY_90"]);
-        assert_eq!(alerts_of(&stats(500, 24.0)), vec!["RATE_UNDER_50"]);
-        assert!(alerts_of(&stats(500, 25.0)).is_empty());
-        assert!(alerts_of(&stats(10, 0.0)).is_empty(), "fewer than a batch waiting is no slowness");
+        assert_eq!(alerts_of(&stats(901, 50.0), &seen(50.0)), vec!["OVER_CAPACITY_90"]);
+        assert_eq!(alerts_of(&stats(500, 24.0), &seen(24.0)), vec!["RATE_UNDER_50"]);
+        assert!(alerts_of(&stats(500, 25.0), &seen(25.0)).is_empty());
+        assert!(alerts_of(&stats(10, 0.0), &seen(0.0)).is_empty(), "fewer than a batch waiting is no slowness");
+    }
+
+    #[test]
+    fn no_rate_alert_while_the_sale_holds_admission_or_the_queue_is_younger_than_three_ticks() {
+        for state in ["scheduled", "pre-queue", "paused", "closed"] {
+            let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+            assert!(alerts_of(&s, &seen(0.0)).is_empty(), "{state}");
+        }
+        for state in ["opening", "open"] {
+            let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+            assert_eq!(alerts_of(&s, &seen(0.0)), vec!["RATE_UNDER_50"], "{state}");
+        }
+        let young = RateSeen { longest_wait_ms: 5_999, recent_rate: 0.0 };
+        assert!(alerts_of(&stats(500, 0.0), &young).is_empty(), "under 3 ticks of 2 s");
+        let old = RateSeen { longest_wait_ms: 6_000, recent_rate: 0.0 };
+        assert_eq!(alerts_of(&stats(500, 0.0), &old), vec!["RATE_UNDER_50"], "a pump that never came");
+    }
+
+    #[test]
+    fn a_queue_six_seconds_old_is_judged_on_its_six_seconds() {
+        // Entered at 10.3 s, ticks of 2 s admitting 100 each at 12, 14 and 16 s; now 16.3 s.
+        let snap = TargetSnapshot {
+            oldest_entry_ms: Some(10_300),
+            admissions: vec![(8, 100), (7, 100), (6, 100)],
+            ..TargetSnapshot::default()
+        };
+        let r = rate_seen(&snap, 2000, 16_300);
+        assert_eq!(r.longest_wait_ms, 6000);
+        assert!((r.recent_rate - 50.0).abs() < 1e-9, "{}", r.recent_rate);
+        assert!(alerts_of(&stats(500, 5.0), &r).is_empty());
     }
 
     #[test]
@@ -337,7 +402,7 @@ mod tests {
                 flag: "on 100%".into(),
                 lock_holder: Some("a".into()),
                 capacity_percent: 95.0,
-                alerts: alerts_of(&stats(950, 0.0)),
+                alerts: alerts_of(&stats(950, 0.0), &seen(0.0)),
             }],
         };
         let text = render(&report, false);

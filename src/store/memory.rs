@@ -565,6 +565,7 @@ impl QueueStore for MemoryStore {
             tokens_used: q.tokens_used,
             direct_tokens_used: q.direct_tokens_used,
             waits: q.waits.clone(),
+            oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
             sale: sale::read(&inner, target, now).0,
             prequeued: sale::read(&inner, target, now).1,
         })

@@ -311,6 +311,9 @@ pub struct TargetSnapshot {
     pub direct_tokens_used: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
+    /// When the longest-waiting user (of those not yet admitted) entered, epoch ms of the
+    /// store's clock; `None` while nobody waits.
+    pub oldest_entry_ms: Option<u64>,
 }
 
 /// The token to store if a call admits the user now. Made only then: signing costs an HMAC,

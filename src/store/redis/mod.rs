@@ -423,6 +423,12 @@ impl QueueStore for RedisStore {
             .await?;
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
+        // The lowest member of entry_times is the oldest call with a seq the mark has not
+        // passed (admit.lua drops the others): member "<first>-<last>:<ms>".
+        let oldest: Vec<String> = conn.zrange(keys::of(target, "entry_times"), 0, 0).await?;
+        let oldest_entry_ms = (waiting > 0)
+            .then(|| oldest.first().and_then(|m| m.rsplit_once(':')).and_then(|(_, ms)| ms.parse().ok()))
+            .flatten();
         let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
         Ok(TargetSnapshot {
             sale,
@@ -450,6 +456,7 @@ impl QueueStore for RedisStore {
                 count: waits.get("count").copied().unwrap_or(0),
                 sum_ms: waits.get("sum_ms").copied().unwrap_or(0),
             },
+            oldest_entry_ms,
         })
     }
 
