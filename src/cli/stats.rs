@@ -136,7 +136,7 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     // A lost flag hash is not "off": instances that had read it keep it (`vq flag status`).
     let stored = store.read_stored_flag().await?;
-    let kept = stored.is_none() && store.flag_acks().await?.iter().any(|a| a.kept_missing);
+    let kept = stored.is_none() && store.flag_acks().await?.iter().any(|a| a.kept_missing && a.silent_ms.is_none());
     let describe = |t: Option<QueueTarget>| match &stored {
         Some(f) => f.describe(t),
         None if kept => MISSING_FLAG.to_owned(),

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, PaceSlot, PendingOpening, QueueStore, SaleView,
-    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, PaceSlot, PendingOpening,
+    QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, UserId, WaitHistogram,
@@ -189,8 +189,10 @@ impl Inner {
         let mut acks: Vec<FlagAck> = self
             .acks
             .iter()
-            .filter(|(_, (_, until))| *until > now)
-            .filter_map(|(instance, (value, _))| FlagAck::decode(instance, value))
+            .filter(|(_, (_, until))| until + FLAG_ACK_KEEP_MS > now)
+            .filter_map(|(instance, (value, until))| {
+                FlagAck::decode(instance, value, (*until <= now).then(|| now - until))
+            })
             .collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         acks
@@ -678,8 +680,13 @@ impl QueueStore for MemoryStore {
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        inner.acks.retain(|_, (_, until)| *until > now);
+        inner.acks.retain(|_, (_, until)| *until + FLAG_ACK_KEEP_MS > now);
         Ok(inner.live_acks(now))
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        self.lock().acks.remove(instance);
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -47,9 +47,9 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, PaceSlot,
-    PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, LEDGER_MAX_ROWS,
+    PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleRecord, SaleSchedule, UserId,
@@ -547,17 +547,24 @@ impl QueueStore for RedisStore {
             .arg(ttl_ms.max(1))
             .arg(missing)
             .arg(state)
+            .arg(FLAG_ACK_KEEP_MS)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
     }
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
-        let live: Vec<String> = FLAG_ACKS.key(keys::FLAG_ACKS).invoke_async(&mut self.conn()).await?;
+        let listed: Vec<String> =
+            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
         let mut acks: Vec<FlagAck> =
-            live.chunks_exact(2).filter_map(|pair| FlagAck::decode(&pair[0], &pair[1])).collect();
+            listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         Ok(acks)
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
