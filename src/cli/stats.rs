@@ -142,14 +142,13 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         None if kept => MISSING_FLAG.to_owned(),
         None => FlagState::default().describe(t),
     };
-    // Only declared targets: what clients name cannot make this longer.
-    let declared = super::target::declared(store, settings).await?;
+    // Only declared targets (active or with a sale): what clients name cannot make this longer.
     let mut targets = match only {
         Some(t) => {
             super::target::require_declared(store, settings, t).await?;
             vec![t]
         }
-        None => store.active_targets().await?.into_iter().filter(|t| declared.contains(*t)).collect(),
+        None => super::sale::listed_targets(store, settings).await?,
     };
     targets.sort();
     let mut rows = Vec::with_capacity(targets.len());
@@ -258,7 +257,7 @@ pub fn render(report: &Report, colour: bool) -> String {
         report.targets.len()
     );
     if report.targets.is_empty() {
-        out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
+        out.push_str("no active targets (nobody has entered a queue in the last key TTL) and no sale scheduled\n");
     } else {
         out.push_str(&table.to_string());
         out.push('\n');

@@ -699,7 +699,12 @@ impl QueueStore for MemoryStore {
         schedule: SaleSchedule,
         seed: [u8; 32],
     ) -> Result<ScheduleOutcome, StoreError> {
-        Ok(sale::schedule(&mut self.lock(), target, schedule, seed))
+        Ok(sale::schedule(&mut self.lock(), target, schedule, seed, now_ms()))
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.sales.keys().copied().filter(|t| sale::read(&inner, *t, 0).0.is_some()).collect())
     }
 
     async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {

@@ -426,6 +426,10 @@ pub trait QueueStore: Send + Sync + 'static {
     /// The sale as stored, with the store's clock; `None` without one.
     fn read_sale(&self, target: QueueTarget) -> impl Future<Output = Result<Option<SaleView>, StoreError>> + Send;
 
+    /// The targets a sale was scheduled for (and not cleared since); their sales may have
+    /// expired ([`QueueStore::read_sale`] says).
+    fn sale_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
+
     /// Pause, resume, close or clear, recorded in the ledger; false when it changed nothing.
     fn control_sale(
         &self,
@@ -664,6 +668,9 @@ impl QueueStore for AnyStore {
     }
     async fn control_sale(&self, t: QueueTarget, c: SaleControl) -> Result<bool, StoreError> {
         delegate!(self, s => s.control_sale(t, c))
+    }
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        delegate!(self, s => s.sale_targets())
     }
     async fn pending_opening(&self, t: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         delegate!(self, s => s.pending_opening(t))

@@ -587,10 +587,15 @@ impl QueueStore for RedisStore {
             .arg(crate::domain::hex(&seed))
             .arg(crate::domain::seed_commitment(&seed))
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
-            Some("1") => Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() }),
+            Some("1") => {
+                // Another slot than the target's keys on a cluster: a command of its own.
+                let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
+                Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() })
+            }
             Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
             _ => Err(reply_err("sale_schedule.lua", &r)),
         }
@@ -615,7 +620,15 @@ impl QueueStore for RedisStore {
             .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
+        if matches!(control, SaleControl::Clear) {
+            let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
+        }
         Ok(changed == 1)
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::SALES).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
     }
 
     async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
