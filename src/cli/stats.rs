@@ -92,9 +92,10 @@ const RATE_ALERT_MIN_TICKS: u64 = 3;
 /// opening, paused, closed. No rate alert then.
 const HOLDS_ADMISSION: [&str; 4] = ["scheduled", "pre-queue", "paused", "closed"];
 
-/// How fast the queue admits, for its rate alert: `longest_wait_ms` is how long the
-/// longest-waiting user has waited (0 while nobody waits), `recent_rate` the admissions per
-/// second over the last minute or, for a younger queue, since that user entered.
+/// How fast the queue admits, for its rate alert: `longest_wait_ms` is how long the queue
+/// has been able to admit its longest-waiting user (since that user entered, or since the
+/// sale opened or resumed if later; 0 while nobody waits), `recent_rate` the admissions per
+/// second over the last minute or, if shorter, that time.
 struct RateSeen {
     longest_wait_ms: u64,
     recent_rate: f64,
@@ -118,9 +119,13 @@ fn alerts_of(s: &QueueStats, seen: &RateSeen) -> Vec<&'static str> {
 }
 
 /// The rate the alert judges: over the last minute, or since the longest-waiting user
-/// entered if that is more recent (a queue 6 s old has not had a minute to admit in).
+/// entered, the sale opened or it resumed, whichever is the most recent (a queue 6 s old, or
+/// resumed 6 s ago, has not had a minute to admit in).
 fn rate_seen(snap: &TargetSnapshot, tick_ms: u64, now_ms: u64) -> RateSeen {
-    let longest_wait_ms = snap.oldest_entry_ms.map_or(0, |at| now_ms.saturating_sub(at));
+    let sale = snap.sale.as_ref().map(|v| &v.record);
+    let restarted = sale.and_then(|r| r.resumed_at_ms.max(r.opened_at_ms));
+    let since = snap.oldest_entry_ms.map(|at| at.max(restarted.unwrap_or(0)));
+    let longest_wait_ms = since.map_or(0, |at| now_ms.saturating_sub(at));
     let window = longest_wait_ms.clamp(tick_ms, 60_000);
     RateSeen { longest_wait_ms, recent_rate: admission_rate_over(&snap.admissions, tick_ms, now_ms, window) }
 }
@@ -380,6 +385,21 @@ mod tests {
         assert_eq!(r.longest_wait_ms, 6000);
         assert!((r.recent_rate - 50.0).abs() < 1e-9, "{}", r.recent_rate);
         assert!(alerts_of(&stats(500, 5.0), &r).is_empty());
+    }
+
+    #[test]
+    fn a_sale_resumed_six_seconds_ago_is_judged_from_its_resume() {
+        // Waiting since 0 s, paused until 10.3 s, then 100 admitted per 2-s tick; now 16.3 s.
+        let record = crate::domain::SaleRecord { resumed_at_ms: Some(10_300), ..Default::default() };
+        let snap = TargetSnapshot {
+            oldest_entry_ms: Some(0),
+            admissions: vec![(8, 100), (7, 100), (6, 100)],
+            sale: Some(crate::store::SaleView { record, now_ms: 16_300 }),
+            ..TargetSnapshot::default()
+        };
+        let r = rate_seen(&snap, 2000, 16_300);
+        assert_eq!(r.longest_wait_ms, 6000);
+        assert!(alerts_of(&stats(500, 5.0), &r).is_empty(), "{}", r.recent_rate);
     }
 
     #[test]

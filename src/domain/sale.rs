@@ -203,6 +203,8 @@ pub struct SaleRecord {
     pub prequeued: Option<u64>,
     /// The opening order was written (by Redis' clock), epoch ms.
     pub opened_at_ms: Option<u64>,
+    /// The last resume after a pause (by Redis' clock), epoch ms: admission restarted then.
+    pub resumed_at_ms: Option<u64>,
 }
 
 impl SaleRecord {
@@ -225,6 +227,7 @@ impl SaleRecord {
             close_source: text("close_source"),
             prequeued: num("frozen"),
             opened_at_ms: num("opened_at"),
+            resumed_at_ms: num("resumed_at"),
         })
     }
 

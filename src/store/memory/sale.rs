@@ -220,6 +220,7 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
         }
         SaleControl::Resume if r.paused => {
             r.paused = false;
+            r.resumed_at_ms = Some(now);
             LedgerEntry::Resume { at_ms: now, source: "command".into() }
         }
         SaleControl::Close { message, source } if !r.closed => {

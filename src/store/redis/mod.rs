@@ -401,7 +401,7 @@ impl QueueStore for RedisStore {
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
-        let (mark, seq, evicted, batch, capacity, lock, admissions, waits): (
+        let (mark, seq, evicted, batch, capacity, lock, admissions, waits, oldest): (
             Option<u64>,
             Option<u64>,
             Option<u64>,
@@ -410,6 +410,7 @@ impl QueueStore for RedisStore {
             Option<String>,
             Vec<String>,
             HashMap<String, u64>,
+            Vec<String>,
         ) = redis::pipe()
             .get(keys::of(target, "admitted_count"))
             .get(keys::of(target, "seq"))
@@ -419,13 +420,13 @@ impl QueueStore for RedisStore {
             .get(keys::admission_lock(target))
             .lrange(keys::of(target, "admissions"), 0, -1)
             .hgetall(keys::of(target, "waits"))
+            // The lowest member of entry_times is the oldest call with a seq the mark has not
+            // passed (admit.lua drops the others): member "<first>-<last>:<ms>".
+            .zrange(keys::of(target, "entry_times"), 0, 0)
             .query_async(&mut conn)
             .await?;
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
-        // The lowest member of entry_times is the oldest call with a seq the mark has not
-        // passed (admit.lua drops the others): member "<first>-<last>:<ms>".
-        let oldest: Vec<String> = conn.zrange(keys::of(target, "entry_times"), 0, 0).await?;
         let oldest_entry_ms = (waiting > 0)
             .then(|| oldest.first().and_then(|m| m.rsplit_once(':')).and_then(|(_, ms)| ms.parse().ok()))
             .flatten();
