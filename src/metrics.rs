@@ -6,7 +6,8 @@
 //!   `tokens_total`, `wait_seconds`, `bypass_attempts_total`, `redis_degraded_total`, HTTP
 //!   durations): `sum` over instances is the cluster figure;
 //! - **state** read from Redis at scrape time ([`set_queue_state`]: `length`, `capacity`,
-//!   `target_admission_rate`): every instance reports the same value; use `max by (target)`.
+//!   `target_admission_rate`, `sale_state`): every instance reports the same value; use
+//!   `max by (target)`.
 //!
 //! Labels are bounded: a target (active targets only), a route *template* and a status code,
 //! a token event. Never a user id, a raw path or a token. This module must not do IO.

@@ -77,6 +77,7 @@ impl From<QueueStatus> for StatusBody {
                 ..Self::sale(admitted)
             },
             QueueStatus::PreQueue { opens_at_ms, paused } => Self {
+                eta_seconds: (!paused).then_some(0),
                 opens_at: Some(format_instant(opens_at_ms)),
                 paused: paused.then_some(true),
                 ..Self::sale("PRE_QUEUE")
