@@ -116,7 +116,8 @@
     if (firstAhead === null) firstAhead = b.aheadCount;
     $("vq-position").textContent = String(b.position);
     $("vq-ahead").textContent = String(b.aheadCount);
-    $("vq-eta").textContent = eta(b.etaSeconds);
+    // Paused: nobody is admitted until the resume, so no estimate (etaSeconds is null).
+    $("vq-eta").textContent = b.paused || b.etaSeconds == null ? "–" : eta(b.etaSeconds);
     progress((firstAhead - b.aheadCount + 1) / (firstAhead + 1));
     say(b.paused ? T.paused : T.waiting);
   }

@@ -11,11 +11,12 @@
 -- ARGV[4] lifetime of this acknowledgement, ms
 -- ARGV[5] "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
 -- ARGV[6] the flag the instance applies, one line for the operator (e.g. "on 100%")
+-- ARGV[7] keep, ms: how long readers list an acknowledgement after it expired (silent)
 -- returns 1
 local now = now_ms()
 local ttl = tonumber(ARGV[4])
 redis.call('HSET', KEYS[1], ARGV[1],
   ARGV[2] .. ':' .. ARGV[3] .. ':' .. string.format('%.0f', now + ttl) .. ':' .. ARGV[5] .. ':' .. ARGV[6])
--- The hash goes away by itself once no instance acknowledges any more.
-redis.call('PEXPIRE', KEYS[1], ttl)
+-- The hash goes away by itself once no instance has acknowledged for the keep time.
+redis.call('PEXPIRE', KEYS[1], ttl + tonumber(ARGV[7]))
 return 1

@@ -1,18 +1,28 @@
--- flag_acks.lua: the acknowledgements still alive; drops the expired ones.
+-- flag_acks.lua: every instance's acknowledgement, live or silent for less than the keep
+-- time; drops the older ones. An instance whose acknowledgement expired (stopped without
+-- withdrawing it, frozen, or cut off from Redis) stays listed, silent, so that `vq flag status`
+-- keeps showing it as not applying the current version.
 --
 -- KEYS[1] virtual-queue:acks   HASH instance ->
 --                              "version:applied_at_ms:expires_at_ms[:missing:state]"
--- returns {instance, "version:applied_at_ms[:missing:state]", instance, ...} of live instances
+-- ARGV[1] keep, ms: how long an expired acknowledgement stays listed
+-- returns {instance, "version:applied_at_ms[:missing:state]", silent ms ("-1" while live), ...}
 local now = now_ms()
+local keep = tonumber(ARGV[1])
 local all = redis.call('HGETALL', KEYS[1])
-local live = {}
+local out = {}
 for i = 1, #all, 2 do
   local ver, at, exp, rest = string.match(all[i + 1], '^(%d+):(%d+):(%d+)(.*)$')
-  if exp and tonumber(exp) > now then
-    live[#live + 1] = all[i]
-    live[#live + 1] = ver .. ':' .. at .. rest
+  if exp and tonumber(exp) + keep > now then
+    out[#out + 1] = all[i]
+    out[#out + 1] = ver .. ':' .. at .. rest
+    if tonumber(exp) > now then
+      out[#out + 1] = '-1'
+    else
+      out[#out + 1] = string.format('%.0f', now - tonumber(exp))
+    end
   else
     redis.call('HDEL', KEYS[1], all[i])
   end
 end
-return live
+return out

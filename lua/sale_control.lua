@@ -2,7 +2,7 @@
 --
 -- Works on a target without a schedule too: pausing or closing an always-open target.
 --
--- KEYS[1] queue:{T}:sale       HASH the sale
+-- KEYS[1] queue:{T}:sale       HASH the sale (resume sets resumed_at, ms)
 -- KEYS[2] queue:{T}:ledger     LIST ledger rows, newest first
 -- KEYS[3] queue:{T}:prequeue   ZSET pre-queued users (deleted by clear)
 -- KEYS[4] queue:{T}:opening    ZSET frozen pre-queue (deleted by clear)
@@ -26,6 +26,8 @@ elseif action == 'resume' then
   if redis.call('HDEL', KEYS[1], 'paused') == 0 then
     return 0
   end
+  -- When admission restarted: vq stats judges the rate from then on.
+  redis.call('HSET', KEYS[1], 'resumed_at', now)
   row = 'resume|' .. now .. '|' .. source
 elseif action == 'close' then
   if redis.call('HGET', KEYS[1], 'closed') == '1' then

@@ -13,7 +13,8 @@
 # random one is written to the state dir, mode 600), PURCHASE_BACKEND (an http:// URL; else
 # the stub backend), VQ_TARGETS__DECLARED (default: limited-drop:1 and limited-drop:42, the
 # targets scripts/topology-check.sh loads), and any VQ_* setting for the three replicas (e.g.
-# VQ_QUEUE__TICK_MS).
+# VQ_QUEUE__TICK_MS; with VQ_REDIS__CLUSTER_NODES they use that cluster, no redis-server is
+# started, and the printed lines name the cluster's nodes instead of a VQ_REDIS__URL).
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 repo=$(pwd)
@@ -59,9 +60,17 @@ up() {
   rport=$(free_port); nport=$(free_port); aport=$(free_port); bport=$(free_port)
   local vports=("$(free_port)" "$(free_port)" "$(free_port)")
 
-  start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$state/redis" \
-    --maxmemory 512mb --maxmemory-policy noeviction --appendonly yes --appendfsync everysec --save ""
-  wait_for "redis-server" redis-cli -p "$rport" ping
+  # With VQ_REDIS__CLUSTER_NODES set the replicas use that cluster (and never redis.url): no
+  # redis-server of our own then.
+  local redis_env="VQ_REDIS__URL=redis://127.0.0.1:$rport"
+  if [ -n "${VQ_REDIS__CLUSTER_NODES:-}" ]; then
+    redis_env="VQ_REDIS__CLUSTER_NODES=$VQ_REDIS__CLUSTER_NODES"
+    say "Redis Cluster mode: the replicas use $VQ_REDIS__CLUSTER_NODES"
+  else
+    start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$state/redis" \
+      --maxmemory 512mb --maxmemory-policy noeviction --appendonly yes --appendfsync everysec --save ""
+    wait_for "redis-server" redis-cli -p "$rport" ping
+  fi
 
   # A stand-in for the purchase API: answers 200 with what it got.
   cat >"$state/backend.py" <<'EOF'
@@ -85,7 +94,7 @@ EOF
   local i
   for i in 0 1 2; do
     start "vq$((i + 1))" env VQ_LISTEN="127.0.0.1:${vports[$i]}" VQ_INSTANCE_ID="vq$((i + 1))" \
-      VQ_REDIS__URL="redis://127.0.0.1:$rport" VQ_GATE__UPSTREAM="$backend" RUST_LOG="${RUST_LOG:-info}" \
+      "$redis_env" VQ_GATE__UPSTREAM="$backend" RUST_LOG="${RUST_LOG:-info}" \
       "$vq" serve
   done
 
@@ -127,7 +136,7 @@ EOF
 
   {
     echo "VQ_URL=http://127.0.0.1:$nport"
-    echo "VQ_REDIS__URL=redis://127.0.0.1:$rport"
+    echo "$redis_env"
     echo "TOPOLOGY_REPLICAS=http://127.0.0.1:${vports[0]},http://127.0.0.1:${vports[1]},http://127.0.0.1:${vports[2]}"
     echo "TOPOLOGY_AUTH_REQUEST_URL=http://127.0.0.1:$aport"
     echo "TOPOLOGY_BACKEND_URL=$backend"

@@ -87,6 +87,7 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
                     applied_at_ms: at,
                     kept_missing: flag.kept_missing,
                     state: flag.state,
+                    silent_ms: None,
                 };
                 let _ = service.store.ack_flag(ack, FLAG_ACK_TTL_MS).await;
             }
@@ -97,7 +98,11 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
             Err(_) => {}
         }
         tokio::select! {
-            () = cancel.cancelled() => return,
+            () = cancel.cancelled() => {
+                // Stopping on purpose: not an instance that failed to apply the flag.
+                let _ = service.store.withdraw_flag_ack(&instance_id).await;
+                return;
+            }
             () = tokio::time::sleep(every) => {}
         }
     }

@@ -6,7 +6,8 @@
 //!   `tokens_total`, `wait_seconds`, `bypass_attempts_total`, `redis_degraded_total`, HTTP
 //!   durations): `sum` over instances is the cluster figure;
 //! - **state** read from Redis at scrape time ([`set_queue_state`]: `length`, `capacity`,
-//!   `target_admission_rate`): every instance reports the same value; use `max by (target)`.
+//!   `target_admission_rate`, `sale_state`): every instance reports the same value; use
+//!   `max by (target)`.
 //!
 //! Labels are bounded: a target (active targets only), a route *template* and a status code,
 //! a token event. Never a user id, a raw path or a token. This module must not do IO.
@@ -35,6 +36,11 @@ pub const POLLS_LOCAL_TOTAL: &str = "virtual_queue_polls_answered_locally_total"
 pub const OVERLOADED_TOTAL: &str = "virtual_queue_overloaded_total";
 pub const CLOCK_OFFSET: &str = "virtual_queue_clock_offset_seconds";
 pub const FAILOVER_FENCED_TOTAL: &str = "virtual_queue_failover_fenced_total";
+pub const SALE_STATE: &str = "virtual_queue_sale_state";
+
+/// The `state` label values of [`SALE_STATE`]: `none` for a target without a sale, then the
+/// sale's states as `vq sale show` names them.
+pub const SALE_STATES: [&str; 7] = ["none", "scheduled", "pre-queue", "opening", "open", "paused", "closed"];
 
 /// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
 /// are for alerting and dashboards).
@@ -165,6 +171,8 @@ pub fn upkeep() {
 struct TargetSeries {
     waiting: u64,
     target_rate_per_sec: f64,
+    /// Index in [`SALE_STATES`].
+    sale_state: usize,
     admitted: u64,
     evicted: u64,
 }
@@ -175,11 +183,14 @@ fn with_target(target: QueueTarget, f: impl FnOnce(&mut TargetSeries)) {
     f(TARGETS.lock().unwrap_or_else(|e| e.into_inner()).entry(target).or_default());
 }
 
-/// A target's state as read from Redis at scrape time (creates its series).
-pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64) {
+/// A target's state as read from Redis at scrape time (creates its series). `sale_state`:
+/// the sale's state (`paused`, …), `None` without a sale; an unknown name counts as none.
+pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64, sale_state: Option<&str>) {
+    let state = sale_state.and_then(|st| SALE_STATES.iter().position(|known| *known == st)).unwrap_or(0);
     with_target(target, |s| {
         s.waiting = waiting;
         s.target_rate_per_sec = target_rate_per_sec;
+        s.sale_state = state;
     });
 }
 
@@ -214,6 +225,18 @@ fn render_targets(out: &mut String) {
         }
         out.push('\n');
     }
+    // One series per state, 1 for the state the sale is in: the alert rules tell a sale held
+    // on purpose (scheduled, pre-queue, paused, closed) from a pump that fails.
+    let _ = writeln!(
+        out,
+        "# HELP {SALE_STATE} 1 for the state of the target's sale (none: no sale), 0 for the others\n# TYPE {SALE_STATE} gauge"
+    );
+    for (t, s) in &targets {
+        for (i, state) in SALE_STATES.iter().enumerate() {
+            let _ = writeln!(out, "{SALE_STATE}{{target=\"{t}\",state=\"{state}\"}} {}", u8::from(i == s.sale_state));
+        }
+    }
+    out.push('\n');
 }
 
 pub fn set_capacity(max_capacity: u64) {
@@ -322,7 +345,7 @@ mod tests {
     fn rendered_names_match_the_spec_and_labels_stay_bounded() {
         install();
         let t: QueueTarget = "LIMITED_DROP:42".parse().expect("target");
-        set_queue_state(t, 7, 50.0);
+        set_queue_state(t, 7, 50.0, Some("paused"));
         admitted(t, 3);
         wait_observed(1500);
         token_consumed(true);
@@ -332,6 +355,8 @@ mod tests {
         let text = render();
         assert!(text.contains("virtual_queue_length{target=\"LIMITED_DROP:42\"} 7"), "{text}");
         assert!(text.contains("virtual_queue_admitted_total{target=\"LIMITED_DROP:42\"} 3"), "{text}");
+        assert!(text.contains("virtual_queue_sale_state{target=\"LIMITED_DROP:42\",state=\"paused\"} 1"), "{text}");
+        assert!(text.contains("virtual_queue_sale_state{target=\"LIMITED_DROP:42\",state=\"open\"} 0"), "{text}");
         retain_targets(|t| t != "LIMITED_DROP:42".parse().expect("target"));
         assert!(!render().contains("LIMITED_DROP:42"), "a target's series go with it");
         assert!(text.contains("virtual_queue_tokens_total{event=\"consumed\"}"), "{text}");

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 use comfy_table::Table;
 
+use super::redis_location;
 use super::{ConfigArg, runtime};
-use crate::app::open_store;
+use crate::app::{FLAG_ACK_TTL_MS, open_store};
 use crate::clock::now_epoch_ms;
-use crate::config::{Settings, redact_credentials};
 use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
 use crate::store::{AnyStore, FlagAck, QueueStore};
 
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let stored =
             store.read_stored_flag().await.map_err(|e| anyhow::anyhow!("cannot reach Redis at {location}: {e}"))?;
         let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
-        let kept = stored.is_none() && live.iter().any(|a| a.kept_missing);
+        let kept = stored.is_none() && live.iter().any(|a| a.kept_missing && a.silent_ms.is_none());
         let change = match args.action {
             Action::Status { json: true } => {
                 println!("{}", status_json(stored.as_ref(), &live));
@@ -142,7 +142,7 @@ async fn change_and_confirm(
     };
     let rows = rows(&live, &acks);
     print_table(&rows, version, Some(written_at));
-    if rows.is_empty() {
+    if rows.iter().all(|r| r.ack.as_ref().is_none_or(|a| a.silent_ms.is_some())) {
         eprintln!(
             "error: no instance acknowledged version {version}: no vq instance is live on {location}. The \
              change IS written in Redis (instances apply it when they start); check that they use this Redis"
@@ -207,15 +207,21 @@ fn print_table(rows: &[Row], version: u64, written_at: Option<u64>) {
             Some(w) if a.version >= version => format!("{} ms", a.applied_at_ms.saturating_sub(w)),
             _ => "-".to_owned(),
         };
-        let state = if a.kept_missing {
-            "KEEPS LAST KNOWN (flag hash missing)"
-        } else if a.version < version {
-            "NOT APPLIED"
-        } else {
-            "applied"
+        let state = match (a.kept_missing, a.version < version) {
+            (true, _) => "KEEPS LAST KNOWN (flag hash missing)".to_owned(),
+            (false, true) => "NOT APPLIED".to_owned(),
+            (false, false) => "applied".to_owned(),
+        };
+        // Its acknowledgement expired: what it last said, and for how long it has said nothing.
+        let state = match a.silent_ms {
+            Some(ms) => format!(
+                "{state}, SILENT for {} s (no acknowledgement: frozen, cut off from Redis, or stopped without a shutdown)",
+                (ms + FLAG_ACK_TTL_MS) / 1000
+            ),
+            None => state,
         };
         let in_force = if a.state.is_empty() { "-".to_owned() } else { a.state.clone() };
-        table.add_row(vec![r.instance.clone(), a.version.to_string(), in_force, delay, state.to_owned()]);
+        table.add_row(vec![r.instance.clone(), a.version.to_string(), in_force, delay, state]);
     }
     println!("{table}");
 }
@@ -250,6 +256,7 @@ fn status_json(stored: Option<&FlagState>, acks: &[FlagAck]) -> serde_json::Valu
                 "appliedAtMs": a.applied_at_ms,
                 "keepsMissingFlag": a.kept_missing,
                 "state": a.state,
+                "silentMs": a.silent_ms.map(|ms| ms + FLAG_ACK_TTL_MS),
             })
         })
         .collect();
@@ -279,17 +286,10 @@ fn print_flag(flag: &FlagState) {
     }
 }
 
-/// The Redis this command talks to, for messages: credentials replaced by `***`.
-fn redis_location(settings: &Settings) -> String {
-    match settings.redis_cluster_nodes() {
-        Some(nodes) => format!("cluster {}", redact_credentials(&nodes.join(","))),
-        None => settings.redis.url.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Settings;
 
     #[test]
     fn the_redis_location_loses_its_credentials() {
@@ -305,7 +305,14 @@ mod tests {
     }
 
     fn ack(instance: &str, version: u64) -> FlagAck {
-        FlagAck { instance: instance.into(), version, applied_at_ms: 0, kept_missing: false, state: String::new() }
+        FlagAck {
+            instance: instance.into(),
+            version,
+            applied_at_ms: 0,
+            kept_missing: false,
+            state: String::new(),
+            silent_ms: None,
+        }
     }
 
     #[test]

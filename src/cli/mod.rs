@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{LogFormat, Overrides, Settings};
+use crate::config::{LogFormat, Overrides, Settings, redact_credentials};
 
 #[derive(Parser)]
 #[command(name = "vq", version, about = "A virtual waiting room for flash sales", long_about = None)]
@@ -218,5 +218,13 @@ pub fn main(cli: Cli) -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The Redis this command talks to, for messages: credentials replaced by `***`.
+pub(crate) fn redis_location(settings: &Settings) -> String {
+    match settings.redis_cluster_nodes() {
+        Some(nodes) => format!("cluster {}", redact_credentials(&nodes.join(","))),
+        None => settings.redis.url.to_string(),
     }
 }

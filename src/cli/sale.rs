@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
+use crate::config::Settings;
 use crate::domain::{
     LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleSchedule, SaleSource, format_instant, ledger_admitted,
     parse_instant,
@@ -62,19 +63,26 @@ struct MaybeTargetArg {
 
 #[derive(Subcommand)]
 enum Action {
-    /// Schedule the opening (and optionally the pre-queue and the close); ISO-8601 times with Z or an offset
+    /// Schedule the opening (and optionally the pre-queue and the close); ISO-8601 times with Z or an offset.
+    /// On a target with a schedule, the times not given stay as they are
     Schedule {
         #[command(flatten)]
         target: TargetArg,
-        /// When admission starts and the pre-queue gets its random order
+        /// When admission starts and the pre-queue gets its random order (required for a new schedule)
         #[arg(long, value_name = "TIME")]
-        opens_at: String,
+        opens_at: Option<String>,
         /// From when entries are recorded in the pre-queue (default: none, entries before the opening are told SCHEDULED)
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", conflicts_with = "no_prequeue")]
         prequeue_from: Option<String>,
         /// When the sale closes by itself
-        #[arg(long, value_name = "TIME")]
+        #[arg(long, value_name = "TIME", conflicts_with = "no_close")]
         closes_at: Option<String>,
+        /// Remove the pre-queue window of an existing schedule
+        #[arg(long)]
+        no_prequeue: bool,
+        /// Remove the scheduled close of an existing schedule
+        #[arg(long)]
+        no_close: bool,
     },
     /// Show the sale of one target, or of every active declared target that has one
     Show {
@@ -234,18 +242,44 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, t.get()).await?,
         }
         match args.action {
-            Action::Schedule { target, opens_at, prequeue_from, closes_at } => {
+            Action::Schedule { target, opens_at, prequeue_from, closes_at, no_prequeue, no_close } => {
                 let target = target.get();
-                let schedule = SaleSchedule {
-                    opens_at_ms: parse_instant(&opens_at).map_err(|e| anyhow::anyhow!("--opens-at: {e}"))?,
-                    prequeue_from_ms: prequeue_from
-                        .map(|t| parse_instant(&t))
-                        .transpose()
-                        .map_err(|e| anyhow::anyhow!("--prequeue-from: {e}"))?,
-                    closes_at_ms: closes_at
-                        .map(|t| parse_instant(&t))
-                        .transpose()
-                        .map_err(|e| anyhow::anyhow!("--closes-at: {e}"))?,
+                let parse = |flag: &str, t: Option<String>| {
+                    t.map(|t| parse_instant(&t)).transpose().map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+                };
+                let given = SaleSchedule {
+                    opens_at_ms: parse("--opens-at", opens_at)?.unwrap_or(0),
+                    prequeue_from_ms: parse("--prequeue-from", prequeue_from)?,
+                    closes_at_ms: parse("--closes-at", closes_at)?,
+                };
+                // A schedule already there: what is not given stays (and is said to).
+                let current = store.read_sale(target).await.map_err(|e| fail("read", target, e))?;
+                let current = current.and_then(|v| {
+                    let r = v.record;
+                    r.opens_at_ms.map(|opens_at_ms| SaleSchedule {
+                        opens_at_ms,
+                        prequeue_from_ms: r.prequeue_from_ms,
+                        closes_at_ms: r.closes_at_ms,
+                    })
+                });
+                let schedule = match current {
+                    None if given.opens_at_ms == 0 => anyhow::bail!(
+                        "{target} has no schedule: --opens-at is required (`vq sale schedule {target} --opens-at …`)"
+                    ),
+                    None => given,
+                    Some(old) => {
+                        let new = SaleSchedule {
+                            opens_at_ms: if given.opens_at_ms == 0 { old.opens_at_ms } else { given.opens_at_ms },
+                            prequeue_from_ms: if no_prequeue {
+                                None
+                            } else {
+                                given.prequeue_from_ms.or(old.prequeue_from_ms)
+                            },
+                            closes_at_ms: if no_close { None } else { given.closes_at_ms.or(old.closes_at_ms) },
+                        };
+                        print_changes(target, &old, &new);
+                        new
+                    }
                 };
                 schedule.validate(now_epoch_ms())?;
                 let mut seed = [0u8; 32];
@@ -265,12 +299,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let target = target.target.or(target.target_opt);
                 let targets = match target {
                     Some(t) => vec![t],
-                    None => {
-                        let declared = super::target::declared(&store, &settings).await?;
-                        let active =
-                            store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?;
-                        active.into_iter().filter(|t| declared.contains(*t)).collect()
-                    }
+                    None => listed_targets(&store, &settings).await?,
                 };
                 let mut shown = Vec::new();
                 for t in targets {
@@ -360,6 +389,41 @@ async fn refuse_to_drop_prequeued(store: &AnyStore, target: QueueTarget) -> anyh
     }
 }
 
+/// The declared targets that are active or have a sale scheduled (before anyone entered),
+/// sorted: what `vq sale show` and `vq stats` list.
+pub(super) async fn listed_targets(store: &AnyStore, settings: &Settings) -> anyhow::Result<Vec<QueueTarget>> {
+    let declared = super::target::declared(store, settings).await?;
+    let mut all = store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?;
+    for t in store.sale_targets().await.map_err(|e| anyhow::anyhow!("cannot list sales: {e}"))? {
+        // A sale whose keys expired, or a target nobody entered since, is not listed.
+        if !all.contains(&t) && store.read_sale(t).await.map_err(|e| anyhow::anyhow!("cannot read {t}: {e}"))?.is_some()
+        {
+            all.push(t);
+        }
+    }
+    all.retain(|t| declared.contains(*t));
+    all.sort();
+    all.dedup();
+    Ok(all)
+}
+
+/// What a schedule written over another changes, one line per time.
+fn print_changes(target: QueueTarget, old: &SaleSchedule, new: &SaleSchedule) {
+    let show = |v: Option<u64>| v.map_or_else(|| "none".to_owned(), format_instant);
+    println!("{target} had a schedule; changing it (times not given stay):");
+    for (name, a, b) in [
+        ("opens at", Some(old.opens_at_ms), Some(new.opens_at_ms)),
+        ("pre-queue from", old.prequeue_from_ms, new.prequeue_from_ms),
+        ("closes at", old.closes_at_ms, new.closes_at_ms),
+    ] {
+        if a == b {
+            println!("  {name}: {} (kept)", show(a));
+        } else {
+            println!("  {name}: {} -> {}", show(a), show(b));
+        }
+    }
+}
+
 async fn control(
     store: &AnyStore,
     target: QueueTarget,
@@ -406,6 +470,16 @@ fn print_ledger(report: &LedgerReport) {
                 [at, format!("close: {message}"), String::new(), String::new(), source.clone()]
             }
             LedgerEntry::Clear { source, .. } => [at, "clear".into(), String::new(), String::new(), source.clone()],
+            LedgerEntry::Schedule { opens_at_ms, prequeue_from_ms, closes_at_ms, .. } => {
+                let show = |v: &Option<u64>| v.map_or_else(|| "none".to_owned(), format_instant);
+                let what = format!(
+                    "schedule: opens {}, pre-queue from {}, closes {}",
+                    format_instant(*opens_at_ms),
+                    show(prequeue_from_ms),
+                    show(closes_at_ms)
+                );
+                [at, what, String::new(), String::new(), "command".into()]
+            }
         };
         table.add_row(row);
     }

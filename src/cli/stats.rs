@@ -17,9 +17,9 @@ use serde::Serialize;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{FlagState, QueueTarget};
+use crate::domain::{FlagState, QueueTarget, admission_rate_over};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
-use crate::store::{AnyStore, QueueStore};
+use crate::store::{AnyStore, QueueStore, TargetSnapshot};
 
 /// Share of capacity above which a row is flagged.
 const CAPACITY_ALERT: f64 = 0.9;
@@ -63,7 +63,14 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedisHealth {
-    pub url: String,
+    /// The Redis URL (one server), credentials replaced by `***`; absent in cluster mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The cluster's seed nodes (Redis Cluster mode), credentials replaced by `***`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_nodes: Option<Vec<String>>,
+    /// What the header shows: the URL, or `cluster` and the nodes.
+    pub location: String,
     pub ok: bool,
     pub latency_ms: f64,
 }
@@ -82,16 +89,50 @@ pub struct TargetRow {
     pub alerts: Vec<&'static str>,
 }
 
-fn alerts_of(s: &QueueStats) -> Vec<&'static str> {
+/// A queue whose longest-waiting user entered fewer than this many ticks ago has not had
+/// the ticks to show a rate: no `RATE_UNDER_50` yet.
+const RATE_ALERT_MIN_TICKS: u64 = 3;
+
+/// The sale states in which admitting nobody is what the operator asked for: before the
+/// opening, paused, closed. No rate alert then.
+const HOLDS_ADMISSION: [&str; 4] = ["scheduled", "pre-queue", "paused", "closed"];
+
+/// How fast the queue admits, for its rate alert: `longest_wait_ms` is how long the queue
+/// has been able to admit its longest-waiting user (since that user entered, or since the
+/// sale opened or resumed if later; 0 while nobody waits), `recent_rate` the admissions per
+/// second over the last minute or, if shorter, that time.
+struct RateSeen {
+    longest_wait_ms: u64,
+    recent_rate: f64,
+}
+
+/// `OVER_CAPACITY_90` over 90 % of capacity; `RATE_UNDER_50` when, with at least a batch
+/// waiting for at least [`RATE_ALERT_MIN_TICKS`] ticks and the sale admitting (no sale, or
+/// opening / open), the queue admits under half its target rate.
+fn alerts_of(s: &QueueStats, seen: &RateSeen) -> Vec<&'static str> {
     let mut out = Vec::new();
     if s.max_capacity > 0 && s.waiting_count as f64 > CAPACITY_ALERT * s.max_capacity as f64 {
         out.push("OVER_CAPACITY_90");
     }
+    let held = s.sale_state.as_deref().is_some_and(|st| HOLDS_ADMISSION.contains(&st));
+    let young = seen.longest_wait_ms < RATE_ALERT_MIN_TICKS * s.tick_ms;
     // Only with at least a batch waiting: a short queue admits less than the target by nature.
-    if s.waiting_count >= s.batch_size && s.admission_rate_per_sec < RATE_ALERT * s.target_rate_per_sec {
+    if !held && !young && s.waiting_count >= s.batch_size && seen.recent_rate < RATE_ALERT * s.target_rate_per_sec {
         out.push("RATE_UNDER_50");
     }
     out
+}
+
+/// The rate the alert judges: over the last minute, or since the longest-waiting user
+/// entered, the sale opened or it resumed, whichever is the most recent (a queue 6 s old, or
+/// resumed 6 s ago, has not had a minute to admit in).
+fn rate_seen(snap: &TargetSnapshot, tick_ms: u64, now_ms: u64) -> RateSeen {
+    let sale = snap.sale.as_ref().map(|v| &v.record);
+    let restarted = sale.and_then(|r| r.resumed_at_ms.max(r.opened_at_ms));
+    let since = snap.oldest_entry_ms.map(|at| at.max(restarted.unwrap_or(0)));
+    let longest_wait_ms = since.map_or(0, |at| now_ms.saturating_sub(at));
+    let window = longest_wait_ms.clamp(tick_ms, 60_000);
+    RateSeen { longest_wait_ms, recent_rate: admission_rate_over(&snap.admissions, tick_ms, now_ms, window) }
 }
 
 /// What the flag columns say while the flag hash is missing from Redis.
@@ -99,31 +140,31 @@ const MISSING_FLAG: &str = "MISSING (instances keep their last known flag: vq fl
 
 /// Reads everything the dashboard shows, in one pass.
 pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTarget>) -> anyhow::Result<Report> {
-    let url = settings.redis.url.to_string();
+    let location = super::redis_location(settings);
     let started = Instant::now();
-    store.ping().await.map_err(|e| anyhow::anyhow!("redis at {url} is unreachable: {e}"))?;
+    store.ping().await.map_err(|e| anyhow::anyhow!("redis at {location} is unreachable: {e}"))?;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     // A lost flag hash is not "off": instances that had read it keep it (`vq flag status`).
     let stored = store.read_stored_flag().await?;
-    let kept = stored.is_none() && store.flag_acks().await?.iter().any(|a| a.kept_missing);
+    let kept = stored.is_none() && store.flag_acks().await?.iter().any(|a| a.kept_missing && a.silent_ms.is_none());
     let describe = |t: Option<QueueTarget>| match &stored {
         Some(f) => f.describe(t),
         None if kept => MISSING_FLAG.to_owned(),
         None => FlagState::default().describe(t),
     };
-    // Only declared targets: what clients name cannot make this longer.
-    let declared = super::target::declared(store, settings).await?;
+    // Only declared targets (active or with a sale): what clients name cannot make this longer.
     let mut targets = match only {
         Some(t) => {
             super::target::require_declared(store, settings, t).await?;
             vec![t]
         }
-        None => store.active_targets().await?.into_iter().filter(|t| declared.contains(*t)).collect(),
+        None => super::sale::listed_targets(store, settings).await?,
     };
     targets.sort();
     let mut rows = Vec::with_capacity(targets.len());
     for t in targets {
         let (snap, stats) = read_target_stats(store, t, settings).await?;
+        let seen = rate_seen(&snap, stats.tick_ms, store.now_ms());
         rows.push(TargetRow {
             target: t.to_string(),
             flag: describe(Some(t)),
@@ -133,12 +174,20 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
             } else {
                 stats.waiting_count as f64 * 100.0 / stats.max_capacity as f64
             },
-            alerts: alerts_of(&stats),
+            alerts: alerts_of(&stats, &seen),
             stats,
         });
     }
     Ok(Report {
-        redis: RedisHealth { url, ok: true, latency_ms },
+        redis: RedisHealth {
+            url: settings.redis_cluster_nodes().is_none().then(|| settings.redis.url.to_string()),
+            cluster_nodes: settings
+                .redis_cluster_nodes()
+                .map(|nodes| nodes.iter().map(|n| crate::config::redact_credentials(n)).collect()),
+            location,
+            ok: true,
+            latency_ms,
+        },
         flag: describe(None),
         flag_version: stored.as_ref().map_or(0, |f| f.version),
         tick_ms: settings.queue.tick_ms,
@@ -206,7 +255,7 @@ fn visible_width(line: &str) -> usize {
 /// The headline: Redis, flag, tick and the number of targets, on two lines when one would not
 /// fit into `columns`.
 fn headline(report: &Report, columns: Option<u16>) -> String {
-    let redis = format!("vq stats  redis {} ok ({:.1} ms)", report.redis.url, report.redis.latency_ms);
+    let redis = format!("vq stats  redis {} ok ({:.1} ms)", report.redis.location, report.redis.latency_ms);
     let rest = format!(
         "flag {} (v{})  tick {} ms  {} target(s)",
         report.flag,
@@ -266,7 +315,7 @@ fn render_compact(report: &Report, colour: bool, columns: u16) -> String {
     }
     let mut out = headline(report, Some(columns));
     if report.targets.is_empty() {
-        out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
+        out.push_str("no active targets (nobody has entered a queue in the last key TTL) and no sale scheduled\n");
     } else {
         out.push_str(&table.to_string());
         out.push('\n');
@@ -321,7 +370,7 @@ pub fn render(report: &Report, colour: bool) -> String {
     }
     let mut out = headline(report, None);
     if report.targets.is_empty() {
-        out.push_str("no active targets (nobody has entered a queue in the last key TTL)\n");
+        out.push_str("no active targets (nobody has entered a queue in the last key TTL) and no sale scheduled\n");
     } else {
         out.push_str(&table.to_string());
         out.push('\n');
@@ -406,18 +455,74 @@ mod tests {
         }
     }
 
+    /// A queue whose longest waiter has waited a minute, admitting `rate` per second.
+    fn seen(rate: f64) -> RateSeen {
+        RateSeen { longest_wait_ms: 60_000, recent_rate: rate }
+    }
+
     #[test]
     fn rows_over_90_percent_or_under_half_rate_are_flagged() {
-        assert_eq!(alerts_of(&stats(901, 50.0)), vec!["OVER_CAPACITY_90"]);
-        assert_eq!(alerts_of(&stats(500, 24.0)), vec!["RATE_UNDER_50"]);
-        assert!(alerts_of(&stats(500, 25.0)).is_empty());
-        assert!(alerts_of(&stats(10, 0.0)).is_empty(), "fewer than a batch waiting is no slowness");
+        assert_eq!(alerts_of(&stats(901, 50.0), &seen(50.0)), vec!["OVER_CAPACITY_90"]);
+        assert_eq!(alerts_of(&stats(500, 24.0), &seen(24.0)), vec!["RATE_UNDER_50"]);
+        assert!(alerts_of(&stats(500, 25.0), &seen(25.0)).is_empty());
+        assert!(alerts_of(&stats(10, 0.0), &seen(0.0)).is_empty(), "fewer than a batch waiting is no slowness");
+    }
+
+    #[test]
+    fn no_rate_alert_while_the_sale_holds_admission_or_the_queue_is_younger_than_three_ticks() {
+        for state in ["scheduled", "pre-queue", "paused", "closed"] {
+            let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+            assert!(alerts_of(&s, &seen(0.0)).is_empty(), "{state}");
+        }
+        for state in ["opening", "open"] {
+            let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+            assert_eq!(alerts_of(&s, &seen(0.0)), vec!["RATE_UNDER_50"], "{state}");
+        }
+        let young = RateSeen { longest_wait_ms: 5_999, recent_rate: 0.0 };
+        assert!(alerts_of(&stats(500, 0.0), &young).is_empty(), "under 3 ticks of 2 s");
+        let old = RateSeen { longest_wait_ms: 6_000, recent_rate: 0.0 };
+        assert_eq!(alerts_of(&stats(500, 0.0), &old), vec!["RATE_UNDER_50"], "a pump that never came");
+    }
+
+    #[test]
+    fn a_queue_six_seconds_old_is_judged_on_its_six_seconds() {
+        // Entered at 10.3 s, ticks of 2 s admitting 100 each at 12, 14 and 16 s; now 16.3 s.
+        let snap = TargetSnapshot {
+            oldest_entry_ms: Some(10_300),
+            admissions: vec![(8, 100), (7, 100), (6, 100)],
+            ..TargetSnapshot::default()
+        };
+        let r = rate_seen(&snap, 2000, 16_300);
+        assert_eq!(r.longest_wait_ms, 6000);
+        assert!((r.recent_rate - 50.0).abs() < 1e-9, "{}", r.recent_rate);
+        assert!(alerts_of(&stats(500, 5.0), &r).is_empty());
+    }
+
+    #[test]
+    fn a_sale_resumed_six_seconds_ago_is_judged_from_its_resume() {
+        // Waiting since 0 s, paused until 10.3 s, then 100 admitted per 2-s tick; now 16.3 s.
+        let record = crate::domain::SaleRecord { resumed_at_ms: Some(10_300), ..Default::default() };
+        let snap = TargetSnapshot {
+            oldest_entry_ms: Some(0),
+            admissions: vec![(8, 100), (7, 100), (6, 100)],
+            sale: Some(crate::store::SaleView { record, now_ms: 16_300 }),
+            ..TargetSnapshot::default()
+        };
+        let r = rate_seen(&snap, 2000, 16_300);
+        assert_eq!(r.longest_wait_ms, 6000);
+        assert!(alerts_of(&stats(500, 5.0), &r).is_empty(), "{}", r.recent_rate);
     }
 
     #[test]
     fn without_a_terminal_the_marker_word_shows_and_no_escape_codes() {
         let report = Report {
-            redis: RedisHealth { url: "redis://x".into(), ok: true, latency_ms: 0.2 },
+            redis: RedisHealth {
+                url: Some("redis://x".into()),
+                cluster_nodes: None,
+                location: "redis://x".into(),
+                ok: true,
+                latency_ms: 0.2,
+            },
             flag: "on 100%".into(),
             flag_version: 1,
             tick_ms: 2000,
@@ -427,7 +532,7 @@ mod tests {
                 flag: "on 100%".into(),
                 lock_holder: Some("a".into()),
                 capacity_percent: 95.0,
-                alerts: alerts_of(&stats(950, 0.0)),
+                alerts: alerts_of(&stats(950, 0.0), &seen(0.0)),
             }],
         };
         let text = render(&report, false);
@@ -457,12 +562,18 @@ mod tests {
                 flag: "on 100%".into(),
                 lock_holder: Some("vq-7f9c2d-1234".into()),
                 capacity_percent: waiting as f64 * 100.0 / 100_000.0,
-                alerts: alerts_of(&s),
+                alerts: alerts_of(&s, &seen(rate)),
                 stats: s,
             }
         };
         Report {
-            redis: RedisHealth { url: "redis://redis.internal.example:6379".into(), ok: true, latency_ms: 1.2 },
+            redis: RedisHealth {
+                url: Some("redis://redis.internal.example:6379".into()),
+                cluster_nodes: None,
+                location: "redis://redis.internal.example:6379".into(),
+                ok: true,
+                latency_ms: 1.2,
+            },
             flag: "on 100%".into(),
             flag_version: 12,
             tick_ms: 2000,

@@ -19,5 +19,5 @@ pub use sale::{
     LedgerEntry, SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, hex,
     ledger_admitted, opening_order, parse_instant, seed_commitment, unhex,
 };
-pub use stats::{WaitHistogram, admission_rate_per_sec, wait_bucket};
+pub use stats::{WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
 pub use target::{ParseError, QueueTarget, QueueTargetType, UserId};

@@ -203,6 +203,8 @@ pub struct SaleRecord {
     pub prequeued: Option<u64>,
     /// The opening order was written (by Redis' clock), epoch ms.
     pub opened_at_ms: Option<u64>,
+    /// The last resume after a pause (by Redis' clock), epoch ms: admission restarted then.
+    pub resumed_at_ms: Option<u64>,
 }
 
 impl SaleRecord {
@@ -225,6 +227,7 @@ impl SaleRecord {
             close_source: text("close_source"),
             prequeued: num("frozen"),
             opened_at_ms: num("opened_at"),
+            resumed_at_ms: num("resumed_at"),
         })
     }
 
@@ -342,11 +345,15 @@ pub enum LedgerEntry {
     Close { at_ms: u64, source: String, message: String },
     #[serde(rename_all = "camelCase")]
     Clear { at_ms: u64, source: String },
+    /// A schedule written (`vq sale schedule`, first or again), with the times now in force.
+    #[serde(rename_all = "camelCase")]
+    Schedule { at_ms: u64, opens_at_ms: u64, prequeue_from_ms: Option<u64>, closes_at_ms: Option<u64> },
 }
 
 impl LedgerEntry {
     /// Parses a stored row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
-    /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`.
+    /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
+    /// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none).
     pub fn decode(row: &str) -> Option<Self> {
         let mut p = row.splitn(6, '|');
         let kind = p.next()?;
@@ -375,6 +382,11 @@ impl LedgerEntry {
                 Self::Close { at_ms, source, message: rest.join("|") }
             }
             "clear" => Self::Clear { at_ms, source: next()? },
+            "schedule" => {
+                let opens_at_ms = next()?.parse().ok()?;
+                let mut opt = || next().and_then(|v| v.parse().ok());
+                Self::Schedule { at_ms, opens_at_ms, prequeue_from_ms: opt(), closes_at_ms: opt() }
+            }
             _ => return None,
         })
     }
@@ -386,7 +398,8 @@ impl LedgerEntry {
             | Self::Pause { at_ms, .. }
             | Self::Resume { at_ms, .. }
             | Self::Close { at_ms, .. }
-            | Self::Clear { at_ms, .. } => *at_ms,
+            | Self::Clear { at_ms, .. }
+            | Self::Schedule { at_ms, .. } => *at_ms,
         }
     }
 }

@@ -63,9 +63,16 @@ impl WaitHistogram {
 
 /// Users admitted per second over the last minute, from `(tick, admitted)` pairs.
 pub fn admission_rate_per_sec(admissions: &[(u64, u64)], tick_ms: u64, now_ms: u64) -> f64 {
-    let since = now_ms.saturating_sub(60_000);
+    admission_rate_over(admissions, tick_ms, now_ms, 60_000)
+}
+
+/// Admissions per second over the last `window_ms` (at least one tick): for a queue younger
+/// than a minute, the rate since it started rather than its admissions spread over a minute.
+pub fn admission_rate_over(admissions: &[(u64, u64)], tick_ms: u64, now_ms: u64, window_ms: u64) -> f64 {
+    let window_ms = window_ms.max(tick_ms).max(1);
+    let since = now_ms.saturating_sub(window_ms);
     let n: u64 = admissions.iter().filter(|(tick, _)| tick * tick_ms >= since).map(|(_, n)| n).sum();
-    n as f64 / 60.0
+    n as f64 * 1000.0 / window_ms as f64
 }
 
 #[cfg(test)]

@@ -20,7 +20,9 @@ pub struct StatusBody {
     status: &'static str,
     position: Option<u64>,
     ahead_count: u64,
-    eta_seconds: u64,
+    /// `None` (null) while the sale is paused: nobody is admitted until it resumes, so any
+    /// estimate would be a promise the queue does not keep.
+    eta_seconds: Option<u64>,
     entry_token: Option<String>,
     token_expires_at: Option<String>,
     /// Seconds until the next poll, for waiting and pre-queued users (also sent as `Retry-After`).
@@ -46,7 +48,7 @@ impl StatusBody {
             status,
             position: None,
             ahead_count: 0,
-            eta_seconds: 0,
+            eta_seconds: Some(0),
             entry_token: None,
             token_expires_at: None,
             poll_after_seconds: None,
@@ -65,7 +67,7 @@ impl From<QueueStatus> for StatusBody {
             QueueStatus::Waiting { position, ahead, eta_seconds, paused } => Self {
                 position: Some(position),
                 ahead_count: ahead,
-                eta_seconds,
+                eta_seconds: (!paused).then_some(eta_seconds),
                 paused: paused.then_some(true),
                 ..Self::sale("WAITING")
             },
@@ -75,6 +77,7 @@ impl From<QueueStatus> for StatusBody {
                 ..Self::sale(admitted)
             },
             QueueStatus::PreQueue { opens_at_ms, paused } => Self {
+                eta_seconds: (!paused).then_some(0),
                 opens_at: Some(format_instant(opens_at_ms)),
                 paused: paused.then_some(true),
                 ..Self::sale("PRE_QUEUE")

@@ -115,7 +115,7 @@ impl QueueService {
         crate::metrics::retain_targets(|t| active.contains(&t));
         for &target in &active {
             let s = self.stats(target).await?;
-            crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec);
+            crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec, s.sale_state.as_deref());
         }
         Ok(())
     }

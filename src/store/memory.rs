@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FlagAck, OutflowClaim, OutflowState, PaceSlot,
-    PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot,
-    TokenClaim, Waiting,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim, OutflowState,
+    PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits,
+    TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule, UserId,
@@ -196,8 +196,10 @@ impl Inner {
         let mut acks: Vec<FlagAck> = self
             .acks
             .iter()
-            .filter(|(_, (_, until))| *until > now)
-            .filter_map(|(instance, (value, _))| FlagAck::decode(instance, value))
+            .filter(|(_, (_, until))| until + FLAG_ACK_KEEP_MS > now)
+            .filter_map(|(instance, (value, until))| {
+                FlagAck::decode(instance, value, (*until <= now).then(|| now - until))
+            })
             .collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         acks
@@ -615,6 +617,7 @@ impl QueueStore for MemoryStore {
             tokens_used: q.tokens_used,
             direct_tokens_used: q.direct_tokens_used,
             waits: q.waits.clone(),
+            oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
             sale: sale::read(&inner, target, now).0,
             prequeued: sale::read(&inner, target, now).1,
         })
@@ -727,8 +730,13 @@ impl QueueStore for MemoryStore {
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        inner.acks.retain(|_, (_, until)| *until > now);
+        inner.acks.retain(|_, (_, until)| *until + FLAG_ACK_KEEP_MS > now);
         Ok(inner.live_acks(now))
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        self.lock().acks.remove(instance);
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -741,7 +749,12 @@ impl QueueStore for MemoryStore {
         schedule: SaleSchedule,
         seed: [u8; 32],
     ) -> Result<ScheduleOutcome, StoreError> {
-        Ok(sale::schedule(&mut self.lock(), target, schedule, seed))
+        Ok(sale::schedule(&mut self.lock(), target, schedule, seed, now_ms()))
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.sales.keys().copied().filter(|t| sale::read(&inner, *t, 0).0.is_some()).collect())
     }
 
     async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {

@@ -276,7 +276,16 @@ pub struct FlagAck {
     pub kept_missing: bool,
     /// The flag the instance applies, one line ([`FlagState::summary`]); empty if unknown.
     pub state: String,
+    /// `None` while the acknowledgement is live; else for how long it has been expired (the
+    /// instance stopped refreshing it: frozen, cut off from Redis, or gone without a
+    /// shutdown). Listed for [`FLAG_ACK_KEEP_MS`] after it expired.
+    pub silent_ms: Option<u64>,
 }
+
+/// How long an instance whose acknowledgement expired stays listed (silent) in
+/// [`QueueStore::flag_acks`]: long enough for an operator to see that a frozen or cut-off
+/// instance never applied the last change. An instance that shuts down withdraws its own.
+pub const FLAG_ACK_KEEP_MS: u64 = 10 * 60 * 1000;
 
 impl FlagAck {
     /// The hash value after the version and time: `missing:state`.
@@ -285,13 +294,13 @@ impl FlagAck {
     }
 
     /// Parses `version:applied_at_ms[:missing:state]`.
-    fn decode(instance: &str, value: &str) -> Option<Self> {
+    fn decode(instance: &str, value: &str, silent_ms: Option<u64>) -> Option<Self> {
         let mut parts = value.splitn(4, ':');
         let version = parts.next()?.parse().ok()?;
         let applied_at_ms = parts.next()?.parse().ok()?;
         let kept_missing = parts.next() == Some("1");
         let state = parts.next().unwrap_or_default().to_owned();
-        Some(Self { instance: instance.to_owned(), version, applied_at_ms, kept_missing, state })
+        Some(Self { instance: instance.to_owned(), version, applied_at_ms, kept_missing, state, silent_ms })
     }
 }
 
@@ -324,6 +333,9 @@ pub struct TargetSnapshot {
     pub direct_tokens_used: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
+    /// When the longest-waiting user (of those not yet admitted) entered, epoch ms of the
+    /// store's clock; `None` while nobody waits.
+    pub oldest_entry_ms: Option<u64>,
     /// The adaptive outflow's last decision, if it made one.
     pub outflow: Option<OutflowState>,
 }
@@ -479,6 +491,10 @@ pub trait QueueStore: Send + Sync + 'static {
     /// The sale as stored, with the store's clock; `None` without one.
     fn read_sale(&self, target: QueueTarget) -> impl Future<Output = Result<Option<SaleView>, StoreError>> + Send;
 
+    /// The targets a sale was scheduled for (and not cleared since); their sales may have
+    /// expired ([`QueueStore::read_sale`] says).
+    fn sale_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
+
     /// Pause, resume, close or clear, recorded in the ledger; false when it changed nothing.
     fn control_sale(
         &self,
@@ -621,8 +637,13 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Records that `instance` applied flag `version`; the record lives `ttl_ms`.
     fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The acknowledgements of every live instance.
+    /// The acknowledgements of every live instance, and of those silent for less than
+    /// [`FLAG_ACK_KEEP_MS`] (with [`FlagAck::silent_ms`]).
     fn flag_acks(&self) -> impl Future<Output = Result<Vec<FlagAck>, StoreError>> + Send;
+
+    /// Removes `instance`'s acknowledgement: it shuts down, and is no longer an instance that
+    /// should apply the flag.
+    fn withdraw_flag_ack(&self, instance: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -722,6 +743,9 @@ impl QueueStore for AnyStore {
     async fn control_sale(&self, t: QueueTarget, c: SaleControl) -> Result<bool, StoreError> {
         delegate!(self, s => s.control_sale(t, c))
     }
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        delegate!(self, s => s.sale_targets())
+    }
     async fn pending_opening(&self, t: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         delegate!(self, s => s.pending_opening(t))
     }
@@ -814,6 +838,9 @@ impl QueueStore for AnyStore {
     }
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         delegate!(self, s => s.flag_acks())
+    }
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        delegate!(self, s => s.withdraw_flag_ack(instance))
     }
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping())

@@ -201,3 +201,24 @@ async fn flag_off_is_confirmed_by_every_instance_on_the_cluster() {
         assert!(out.lines().any(|l| l.contains(name) && l.contains("applied")), "{name} missing in:\n{out}");
     }
 }
+
+/// In cluster mode `vq stats` names the cluster's nodes, never `redis.url` (unused there, and
+/// by default `redis://127.0.0.1:6379`, a server that may not even exist).
+#[tokio::test]
+async fn vq_stats_on_a_cluster_names_its_nodes_not_the_unused_url() {
+    let cluster = RedisCluster::spawn();
+    let vq = |args: &[&str]| {
+        vq_command().args(args).env("VQ_REDIS__CLUSTER_NODES", cluster.nodes()).output().expect("run vq")
+    };
+    let text = vq(&["stats"]);
+    let header = String::from_utf8_lossy(&text.stdout).lines().next().unwrap_or_default().to_owned();
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    assert!(header.contains(&format!("redis cluster {} ok", cluster.nodes())), "{header}");
+    assert!(!header.contains(":6379"), "{header}");
+    let json = vq(&["stats", "--json"]);
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let v: Value = serde_json::from_slice(&json.stdout).expect("json");
+    let nodes: Vec<String> = cluster.nodes().split(',').map(str::to_owned).collect();
+    assert_eq!(v["redis"]["clusterNodes"], serde_json::json!(nodes));
+    assert!(v["redis"].get("url").is_none(), "{v}");
+}

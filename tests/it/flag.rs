@@ -294,6 +294,49 @@ async fn an_instance_whose_acknowledgement_expires_during_the_wait_shows_as_not_
     assert!(String::from_utf8_lossy(&off.stderr).contains("vq-b"), "{}", out(&off));
 }
 
+/// A frozen instance does not vanish from `vq flag status` once its acknowledgement expires:
+/// it stays listed as NOT APPLIED, silent, with how long it has said nothing. An instance
+/// that shuts down (SIGTERM) withdraws its acknowledgement and is no longer listed.
+#[tokio::test]
+async fn a_frozen_instance_stays_listed_as_not_applied_after_its_acknowledgement_expires() {
+    let redis = RedisServer::spawn();
+    let (mut procs, _up) = gated_instances(&redis, 3).await;
+    assert!(vq_flag(&redis.url(), &["on"]).status.success());
+    let frozen = procs[1].child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
+    let off = vq_flag(&redis.url(), &["off"]);
+    assert_eq!(off.status.code(), Some(1), "{}", out(&off));
+    // Until its acknowledgement has expired (3 s after its last refresh), then some more.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let silent = loop {
+        let json = vq_flag(&redis.url(), &["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status json");
+        let b = v["instances"].as_array().expect("instances").iter().find(|i| i["instance"] == "vq-b").cloned();
+        let b = b.unwrap_or_else(|| panic!("vq-b vanished from vq flag status: {v}"));
+        if b["silentMs"].as_u64().is_some_and(|ms| ms > 4000) {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "vq-b never shown silent: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let status = vq_flag(&redis.url(), &["status"]);
+    let _ = std::process::Command::new("kill").args(["-CONT", &frozen]).status();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("vq-b") && l.contains("NOT APPLIED") && l.contains("SILENT for")),
+        "{}\n{silent}",
+        out(&status)
+    );
+    assert!(text.lines().any(|l| l.contains("vq-a") && l.contains("applied") && !l.contains("SILENT")), "{text}");
+
+    // vq-c stops on purpose: its acknowledgement goes with it.
+    let c = procs[2].child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &c]).status().unwrap().success());
+    procs[2].child.wait().expect("vq-c exits on SIGTERM");
+    let status = vq_flag(&redis.url(), &["status"]);
+    assert!(!String::from_utf8_lossy(&status.stdout).contains("vq-c"), "{}", out(&status));
+}
+
 /// The flag operations of both stores: the rollback clears overrides in the same write, the
 /// version never falls back to one an instance acknowledged, a lost hash reads as missing.
 #[tokio::test]
@@ -324,6 +367,7 @@ async fn both_stores_clear_overrides_with_off_and_keep_versions_above_acknowledg
             applied_at_ms: 5,
             kept_missing: true,
             state: "on 100%, 1 target override(s)".into(),
+            silent_ms: None,
         };
         s.ack_flag(ack.clone(), 3000).await.unwrap();
         assert_eq!(s.flag_acks().await.unwrap(), vec![ack]);

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use vq::config::Settings;
 use vq::pump::Pump;
+use vq::store::QueueStore;
 
 use crate::support::{
     RedisServer, TestApp, VqProcess, flag_on, next_tick, open_store, spawn_app, test_settings, vq_command,
@@ -277,4 +278,105 @@ async fn capacity_in_force_comes_from_the_instances_serving_the_target() {
     let row = &v["targets"][0];
     assert_eq!(row["stats"]["maxCapacity"], 2, "{v}");
     assert!(row["alerts"].to_string().contains("OVER_CAPACITY_90"), "{v}");
+}
+
+/// `vq stats --json` of the tests' Redis, tick and batch.
+fn stats_json(redis: &RedisServer, s: &Settings) -> serde_json::Value {
+    let out = vq_command()
+        .args(["stats", "--json", "--target", "limited-drop:5"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
+        .env("VQ_QUEUE__BATCH_SIZE", s.queue.batch_size.to_string())
+        .output()
+        .expect("run vq stats");
+    assert!(out.status.success(), "vq stats failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("vq stats --json prints JSON")
+}
+
+/// A queue a few ticks old whose pump admits a full batch every tick is not slow: its rate
+/// is judged over the ticks it has existed, not spread over a minute. The same queue with no
+/// pump at all is slow once its first users have waited three ticks.
+#[tokio::test]
+async fn a_young_queue_admitting_at_full_rate_raises_no_rate_alert_and_one_without_a_pump_does() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(settings(&redis));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    let pump = Pump::new(open_store(&s), s.clone(), "test-pump".into());
+    next_tick(s.queue.tick_ms).await;
+    for u in 1..=40 {
+        assert_eq!(app.enter(T, u).await.status(), 200);
+    }
+    // Six ticks (3 s) with a batch admitted in each: exactly the target rate.
+    let mut admitting_ticks = 0;
+    while admitting_ticks < 6 {
+        if pump.tick().await.expect("pump tick")[0].as_ref().expect("target tick").admit.is_some() {
+            admitting_ticks += 1;
+        }
+        next_tick(s.queue.tick_ms).await;
+    }
+    let row = &stats_json(&redis, &s)["targets"][0];
+    assert!(row["stats"]["waitingCount"].as_u64().unwrap() >= 2, "{row}");
+    assert_eq!(row["alerts"], serde_json::json!([]), "a queue 3 s old admitting at its target rate: {row}");
+
+    // Another target, no pump: waits three ticks, then it is slow.
+    for u in 1..=10 {
+        assert_eq!(app.enter("limited-drop/6", u).await.status(), 200);
+    }
+    for _ in 0..4 {
+        next_tick(s.queue.tick_ms).await;
+    }
+    let out = vq_command()
+        .args(["stats", "--json", "--target", "limited-drop:6"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
+        .env("VQ_QUEUE__BATCH_SIZE", s.queue.batch_size.to_string())
+        .output()
+        .expect("run vq stats");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["targets"][0]["alerts"], serde_json::json!(["RATE_UNDER_50"]), "{v}");
+}
+
+/// A paused sale admits nobody on purpose: no rate alert in `vq stats`, its state in
+/// `/metrics` (what the shipped alert rule reads), and no ETA promised to its buyers.
+#[tokio::test]
+async fn a_paused_sale_raises_no_rate_alert_shows_paused_in_metrics_and_promises_no_eta() {
+    let redis = RedisServer::spawn();
+    let s = Arc::new(settings(&redis));
+    let app = spawn_app((*s).clone(), false).await;
+    flag_on(&redis).await;
+    let store = open_store(&s);
+    let target: vq::domain::QueueTarget = "LIMITED_DROP:5".parse().unwrap();
+    assert!(store.control_sale(target, vq::domain::SaleControl::Pause).await.unwrap());
+    for u in 1..=10 {
+        assert_eq!(app.enter(T, u).await.status(), 200);
+    }
+    // Longer than three ticks: the queue is old enough for the rate to count.
+    for _ in 0..4 {
+        next_tick(s.queue.tick_ms).await;
+    }
+    let row = &stats_json(&redis, &s)["targets"][0];
+    assert_eq!(row["stats"]["saleState"], "paused", "{row}");
+    assert_eq!(row["alerts"], serde_json::json!([]), "paused on purpose is not slow: {row}");
+
+    let text = app.client.get(app.url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    assert!(text.contains("virtual_queue_sale_state{target=\"LIMITED_DROP:5\",state=\"paused\"} 1"), "{text}");
+    assert!(text.contains("virtual_queue_sale_state{target=\"LIMITED_DROP:5\",state=\"open\"} 0"), "{text}");
+
+    let poll = app.json(app.poll(T, 10).await).await;
+    assert_eq!(poll["status"], "WAITING", "{poll}");
+    assert_eq!(poll["paused"], true, "{poll}");
+    assert!(poll["etaSeconds"].is_null(), "a paused sale promises no wait: {poll}");
+    assert!(store.control_sale(target, vq::domain::SaleControl::Resume).await.unwrap());
+    // The resume reaches the instance's copy of the target within a sync (a quarter tick).
+    let deadline = Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let poll = app.json(app.poll(T, 10).await).await;
+        if poll.get("paused").is_none() {
+            assert!(poll["etaSeconds"].as_u64().is_some(), "resumed: an estimate again: {poll}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the resume never reached the poll: {poll}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -171,7 +171,13 @@ pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: Use
     inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(&user).is_some())
 }
 
-pub(super) fn schedule(inner: &mut Inner, target: QueueTarget, s: SaleSchedule, seed: [u8; 32]) -> ScheduleOutcome {
+pub(super) fn schedule(
+    inner: &mut Inner,
+    target: QueueTarget,
+    s: SaleSchedule,
+    seed: [u8; 32],
+    now: u64,
+) -> ScheduleOutcome {
     let sale = inner.sales.entry(target).or_default();
     if let Some(frozen_at_ms) = sale.frozen_at {
         return ScheduleOutcome::AlreadyOpened { frozen_at_ms };
@@ -187,6 +193,12 @@ pub(super) fn schedule(inner: &mut Inner, target: QueueTarget, s: SaleSchedule, 
     sale.record.closed = false;
     sale.record.close_source = None;
     sale.record.message = None;
+    sale.record(LedgerEntry::Schedule {
+        at_ms: now,
+        opens_at_ms: s.opens_at_ms,
+        prequeue_from_ms: s.prequeue_from_ms,
+        closes_at_ms: s.closes_at_ms,
+    });
     ScheduleOutcome::Scheduled { commitment: sale.record.commitment.clone().unwrap_or_default() }
 }
 
@@ -208,6 +220,7 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
         }
         SaleControl::Resume if r.paused => {
             r.paused = false;
+            r.resumed_at_ms = Some(now);
             LedgerEntry::Resume { at_ms: now, source: "command".into() }
         }
         SaleControl::Close { message, source } if !r.closed => {

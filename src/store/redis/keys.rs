@@ -6,6 +6,9 @@ pub const ACTIVE: &str = "queue:active";
 /// SET of the targets declared at runtime (`vq target add`), `LIMITED_DROP:42`; outside any
 /// target's slot, read on its own.
 pub const TARGETS: &str = "queue:targets";
+/// SET of the targets with a sale scheduled (`vq sale schedule`), `LIMITED_DROP:42`, so that
+/// `vq sale show` and `vq stats` list them before anyone enters; outside any target's slot.
+pub const SALES: &str = "queue:sales";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
 /// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag

@@ -47,9 +47,9 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FlagAck, LEDGER_MAX_ROWS, OutflowClaim,
-    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
-    StoreLimits, TargetSnapshot, TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, LEDGER_MAX_ROWS,
+    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
+    StoreError, StoreLimits, TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
@@ -480,7 +480,7 @@ impl QueueStore for RedisStore {
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
-        let (mark, seq, evicted, batch, capacity, lock, admissions, waits): (
+        let (mark, seq, evicted, batch, capacity, lock, admissions, waits, oldest): (
             Option<u64>,
             Option<u64>,
             Option<u64>,
@@ -489,6 +489,7 @@ impl QueueStore for RedisStore {
             Option<String>,
             Vec<String>,
             HashMap<String, u64>,
+            Vec<String>,
         ) = redis::pipe()
             .get(keys::of(target, "admitted_count"))
             .get(keys::of(target, "seq"))
@@ -498,10 +499,16 @@ impl QueueStore for RedisStore {
             .get(keys::admission_lock(target))
             .lrange(keys::of(target, "admissions"), 0, -1)
             .hgetall(keys::of(target, "waits"))
+            // The lowest member of entry_times is the oldest call with a seq the mark has not
+            // passed (admit.lua drops the others): member "<first>-<last>:<ms>".
+            .zrange(keys::of(target, "entry_times"), 0, 0)
             .query_async(&mut conn)
             .await?;
         let mark = mark.unwrap_or(0);
         let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
+        let oldest_entry_ms = (waiting > 0)
+            .then(|| oldest.first().and_then(|m| m.rsplit_once(':')).and_then(|(_, ms)| ms.parse().ok()))
+            .flatten();
         let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
         let outflow: HashMap<String, String> = conn.hgetall(keys::of(target, "outflow")).await?;
         let outflow = outflow.get("batch").and_then(|b| b.parse().ok()).map(|batch| OutflowState {
@@ -536,6 +543,7 @@ impl QueueStore for RedisStore {
                 count: waits.get("count").copied().unwrap_or(0),
                 sum_ms: waits.get("sum_ms").copied().unwrap_or(0),
             },
+            oldest_entry_ms,
         })
     }
 
@@ -626,17 +634,24 @@ impl QueueStore for RedisStore {
             .arg(ttl_ms.max(1))
             .arg(missing)
             .arg(state)
+            .arg(FLAG_ACK_KEEP_MS)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
     }
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
-        let live: Vec<String> = FLAG_ACKS.key(keys::FLAG_ACKS).invoke_async(&mut self.conn()).await?;
+        let listed: Vec<String> =
+            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
         let mut acks: Vec<FlagAck> =
-            live.chunks_exact(2).filter_map(|pair| FlagAck::decode(&pair[0], &pair[1])).collect();
+            listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         Ok(acks)
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -659,10 +674,15 @@ impl QueueStore for RedisStore {
             .arg(crate::domain::hex(&seed))
             .arg(crate::domain::seed_commitment(&seed))
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
-            Some("1") => Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() }),
+            Some("1") => {
+                // Another slot than the target's keys on a cluster: a command of its own.
+                let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
+                Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() })
+            }
             Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
             _ => Err(reply_err("sale_schedule.lua", &r)),
         }
@@ -687,7 +707,15 @@ impl QueueStore for RedisStore {
             .arg(LEDGER_MAX_ROWS)
             .invoke_async(&mut self.conn())
             .await?;
+        if matches!(control, SaleControl::Clear) {
+            let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
+        }
         Ok(changed == 1)
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::SALES).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
     }
 
     async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {

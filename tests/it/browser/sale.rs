@@ -129,6 +129,8 @@ async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
     let Some(Paused { store, browser, shop, _redis, _app }) = paused_page(23).await else { return };
     let m = wait_message(&browser, 10, |m| m.contains("paused")).await;
     assert_eq!(m, "The sale is paused — you keep your place.");
+    let eta = browser.eval("return document.getElementById('vq-eta').textContent").await;
+    assert_eq!(eta, "–", "no estimate while nobody is admitted");
     assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
     let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 40).await;
     verifies(&token_in(&url), 23);

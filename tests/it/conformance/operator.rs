@@ -5,7 +5,7 @@ use vq::store::FlagAck;
 use super::*;
 
 #[tokio::test]
-async fn flag_acknowledgements_are_listed_by_instance_until_they_expire() {
+async fn flag_acknowledgements_are_listed_by_instance_and_stay_listed_silent_once_expired() {
     with_both(async |s, _| {
         let ack = |instance: &str, version, ms: u64| FlagAck {
             instance: instance.into(),
@@ -13,6 +13,7 @@ async fn flag_acknowledgements_are_listed_by_instance_until_they_expire() {
             applied_at_ms: ms,
             kept_missing: instance == "b",
             state: "on 40%: a:b".into(),
+            silent_ms: None,
         };
         assert!(s.flag_acks().await.unwrap().is_empty());
         // (Redis expires the whole hash with the last acknowledgement written, so the longer
@@ -23,7 +24,13 @@ async fn flag_acknowledgements_are_listed_by_instance_until_they_expire() {
         assert_eq!(acks.len(), 2);
         assert_eq!(acks[0], FlagAck { state: "on 40%  a b".into(), ..ack("a", 3, 1) }, "':' cannot be stored");
         assert_eq!(acks[1], FlagAck { state: "on 40%  a b".into(), ..ack("b", 41, 2) });
-        assert!(eventually(async || s.flag_acks().await.unwrap().len() == 1).await, "a's never expired");
+        // Expired, a's acknowledgement stays listed, silent (FLAG_ACK_KEEP_MS), until withdrawn.
+        let silent = async || s.flag_acks().await.unwrap()[0].silent_ms.is_some();
+        assert!(eventually(silent).await, "a's never expired");
+        let acks = s.flag_acks().await.unwrap();
+        assert_eq!((acks.len(), acks[0].version, acks[1].silent_ms), (2, 3, None), "{acks:?}");
+        s.withdraw_flag_ack("a").await.unwrap();
+        assert_eq!(s.flag_acks().await.unwrap().len(), 1);
         assert_eq!(s.flag_acks().await.unwrap()[0].instance, "b");
         s.ack_flag(ack("b", 42, 3), 60_000).await.unwrap();
         assert_eq!(s.flag_acks().await.unwrap()[0].version, 42, "one acknowledgement per instance");

@@ -112,6 +112,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
                 LedgerEntry::Resume { .. } => "resume",
                 LedgerEntry::Close { .. } => "close",
                 LedgerEntry::Clear { .. } => "clear",
+                LedgerEntry::Schedule { .. } => "schedule",
             })
             .collect();
         assert_eq!(kinds, ["close", "admission", "resume", "pause"]);

@@ -282,3 +282,47 @@ async fn the_sale_lifecycle_works_on_a_redis_cluster() {
         assert_eq!(snap.admitted_total, 10);
     }
 }
+
+/// A sale scheduled before anyone entered is listed by `vq sale show` and `vq stats` (it used
+/// to appear only once someone entered); a schedule written again keeps the times not given,
+/// says what it changes, and both writes are in the ledger.
+#[tokio::test]
+async fn a_scheduled_sale_is_listed_before_anyone_enters_and_a_reschedule_keeps_its_prequeue() {
+    let redis = RedisServer::spawn();
+    let at = |from_now_ms: u64| vq::domain::format_instant(now_ms() + from_now_ms);
+    let (opens, prequeue) = (at(3_600_000), at(1_800_000));
+    let first =
+        cli(&redis, &["sale", "schedule", "limited-drop:7", "--opens-at", &opens, "--prequeue-from", &prequeue]);
+    assert!(first.status.success(), "{}", stderr(&first));
+
+    let show = cli(&redis, &["sale", "show", "--json"]);
+    assert!(show.status.success(), "{}", stderr(&show));
+    let all: Value = serde_json::from_slice(&show.stdout).expect("json");
+    assert_eq!(all[0]["target"], "LIMITED_DROP:7", "{all}");
+    assert_eq!(all[0]["state"], "scheduled", "{all}");
+    let stats = cli(&redis, &["stats", "--json"]);
+    assert!(stats.status.success(), "{}", stderr(&stats));
+    let v: Value = serde_json::from_slice(&stats.stdout).expect("json");
+    assert_eq!(v["targets"][0]["target"], "LIMITED_DROP:7", "{v}");
+    assert_eq!(v["targets"][0]["stats"]["saleState"], "scheduled", "{v}");
+    assert_eq!(v["targets"][0]["alerts"], serde_json::json!([]), "{v}");
+
+    // Moved an hour later, nothing said about the pre-queue: it stays.
+    let later = at(7_200_000);
+    let again = cli(&redis, &["sale", "schedule", "limited-drop:7", "--opens-at", &later]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(stdout(&again).contains(&format!("opens at: {opens} -> {later}")), "{}", stdout(&again));
+    assert!(stdout(&again).contains(&format!("pre-queue from: {prequeue} (kept)")), "{}", stdout(&again));
+    let now = show_json(&redis);
+    assert_eq!((now["opensAt"].as_str(), now["prequeueOpensAt"].as_str()), (Some(&*later), Some(&*prequeue)), "{now}");
+    let ledger = cli(&redis, &["sale", "ledger", "limited-drop:7", "--json"]);
+    let l: Value = serde_json::from_slice(&ledger.stdout).expect("ledger json");
+    let rows: Vec<&Value> = l["entries"].as_array().unwrap().iter().filter(|e| e["kind"] == "schedule").collect();
+    assert_eq!(rows.len(), 2, "{l}");
+    assert_eq!(rows[1]["opensAtMs"].as_u64(), vq::domain::parse_instant(&later).ok(), "{l}");
+
+    // A new schedule needs its opening.
+    let none = cli(&redis, &["sale", "schedule", "limited-drop:8", "--closes-at", &later]);
+    assert_eq!(none.status.code(), Some(1), "{}", stdout(&none));
+    assert!(stderr(&none).contains("--opens-at is required"), "{}", stderr(&none));
+}
