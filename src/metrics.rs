@@ -37,6 +37,8 @@ pub const OVERLOADED_TOTAL: &str = "virtual_queue_overloaded_total";
 pub const CLOCK_OFFSET: &str = "virtual_queue_clock_offset_seconds";
 pub const FAILOVER_FENCED_TOTAL: &str = "virtual_queue_failover_fenced_total";
 pub const SALE_STATE: &str = "virtual_queue_sale_state";
+pub const BATCH_SIZE: &str = "virtual_queue_batch_size";
+pub const ADAPTIVE_BATCH_MIN: &str = "virtual_queue_adaptive_batch_min";
 
 /// The `state` label values of [`SALE_STATE`]: `none` for a target without a sale, then the
 /// sale's states as `vq sale show` names them.
@@ -101,6 +103,7 @@ fn describe() {
         FLAG_MISSING,
         "1 while the flag hash is missing from Redis and this instance keeps its last known flag"
     );
+    describe_gauge!(ADAPTIVE_BATCH_MIN, "queue.batch_min, exported with queue.outflow = adaptive only");
 }
 
 /// Creates every series with known labels at 0, so `rate()` and the shipped alerts see them
@@ -171,6 +174,8 @@ pub fn upkeep() {
 struct TargetSeries {
     waiting: u64,
     target_rate_per_sec: f64,
+    /// The batch in force (the adaptive controller's, a pin, or the configured one).
+    batch: u64,
     /// Index in [`SALE_STATES`].
     sale_state: usize,
     admitted: u64,
@@ -185,10 +190,17 @@ fn with_target(target: QueueTarget, f: impl FnOnce(&mut TargetSeries)) {
 
 /// A target's state as read from Redis at scrape time (creates its series). `sale_state`:
 /// the sale's state (`paused`, …), `None` without a sale; an unknown name counts as none.
-pub fn set_queue_state(target: QueueTarget, waiting: u64, target_rate_per_sec: f64, sale_state: Option<&str>) {
+pub fn set_queue_state(
+    target: QueueTarget,
+    waiting: u64,
+    batch: u64,
+    target_rate_per_sec: f64,
+    sale_state: Option<&str>,
+) {
     let state = sale_state.and_then(|st| SALE_STATES.iter().position(|known| *known == st)).unwrap_or(0);
     with_target(target, |s| {
         s.waiting = waiting;
+        s.batch = batch;
         s.target_rate_per_sec = target_rate_per_sec;
         s.sale_state = state;
     });
@@ -206,10 +218,16 @@ fn render_targets(out: &mut String) {
     let targets = TARGETS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     /// Name, Prometheus type, help, value.
     type Series = (&'static str, &'static str, &'static str, fn(&TargetSeries) -> f64);
-    let series: [Series; 4] = [
+    let series: [Series; 5] = [
         (QUEUE_LENGTH, "gauge", "Users waiting and not yet admitted, per target (from Redis at scrape time)", |s| {
             s.waiting as f64
         }),
+        (
+            BATCH_SIZE,
+            "gauge",
+            "Users admitted per tick in force: the adaptive controller's, a pin or the configured",
+            |s| s.batch as f64,
+        ),
         (TARGET_ADMISSION_RATE, "gauge", "Admissions per second the pump aims at: batch size / tick seconds", |s| {
             s.target_rate_per_sec
         }),
@@ -241,6 +259,12 @@ fn render_targets(out: &mut String) {
 
 pub fn set_capacity(max_capacity: u64) {
     gauge!(QUEUE_CAPACITY).set(max_capacity as f64);
+}
+
+/// `queue.batch_min`, exported only with `queue.outflow = "adaptive"`: a batch sitting at it
+/// (the alert VirtualQueueBatchAtFloor) means the purchase API is struggling.
+pub fn set_adaptive_batch_min(batch_min: u64) {
+    gauge!(ADAPTIVE_BATCH_MIN).set(batch_min as f64);
 }
 
 /// Set at every flag refresh (the first one before serving), so the series exists from start.
@@ -345,7 +369,7 @@ mod tests {
     fn rendered_names_match_the_spec_and_labels_stay_bounded() {
         install();
         let t: QueueTarget = "LIMITED_DROP:42".parse().expect("target");
-        set_queue_state(t, 7, 50.0, Some("paused"));
+        set_queue_state(t, 7, 100, 50.0, Some("paused"));
         admitted(t, 3);
         wait_observed(1500);
         token_consumed(true);

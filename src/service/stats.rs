@@ -109,13 +109,22 @@ impl QueueService {
     /// drops the series of every other target.
     pub async fn record_queue_gauges(&self) -> Result<(), StoreError> {
         crate::metrics::set_capacity(self.settings.queue.max_capacity);
+        if self.settings.queue.outflow == crate::config::Outflow::Adaptive {
+            crate::metrics::set_adaptive_batch_min(self.settings.queue.batch_min);
+        }
         let active: std::collections::HashSet<QueueTarget> =
             self.store.active_targets().await?.into_iter().filter(|t| self.is_declared(*t)).collect();
         // Series of targets removed or gone idle go before the new figures are read.
         crate::metrics::retain_targets(|t| active.contains(&t));
         for &target in &active {
             let s = self.stats(target).await?;
-            crate::metrics::set_queue_state(target, s.waiting_count, s.target_rate_per_sec, s.sale_state.as_deref());
+            crate::metrics::set_queue_state(
+                target,
+                s.waiting_count,
+                s.batch_size,
+                s.target_rate_per_sec,
+                s.sale_state.as_deref(),
+            );
         }
         Ok(())
     }

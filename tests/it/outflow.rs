@@ -118,6 +118,12 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     assert!(low <= peak / 2, "the batch fell while the API was slow: {summary}");
     assert!(*recovered.last().unwrap() > low, "the batch rose again once the API recovered: {summary}");
     assert_eq!(stats["outflow"], "adaptive", "{stats}");
+    // The pump has stopped: the batch no longer moves between the two reads.
+    let stats = app.json(app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap()).await;
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let gauge = format!("virtual_queue_batch_size{{target=\"LIMITED_DROP:42\"}} {}", stats["batchSize"]);
+    assert!(metrics.contains(&gauge), "{gauge} in /metrics");
+    assert!(metrics.contains("virtual_queue_adaptive_batch_min 4"), "batch_min in /metrics");
     assert!(stats["outflowReason"].as_str().is_some_and(|r| !r.is_empty()), "{stats}");
 
     // `vq batch show` says where the batch comes from.
