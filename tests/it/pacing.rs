@@ -17,9 +17,12 @@ use crate::support::{RedisServer, VqProcess, flag_on, secret, three_instances};
 pub(crate) const TICK_MS: u64 = 500;
 pub(crate) const BATCH: u64 = 5;
 /// A purchase forwarded inside its tick may reach the upstream a little after the tick ends
-/// (the gate forwards at the latest 25 ms before the end; this machine is busy): one arriving
-/// this soon after a boundary may count for the tick before.
-const DELIVERY_SLACK_MS: u64 = 60;
+/// (the gate forwards at the latest 25 ms before the end; ARCHITECTURE.md says a purchase
+/// delayed past that arrives in the next tick): one arriving this soon after a boundary may
+/// count for the tick before, while that one has room. 60 ms was not enough for a clean-clone
+/// CI run with the whole suite beside this test and a process just resumed from SIGSTOP
+/// (ticks of 0 and 6 arrivals in a row).
+const DELIVERY_SLACK_MS: u64 = 150;
 
 fn signal(p: &VqProcess, sig: &str) {
     let ok = Command::new("kill").arg(sig).arg(p.child.id().to_string()).status().expect("kill").success();
@@ -126,6 +129,6 @@ fn an_arrival_just_after_a_boundary_counts_for_the_tick_before_while_it_has_room
     let t = |tick: u64, into: u64| tick * TICK_MS + into;
     let four_then_two_early = [t(10, 100), t(10, 200), t(10, 300), t(10, 400), t(11, 5), t(11, 10), t(11, 200)];
     assert_eq!(load_per_tick(&four_then_two_early), BTreeMap::from([(10, 5), (11, 2)]));
-    let six_firm = [t(3, 100), t(3, 110), t(3, 120), t(3, 130), t(3, 140), t(3, 150)];
+    let six_firm = [t(3, 200), t(3, 210), t(3, 220), t(3, 230), t(3, 240), t(3, 250)];
     assert_eq!(load_per_tick(&six_firm), BTreeMap::from([(3, 6)]));
 }
