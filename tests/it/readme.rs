@@ -10,7 +10,35 @@ use tempfile::NamedTempFile;
 use crate::support::{RedisServer, free_port};
 
 /// Starts `scripts/dev.sh` in its own process group with the debug build, stderr to `log`.
-fn dev_sh(port: u16, envs: &[(&str, String)], log: &NamedTempFile) -> Child {
+/// `scripts/dev.sh` running in a process group of its own; a test that fails before
+/// [`stop`] still stops the group (SIGTERM: the script stops what it started), so a failed
+/// assertion leaves no redis-server, stand-in or vq serve behind.
+struct DevSh(Child);
+
+impl std::ops::Deref for DevSh {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DevSh {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for DevSh {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let pgid = self.0.id();
+            let _ = Command::new("bash").args(["-c", &format!("kill -TERM -- -{pgid}")]).status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn dev_sh(port: u16, envs: &[(&str, String)], log: &NamedTempFile) -> DevSh {
     let root = env!("CARGO_MANIFEST_DIR");
     let mut cmd = Command::new(format!("{root}/scripts/dev.sh"));
     cmd.current_dir(root)
@@ -24,7 +52,7 @@ fn dev_sh(port: u16, envs: &[(&str, String)], log: &NamedTempFile) -> Child {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.spawn().unwrap()
+    DevSh(cmd.spawn().unwrap())
 }
 
 fn said(log: &NamedTempFile) -> String {
