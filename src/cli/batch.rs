@@ -116,10 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
             );
             let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
-            let base = match (&snap.outflow, adaptive) {
-                (Some(o), true) => o.batch,
-                _ => settings.type_batch_size(t.kind),
-            };
+            let base = crate::service::unpinned_batch(&settings, t.kind, &snap);
             if adaptive {
                 let pinned = snap.batch_override.is_some() || global.is_some();
                 match (&snap.outflow, pinned) {

@@ -252,6 +252,24 @@ fn visible_width(line: &str) -> usize {
     width
 }
 
+/// The cells both tables open with: target, waiting (capacity used, to `cap_decimals`),
+/// admitted, rate (target); red when their alert is up and `colour`.
+fn leading_cells(r: &TargetRow, colour: bool, cap_decimals: usize) -> [Cell; 4] {
+    let s = &r.stats;
+    let red = |c: Cell, on: bool| if colour && on { c.fg(Color::Red) } else { c };
+    let waiting = format!("{} ({:.*} %)", s.waiting_count, cap_decimals, r.capacity_percent);
+    [
+        Cell::new(&r.target),
+        red(Cell::new(waiting), r.alerts.contains(&"OVER_CAPACITY_90")).set_alignment(CellAlignment::Right),
+        Cell::new(s.admitted_count).set_alignment(CellAlignment::Right),
+        red(
+            Cell::new(format!("{:.1} ({:.1})", s.admission_rate_per_sec, s.target_rate_per_sec)),
+            r.alerts.contains(&"RATE_UNDER_50"),
+        )
+        .set_alignment(CellAlignment::Right),
+    ]
+}
+
 /// The headline: Redis, flag, tick and the number of targets, on two lines when one would not
 /// fit into `columns`.
 fn headline(report: &Report, columns: Option<u16>) -> String {
@@ -289,17 +307,13 @@ fn render_compact(report: &Report, colour: bool, columns: u16) -> String {
         let s = &r.stats;
         let full = r.alerts.contains(&"OVER_CAPACITY_90");
         let slow = r.alerts.contains(&"RATE_UNDER_50");
-        table.add_row(vec![
-            Cell::new(&r.target),
-            red(Cell::new(format!("{} ({:.0} %)", s.waiting_count, r.capacity_percent)), full)
-                .set_alignment(CellAlignment::Right),
-            Cell::new(s.admitted_count).set_alignment(CellAlignment::Right),
-            red(Cell::new(format!("{:.1} ({:.1})", s.admission_rate_per_sec, s.target_rate_per_sec)), slow)
-                .set_alignment(CellAlignment::Right),
+        let mut row = leading_cells(r, colour, 0).to_vec();
+        row.extend([
             Cell::new(format!("{:.0}/{:.0}", s.avg_wait_seconds, s.p95_wait_seconds))
                 .set_alignment(CellAlignment::Right),
             red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
         ]);
+        table.add_row(row);
         if s.sale_state.is_some() {
             notes.push_str(&format!("{} sale: {}\n", r.target, sale_cell(s, now)));
         }
@@ -350,13 +364,8 @@ pub fn render(report: &Report, colour: bool) -> String {
         let s = &r.stats;
         let full = r.alerts.contains(&"OVER_CAPACITY_90");
         let slow = r.alerts.contains(&"RATE_UNDER_50");
-        table.add_row(vec![
-            Cell::new(&r.target),
-            red(Cell::new(format!("{} ({:.1} %)", s.waiting_count, r.capacity_percent)), full)
-                .set_alignment(CellAlignment::Right),
-            Cell::new(s.admitted_count).set_alignment(CellAlignment::Right),
-            red(Cell::new(format!("{:.1} ({:.1})", s.admission_rate_per_sec, s.target_rate_per_sec)), slow)
-                .set_alignment(CellAlignment::Right),
+        let mut row = leading_cells(r, colour, 1).to_vec();
+        row.extend([
             Cell::new(secs(s.avg_wait_seconds)).set_alignment(CellAlignment::Right),
             Cell::new(secs(s.p95_wait_seconds)).set_alignment(CellAlignment::Right),
             Cell::new(s.evicted_count).set_alignment(CellAlignment::Right),
@@ -367,6 +376,7 @@ pub fn render(report: &Report, colour: bool) -> String {
             Cell::new(r.lock_holder.as_deref().unwrap_or("-")),
             red(Cell::new(if r.alerts.is_empty() { "ok".to_owned() } else { r.alerts.join(" ") }), full || slow),
         ]);
+        table.add_row(row);
     }
     let mut out = headline(report, None);
     if report.targets.is_empty() {

@@ -28,7 +28,7 @@ use self::flag::FlagCache;
 pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
-pub use self::stats::{QueueStats, read_target_stats};
+pub use self::stats::{QueueStats, read_target_stats, unpinned_batch};
 use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::{OnStoreFailure, Settings};

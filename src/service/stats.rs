@@ -45,6 +45,16 @@ pub struct QueueStats {
     pub outflow_reason: Option<String>,
 }
 
+/// The batch of a target of `kind` while no runtime batch pins one: the adaptive
+/// controller's last choice (`queue.outflow = "adaptive"`, as the pump admits: pump.rs), else
+/// the type's configured one.
+pub fn unpinned_batch(settings: &Settings, kind: QueueTargetType, snap: &TargetSnapshot) -> u64 {
+    match &snap.outflow {
+        Some(o) if settings.queue.outflow == crate::config::Outflow::Adaptive => o.batch,
+        _ => settings.type_batch_size(kind),
+    }
+}
+
 impl QueueStats {
     /// The one computation behind the stats endpoint, `/metrics` gauges and `vq stats`.
     /// `global_batch` is the operator's runtime batch size for every target, if set.
@@ -57,12 +67,7 @@ impl QueueStats {
     ) -> Self {
         let queue = &settings.queue;
         let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
-        // The controller's batch while nothing pins one (as the pump admits: pump.rs).
-        let configured = match (&snap.outflow, adaptive) {
-            (Some(o), true) => o.batch,
-            _ => settings.type_batch_size(kind),
-        };
-        let batch_size = batch_in_force(snap.batch_override, global_batch, configured);
+        let batch_size = batch_in_force(snap.batch_override, global_batch, unpinned_batch(settings, kind, snap));
         Self {
             waiting_count: snap.waiting,
             admitted_count: snap.admitted_total,

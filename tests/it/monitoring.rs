@@ -139,7 +139,16 @@ async fn the_shipped_scrape_config_and_every_dashboard_query_work_against_a_real
     let denied = client.post(url("/limited-drops/42/orders")).header("X-User-Id", "99").send().await.unwrap();
     assert_eq!(denied.status(), 403);
     assert!(!bought.is_empty(), "nobody was admitted");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until Prometheus has scraped the sale's last event, the refused purchase.
+    let started = Instant::now();
+    loop {
+        let data = api(&prometheus, "/api/v1/query", &[("query", "virtual_queue_bypass_attempts_total >= 1")]).await;
+        if data["result"].as_array().is_some_and(|r| !r.is_empty()) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "prometheus never scraped the refused purchase");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // The scrape works and the rules loaded.
     let targets = api(&prometheus, "/api/v1/targets", &[]).await;

@@ -280,10 +280,10 @@ async fn capacity_in_force_comes_from_the_instances_serving_the_target() {
     assert!(row["alerts"].to_string().contains("OVER_CAPACITY_90"), "{v}");
 }
 
-/// `vq stats --json` of the tests' Redis, tick and batch.
-fn stats_json(redis: &RedisServer, s: &Settings) -> serde_json::Value {
+/// `vq stats --json --target target` of the tests' Redis, tick and batch.
+fn stats_json(redis: &RedisServer, s: &Settings, target: &str) -> serde_json::Value {
     let out = vq_command()
-        .args(["stats", "--json", "--target", "limited-drop:5"])
+        .args(["stats", "--json", "--target", target])
         .env("VQ_REDIS__URL", redis.url())
         .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
         .env("VQ_QUEUE__BATCH_SIZE", s.queue.batch_size.to_string())
@@ -315,7 +315,7 @@ async fn a_young_queue_admitting_at_full_rate_raises_no_rate_alert_and_one_witho
         }
         next_tick(s.queue.tick_ms).await;
     }
-    let row = &stats_json(&redis, &s)["targets"][0];
+    let row = &stats_json(&redis, &s, "limited-drop:5")["targets"][0];
     assert!(row["stats"]["waitingCount"].as_u64().unwrap() >= 2, "{row}");
     assert_eq!(row["alerts"], serde_json::json!([]), "a queue 3 s old admitting at its target rate: {row}");
 
@@ -326,14 +326,7 @@ async fn a_young_queue_admitting_at_full_rate_raises_no_rate_alert_and_one_witho
     for _ in 0..4 {
         next_tick(s.queue.tick_ms).await;
     }
-    let out = vq_command()
-        .args(["stats", "--json", "--target", "limited-drop:6"])
-        .env("VQ_REDIS__URL", redis.url())
-        .env("VQ_QUEUE__TICK_MS", s.queue.tick_ms.to_string())
-        .env("VQ_QUEUE__BATCH_SIZE", s.queue.batch_size.to_string())
-        .output()
-        .expect("run vq stats");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = stats_json(&redis, &s, "limited-drop:6");
     assert_eq!(v["targets"][0]["alerts"], serde_json::json!(["RATE_UNDER_50"]), "{v}");
 }
 
@@ -355,7 +348,7 @@ async fn a_paused_sale_raises_no_rate_alert_shows_paused_in_metrics_and_promises
     for _ in 0..4 {
         next_tick(s.queue.tick_ms).await;
     }
-    let row = &stats_json(&redis, &s)["targets"][0];
+    let row = &stats_json(&redis, &s, "limited-drop:5")["targets"][0];
     assert_eq!(row["stats"]["saleState"], "paused", "{row}");
     assert_eq!(row["alerts"], serde_json::json!([]), "paused on purpose is not slow: {row}");
 
