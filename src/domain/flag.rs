@@ -64,11 +64,12 @@ impl FlagChange {
     }
 }
 
-/// The stable bucket of a user, 0–99: FNV-1a over the decimal user id. Every instance and
+/// The stable bucket of a user, 0–99: FNV-1a over the user id's characters (for an integer
+/// id, its decimal digits). Every instance and
 /// every language computes the same bucket for the same user.
-pub fn user_bucket(user: UserId) -> u8 {
+pub fn user_bucket(user: &UserId) -> u8 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in user.0.to_string().bytes() {
+    for b in user.as_str().bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -77,7 +78,7 @@ pub fn user_bucket(user: UserId) -> u8 {
 
 impl FlagState {
     /// Whether this user goes through the queue (and the gate) for this target.
-    pub fn applies(&self, target: QueueTarget, user: UserId) -> bool {
+    pub fn applies(&self, target: QueueTarget, user: &UserId) -> bool {
         let percent = match self.overrides.get(&target) {
             Some(TargetOverride::Off) => return false,
             Some(TargetOverride::On { percent }) => *percent,
@@ -169,28 +170,28 @@ mod tests {
 
     #[test]
     fn off_by_default() {
-        assert!(!FlagState::default().applies(t(1), UserId(1)));
+        assert!(!FlagState::default().applies(t(1), &UserId::from(1)));
     }
 
     #[test]
     fn canary_takes_about_the_given_share_of_users() {
         let f = FlagState { enabled: true, percent: 50, ..Default::default() };
-        let inside = (1..=10_000).filter(|u| f.applies(t(1), UserId(*u))).count();
+        let inside = (1..=10_000).filter(|u| f.applies(t(1), &UserId::from(*u))).count();
         assert!((4_500..=5_500).contains(&inside), "{inside}");
         let all = FlagState { enabled: true, percent: 100, ..Default::default() };
-        assert!((1..=1000).all(|u| all.applies(t(1), UserId(u))));
+        assert!((1..=1000).all(|u| all.applies(t(1), &UserId::from(u))));
     }
 
     #[test]
     fn target_override_wins_over_global() {
         let mut f = FlagState { enabled: true, percent: 100, ..Default::default() };
         f.overrides.insert(t(2), TargetOverride::Off);
-        assert!(f.applies(t(1), UserId(5)));
-        assert!(!f.applies(t(2), UserId(5)));
+        assert!(f.applies(t(1), &UserId::from(5)));
+        assert!(!f.applies(t(2), &UserId::from(5)));
         let mut g = FlagState::default();
         g.overrides.insert(t(3), TargetOverride::On { percent: 100 });
-        assert!(g.applies(t(3), UserId(5)));
-        assert!(!g.applies(t(1), UserId(5)));
+        assert!(g.applies(t(3), &UserId::from(5)));
+        assert!(!g.applies(t(1), &UserId::from(5)));
     }
 
     #[test]
@@ -226,7 +227,7 @@ mod tests {
         // Pinned values (FNV-1a 64 of the decimal id, mod 100, computed independently):
         // changing the hash would move users in and out of a running canary.
         let users = [1, 2, 3, 4, 5, 42, 1_000_000, u64::MAX];
-        let buckets: Vec<u8> = users.iter().map(|u| user_bucket(UserId(*u))).collect();
+        let buckets: Vec<u8> = users.iter().map(|u| user_bucket(&UserId::from(*u))).collect();
         assert_eq!(buckets, [68, 1, 90, 35, 24, 91, 96, 60]);
     }
 }

@@ -159,7 +159,7 @@ pub async fn waiting_room(
     let config = json!({
         "type": &*target.kind.slug(),
         "id": target.id,
-        "user": user.0,
+        "user": user.as_str(),
         "returnUrl": page.settings.return_url,
         "embedOrigin": page.settings.embed_origin,
         "text": text,

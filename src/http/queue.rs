@@ -124,7 +124,7 @@ pub async fn enter(
     TargetPath(t): TargetPath,
     User(u): User,
 ) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.enter(t, u).await?))
+    Ok(answer(&st, st.service.enter(t, &u).await?))
 }
 
 pub async fn poll(
@@ -132,11 +132,11 @@ pub async fn poll(
     TargetPath(t): TargetPath,
     User(u): User,
 ) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.status(t, u).await?))
+    Ok(answer(&st, st.service.status(t, &u).await?))
 }
 
 pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {
-    st.service.leave(t, u).await;
+    st.service.leave(t, &u).await;
     StatusCode::NO_CONTENT
 }
 

@@ -50,10 +50,10 @@ struct QueueKeys {
 }
 
 impl QueueKeys {
-    fn remove(&mut self, user: UserId) -> bool {
-        self.heartbeat.remove(&user);
-        self.entered_at.remove(&user);
-        match self.seq_of.remove(&user) {
+    fn remove(&mut self, user: &UserId) -> bool {
+        self.heartbeat.remove(user);
+        self.entered_at.remove(user);
+        match self.seq_of.remove(user) {
             Some(seq) => {
                 self.waiting.remove(&seq);
                 true
@@ -125,11 +125,11 @@ impl TargetState {
             && self.capacity.is_none_or(|(_, until)| until <= now)
     }
 
-    fn live_token(&mut self, user: UserId, now: u64) -> Option<String> {
-        match self.tokens.get(&user) {
+    fn live_token(&mut self, user: &UserId, now: u64) -> Option<String> {
+        match self.tokens.get(user) {
             Some((t, exp)) if *exp > now => Some(t.strip_prefix("used:").unwrap_or(t).to_owned()),
             Some(_) => {
-                self.tokens.remove(&user);
+                self.tokens.remove(user);
                 None
             }
             None => None,
@@ -137,16 +137,16 @@ impl TargetState {
     }
 
     /// The shared tail of enter and status for a user holding `seq`.
-    fn position(&mut self, user: UserId, seq: u64, candidate: &dyn Candidate, token_ttl_s: u64, now: u64) -> Place {
+    fn position(&mut self, user: &UserId, seq: u64, candidate: &dyn Candidate, token_ttl_s: u64, now: u64) -> Place {
         let q = &mut self.queue;
         if seq <= q.mark {
             let token = candidate.token();
-            self.tokens.insert(user, (token.clone(), now + token_ttl_s * 1000));
+            self.tokens.insert(user.clone(), (token.clone(), now + token_ttl_s * 1000));
             q.tokens_issued += 1;
             q.remove(user);
             return Place::Admitted(token);
         }
-        q.heartbeat.insert(user, now);
+        q.heartbeat.insert(user.clone(), now);
         Place::Waiting(Waiting {
             seq,
             mark: q.mark,
@@ -254,11 +254,12 @@ impl QueueStore for MemoryStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
+        let user = &user;
         let now = now_ms();
         let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
-        if !t.queue.seq_of.contains_key(&user)
+        if !t.queue.seq_of.contains_key(user)
             && let Some(token) = t.live_token(user, now)
         {
             return Ok(EnterOutcome::Admitted(token));
@@ -269,7 +270,7 @@ impl QueueStore for MemoryStore {
         }
         let paused = sale::paused(&inner, target);
         let t = inner.target(target, now);
-        let seq = match t.queue.seq_of.get(&user) {
+        let seq = match t.queue.seq_of.get(user) {
             Some(seq) => *seq,
             None => {
                 if let Some(token) = t.live_token(user, now) {
@@ -280,9 +281,9 @@ impl QueueStore for MemoryStore {
                     return Ok(EnterOutcome::Full);
                 }
                 q.seq += 1;
-                q.waiting.insert(q.seq, user);
-                q.seq_of.insert(user, q.seq);
-                q.entered_at.insert(user, now);
+                q.waiting.insert(q.seq, user.clone());
+                q.seq_of.insert(user.clone(), q.seq);
+                q.entered_at.insert(user.clone(), now);
                 if q.seq % 64 == 1 {
                     q.expires_at = Some(now + ttl_ms);
                 }
@@ -301,10 +302,11 @@ impl QueueStore for MemoryStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
+        let user = &user;
         let now = now_ms();
         let mut inner = self.lock();
         if let Some(t) = inner.existing(target, now)
-            && !t.queue.seq_of.contains_key(&user)
+            && !t.queue.seq_of.contains_key(user)
             && let Some(token) = t.live_token(user, now)
         {
             return Ok(StatusOutcome::Admitted(token));
@@ -317,7 +319,7 @@ impl QueueStore for MemoryStore {
         let Some(t) = inner.existing(target, now) else {
             return Ok(StatusOutcome::NotInQueue);
         };
-        let Some(seq) = t.queue.seq_of.get(&user).copied() else {
+        let Some(seq) = t.queue.seq_of.get(user).copied() else {
             return Ok(match t.live_token(user, now) {
                 Some(token) => StatusOutcome::Admitted(token),
                 None => StatusOutcome::NotInQueue,
@@ -331,8 +333,8 @@ impl QueueStore for MemoryStore {
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        sale::forget_prequeued(&mut inner, target, user);
-        Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
+        sale::forget_prequeued(&mut inner, target, &user);
+        Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(&user)))
     }
 
     async fn observe_purchase(
@@ -412,7 +414,7 @@ impl QueueStore for MemoryStore {
         let now = now_ms();
         let mut inner = self.lock();
         let waiting = inner.existing(target, now).is_some_and(|t| t.queue.seq_of.contains_key(&user));
-        Ok(waiting || sale::holds_prequeued(&inner, target, user))
+        Ok(waiting || sale::holds_prequeued(&inner, target, &user))
     }
 
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
@@ -446,7 +448,7 @@ impl QueueStore for MemoryStore {
         let q = &mut t.queue;
         let before = q.mark;
         let front: Vec<(u64, UserId)> =
-            q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
+            q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, u.clone())).collect();
         if let Some((last, _)) = front.last() {
             q.mark = *last;
         }
@@ -493,15 +495,15 @@ impl QueueStore for MemoryStore {
         };
         let q = &mut t.queue;
         let mut stale: Vec<(u64, UserId)> =
-            q.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, *u)).collect();
+            q.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, u.clone())).collect();
         stale.sort_unstable();
         stale.truncate(max as usize);
         for (_, user) in &stale {
-            q.remove(*user);
+            q.remove(user);
         }
         q.evicted += stale.len() as u64;
         for (_, user) in &stale {
-            sale::forget_prequeued(&mut inner, target, *user);
+            sale::forget_prequeued(&mut inner, target, user);
         }
         Ok(stale.len() as u64)
     }
@@ -635,7 +637,7 @@ impl QueueStore for MemoryStore {
         let t = inner.target(target, now);
         let used = format!("used:{token}");
         let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
-        let spent = t.used.entry(user).or_default();
+        let spent = t.used.entry(user.clone()).or_default();
         spent.retain(|_, exp| *exp > now);
         if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
             return Ok(TokenClaim::AlreadyUsed);
@@ -797,7 +799,7 @@ mod tests {
             MemoryStore::new(StoreLimits { max_capacity: 5, type_capacity: Vec::new(), key_ttl_s: 1, token_ttl_s: 1 });
         let t: QueueTarget = "limited-drop:1".parse().expect("target");
         s.register_active(t).await.expect("register");
-        s.claim_token(t, UserId(1), "A", 1).await.expect("claim");
+        s.claim_token(t, UserId::from(1), "A", 1).await.expect("claim");
         assert!(s.forget_if_expired(t).await.expect("forget"), "no queue, nothing keeps it active");
         assert_eq!(s.lock().targets.len(), 1, "the used mark outlives the queue");
         // The pump no longer asks about `t`, only about the targets still active.

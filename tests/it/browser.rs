@@ -156,7 +156,8 @@ fn token_in(url: &str) -> String {
 fn verifies(token: &str, user: u64) {
     let target: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
     let now = vq::service::now_epoch_ms() / 1000;
-    vq::token::verify(&secret(), token, target, UserId(user), now).expect("the token the page forwarded verifies");
+    vq::token::verify(&secret(), token, target, &UserId::from(user), now)
+        .expect("the token the page forwarded verifies");
 }
 
 #[tokio::test]

@@ -146,15 +146,21 @@ async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
     let targets = targets_on_every_node(&cluster).await;
     let store = open_store(&cluster_settings(&cluster));
     for (t, _) in &targets {
-        assert!(matches!(store.enter(*t, UserId(1), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 1));
+        assert!(
+            matches!(store.enter(*t, UserId::from(1), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 1)
+        );
     }
     for port in &cluster.ports {
         let mut c = cluster.node_conn(*port).await;
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.unwrap();
     }
     for (t, _) in &targets {
-        assert!(matches!(store.enter(*t, UserId(2), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2));
-        assert!(matches!(store.status(*t, UserId(1), &"tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1));
+        assert!(
+            matches!(store.enter(*t, UserId::from(2), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2)
+        );
+        assert!(
+            matches!(store.status(*t, UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1)
+        );
     }
     // Each node now holds the scripts of the targets it serves.
     for (_, node) in &targets {

@@ -77,7 +77,7 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
                         c.zrangebyscore("queue:{LIMITED_DROP:42}:waiting", format!("({last}"), mark).await.unwrap();
                     for u in users {
                         let now = vq::service::now_epoch_ms() / 1000;
-                        let token = vq::token::mint(&secret(), target, UserId(u), now, 300).raw;
+                        let token = vq::token::mint(&secret(), target, &UserId::from(u), now, 300).raw;
                         let req = client.post(&url).header("X-User-Id", u.to_string()).header("X-Entry-Token", token);
                         tokio::spawn(req.send());
                     }

@@ -91,8 +91,8 @@ fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
     for user in order {
         q.seq += 1;
         if q.heartbeat.contains_key(&user) {
-            q.waiting.insert(q.seq, user);
-            q.seq_of.insert(user, q.seq);
+            q.waiting.insert(q.seq, user.clone());
+            q.seq_of.insert(user.clone(), q.seq);
             q.entered_at.insert(user, opens_at);
         }
     }
@@ -103,7 +103,7 @@ fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
 pub(super) fn gate_newcomer(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     entering: bool,
     max_capacity: u64,
@@ -116,17 +116,17 @@ pub(super) fn gate_newcomer(
     match phase {
         SalePhase::Closed => Gate::Closed(notice),
         SalePhase::Scheduled if entering => Gate::Scheduled(notice),
-        SalePhase::PreQueue if sale.prequeue.contains_key(&user) => {
-            inner.target(target, now).queue.heartbeat.insert(user, now);
+        SalePhase::PreQueue if sale.prequeue.contains_key(user) => {
+            inner.target(target, now).queue.heartbeat.insert(user.clone(), now);
             Gate::PreQueue(notice)
         }
         SalePhase::PreQueue if entering => {
             if waiting + sale.prequeue.len() as u64 >= max_capacity {
                 return Gate::Full;
             }
-            sale.prequeue.insert(user, now);
+            sale.prequeue.insert(user.clone(), now);
             let q = &mut inner.target(target, now).queue;
-            q.heartbeat.insert(user, now);
+            q.heartbeat.insert(user.clone(), now);
             q.expires_at = Some(now + ttl_ms);
             Gate::PreQueue(notice)
         }
@@ -161,14 +161,14 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
     }
 }
 
-/// Takes a user out of the pre-queue (left, or evicted).
 /// Whether `user` is in `target`'s pre-queue.
-pub(super) fn holds_prequeued(inner: &Inner, target: QueueTarget, user: UserId) -> bool {
-    inner.sales.get(&target).is_some_and(|s| s.prequeue.contains_key(&user))
+pub(super) fn holds_prequeued(inner: &Inner, target: QueueTarget, user: &UserId) -> bool {
+    inner.sales.get(&target).is_some_and(|s| s.prequeue.contains_key(user))
 }
 
-pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: UserId) -> bool {
-    inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(&user).is_some())
+/// Takes a user out of the pre-queue (left, or evicted).
+pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: &UserId) -> bool {
+    inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(user).is_some())
 }
 
 pub(super) fn schedule(
@@ -249,7 +249,7 @@ pub(super) fn ledger(inner: &Inner, target: QueueTarget) -> Vec<LedgerEntry> {
 fn gate_of(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     capacity: Option<u64>,
     ttl_ms: u64,
@@ -258,7 +258,7 @@ fn gate_of(
         return None;
     }
     let (known, mark) =
-        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(user).copied(), t.queue.mark));
     Some(match known {
         Some(seq) if seq <= mark => return None,
         Some(_) => gate_waiting(inner, target, now, ttl_ms),
@@ -274,7 +274,7 @@ fn gate_of(
 pub(super) fn enter_gate(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     max_capacity: u64,
     ttl_ms: u64,
@@ -293,7 +293,7 @@ pub(super) fn enter_gate(
 pub(super) fn status_gate(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     ttl_ms: u64,
 ) -> Option<crate::store::StatusOutcome> {

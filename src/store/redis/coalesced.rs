@@ -37,12 +37,12 @@ impl RedisStore {
     pub(super) async fn issue(
         &self,
         target: QueueTarget,
-        user: UserId,
+        user: &UserId,
         candidate: &dyn Candidate,
     ) -> Result<Answer, StoreError> {
         let reply: Value = on_target(&ISSUE, target, ISSUE_KEYS)
             .key(keys::token(target, user))
-            .arg(user.0)
+            .arg(user.as_str())
             .arg(candidate.token())
             .arg(self.limits.token_ttl_s)
             .invoke_async(&mut self.conn())
@@ -133,7 +133,7 @@ async fn execute(
         cmd.arg(*v);
     }
     for job in &jobs {
-        cmd.arg(job.user.0);
+        cmd.arg(job.user.as_str());
     }
     let answers =
         eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));

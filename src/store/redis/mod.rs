@@ -168,9 +168,9 @@ impl QueueStore for RedisStore {
     ) -> Result<EnterOutcome, StoreError> {
         // A user admitted, then evicted or gone before the token was stored enters again.
         for _ in 0..2 {
-            let mut answer = self.coalesced(Op::Enter, target, user).await?;
+            let mut answer = self.coalesced(Op::Enter, target, user.clone()).await?;
             if let Answer::Issue = answer {
-                answer = self.issue(target, user, candidate).await?;
+                answer = self.issue(target, &user, candidate).await?;
             }
             match answer {
                 Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
@@ -191,9 +191,9 @@ impl QueueStore for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
-        let mut answer = self.coalesced(Op::Status, target, user).await?;
+        let mut answer = self.coalesced(Op::Status, target, user.clone()).await?;
         if let Answer::Issue = answer {
-            answer = self.issue(target, user, candidate).await?;
+            answer = self.issue(target, &user, candidate).await?;
         }
         match answer {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
@@ -210,7 +210,7 @@ impl QueueStore for RedisStore {
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
-            .arg(user.0)
+            .arg(user.as_str())
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
@@ -303,7 +303,7 @@ impl QueueStore for RedisStore {
         max: u64,
     ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         let held: Vec<(String, u64)> = USER_HOLD
-            .key(keys::user_queues(user))
+            .key(keys::user_queues(&user))
             .arg(target.to_string())
             .arg(max)
             .arg(self.limits.key_ttl_s)
@@ -318,15 +318,15 @@ impl QueueStore for RedisStore {
             return Ok(());
         }
         let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
-        let _: u64 = self.conn().zrem(keys::user_queues(user), names).await?;
+        let _: u64 = self.conn().zrem(keys::user_queues(&user), names).await?;
         Ok(())
     }
 
     async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
-            .zscore(keys::of(target, "waiting"), user.0)
-            .zscore(keys::of(target, "prequeue"), user.0)
-            .zscore(keys::of(target, "opening"), user.0)
+            .zscore(keys::of(target, "waiting"), user.as_str())
+            .zscore(keys::of(target, "prequeue"), user.as_str())
+            .zscore(keys::of(target, "opening"), user.as_str())
             .query_async(&mut self.conn())
             .await?;
         Ok(waiting.is_some() || prequeued.is_some() || opening.is_some())
@@ -555,8 +555,8 @@ impl QueueStore for RedisStore {
         ttl_s: u64,
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
-            .key(keys::token(target, user))
-            .key(keys::used_tokens(target, user))
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
             .arg(token)
             .arg(ttl_s.max(1))
             .invoke_async(&mut self.conn())
@@ -576,8 +576,8 @@ impl QueueStore for RedisStore {
         previous: Option<String>,
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
-            .key(keys::token(target, user))
-            .key(keys::used_tokens(target, user))
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
             .arg(token)
             .arg(previous.unwrap_or_default())
             .invoke_async(&mut self.conn())
@@ -593,8 +593,8 @@ impl QueueStore for RedisStore {
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let (v, score): (Option<String>, Option<f64>) = redis::pipe()
-            .get(keys::token(target, user))
-            .zscore(keys::used_tokens(target, user), token)
+            .get(keys::token(target, &user))
+            .zscore(keys::used_tokens(target, &user), token)
             .query_async(&mut self.conn())
             .await?;
         // A member past its expiry belongs to an expired token, which verify refused already.
@@ -739,13 +739,15 @@ impl QueueStore for RedisStore {
         let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
         let mut from = 0;
         while from < frozen {
-            let part: Vec<u64> =
+            let part: Vec<String> =
                 conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
             if part.is_empty() {
                 break;
             }
             from += part.len() as u64;
-            users.extend(part.into_iter().map(UserId));
+            for u in part {
+                users.push(u.parse::<UserId>().map_err(|e| bad(format!("the frozen pre-queue holds {e}")))?);
+            }
         }
         if users.len() as u64 != frozen {
             // Another pump finished the opening (and unlinked the set) meanwhile.
@@ -768,7 +770,7 @@ impl QueueStore for RedisStore {
         let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
         inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
         for (seq, user) in places {
-            inv.arg(*seq).arg(user.0);
+            inv.arg(*seq).arg(user.as_str());
         }
         let applied: u64 = inv.invoke_async(&mut self.conn()).await?;
         Ok(applied == 1)

@@ -6,14 +6,14 @@ use super::*;
 #[tokio::test]
 async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), &"tok").await.unwrap();
-        s.enter(t(), UserId(2), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(2), &"tok").await.unwrap();
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.status(t(), UserId(2), &"tok").await.unwrap();
+        s.status(t(), UserId::from(2), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
-        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.evicted, snap.tokens_issued, snap.waiting, snap.admitted_total), (1, 0, 1, 1));
     })
@@ -24,7 +24,7 @@ async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
 #[tokio::test]
 async fn waits_are_bucketed_by_the_domain_rule() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         tokio::time::sleep(Duration::from_millis(1100)).await;
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().admitted, 1);
@@ -44,31 +44,31 @@ async fn waits_are_bucketed_by_the_domain_rule() {
 #[tokio::test]
 async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
     with_both(async |s, tick_ms| {
-        let (u, other) = (UserId(7), UserId(8));
+        let (u, other) = (UserId::from(7), UserId::from(8));
         let tt = |id: u64| QueueTarget::new(t().kind, id);
         for id in [1, 2, 1, 2] {
-            assert!(s.hold_queue(u, tt(id), 2).await.unwrap().is_empty(), "target {id}");
+            assert!(s.hold_queue(u.clone(), tt(id), 2).await.unwrap().is_empty(), "target {id}");
         }
-        let mut held = s.hold_queue(u, tt(3), 2).await.unwrap();
+        let mut held = s.hold_queue(u.clone(), tt(3), 2).await.unwrap();
         held.sort();
         assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), vec![tt(1), tt(2)], "at the limit: the counted ones");
         assert!(held.iter().all(|(_, age_ms)| *age_ms < 5_000), "counted just now: {held:?}");
-        assert!(s.hold_queue(other, tt(3), 2).await.unwrap().is_empty(), "per user");
-        s.release_queues(u, &[tt(1)]).await.unwrap();
-        assert!(s.hold_queue(u, tt(3), 2).await.unwrap().is_empty(), "a released target frees a place");
-        assert!(!s.hold_queue(u, tt(1), 2).await.unwrap().is_empty());
+        assert!(s.hold_queue(other.clone(), tt(3), 2).await.unwrap().is_empty(), "per user");
+        s.release_queues(u.clone(), &[tt(1)]).await.unwrap();
+        assert!(s.hold_queue(u.clone(), tt(3), 2).await.unwrap().is_empty(), "a released target frees a place");
+        assert!(!s.hold_queue(u.clone(), tt(1), 2).await.unwrap().is_empty());
 
-        assert!(!s.holds_place(t(), u).await.unwrap());
-        s.enter(t(), u, &"tok").await.unwrap();
-        s.enter(t(), other, &"tok").await.unwrap();
-        assert!(s.holds_place(t(), u).await.unwrap());
+        assert!(!s.holds_place(t(), u.clone()).await.unwrap());
+        s.enter(t(), u.clone(), &"tok").await.unwrap();
+        s.enter(t(), other.clone(), &"tok").await.unwrap();
+        assert!(s.holds_place(t(), u.clone()).await.unwrap());
         next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
-        assert!(s.holds_place(t(), u).await.unwrap(), "admitted, not yet told");
-        assert!(matches!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
-        assert!(!s.holds_place(t(), u).await.unwrap(), "the token collected");
-        assert!(s.leave(t(), other).await.unwrap());
-        assert!(!s.holds_place(t(), other).await.unwrap(), "left");
+        assert!(s.holds_place(t(), u.clone()).await.unwrap(), "admitted, not yet told");
+        assert!(matches!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
+        assert!(!s.holds_place(t(), u.clone()).await.unwrap(), "the token collected");
+        assert!(s.leave(t(), other.clone()).await.unwrap());
+        assert!(!s.holds_place(t(), other.clone()).await.unwrap(), "left");
     })
     .await;
 }
