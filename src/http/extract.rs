@@ -5,7 +5,7 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 
 use super::{ApiError, SharedState};
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{QueueTarget, USER_ID_RULE, UserId};
 
 /// `{kind}/{id}` of `/virtual-queues/{kind}/{id}/…`, a declared target: an undeclared one is
 /// answered 404 `UNKNOWN_TARGET` before any handler (or Redis) sees it.
@@ -26,8 +26,8 @@ impl FromRequestParts<SharedState> for TargetPath {
     }
 }
 
-/// The `X-User-Id` header: a positive 64-bit integer (sent twice, the edge layer has already
-/// refused the request).
+/// The `X-User-Id` header: the shop's id of the buyer, as [`UserId`] takes it (sent twice, the
+/// edge layer has already refused the request).
 pub struct User(pub UserId);
 
 impl<S: Send + Sync> FromRequestParts<S> for User {
@@ -35,7 +35,8 @@ impl<S: Send + Sync> FromRequestParts<S> for User {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
         let raw = parts.headers.get("x-user-id").ok_or_else(|| ApiError::invalid("missing X-User-Id header"))?;
-        let text = raw.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
+        let text =
+            raw.to_str().map_err(|_| ApiError::invalid(format!("X-User-Id is not a user id: {USER_ID_RULE}")))?;
         text.parse::<UserId>().map(User).map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
     }
 }

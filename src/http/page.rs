@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::{ApiError, SharedState, TargetPath};
 use crate::config::PageSettings;
-use crate::domain::UserId;
+use crate::domain::{USER_ID_RULE, UserId};
 
 const DEFAULT_TEMPLATE: &str = include_str!("../../assets/waiting-room.html");
 const SCRIPT: &str = include_str!("../../assets/waiting-room.js");
@@ -131,7 +131,8 @@ fn html_escape(s: &str) -> String {
 fn user(headers: &HeaderMap, query: &HashMap<String, String>, settings: &PageSettings) -> Result<UserId, ApiError> {
     match headers.get("x-user-id") {
         Some(v) => {
-            let text = v.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
+            let text =
+                v.to_str().map_err(|_| ApiError::invalid(format!("X-User-Id is not a user id: {USER_ID_RULE}")))?;
             text.parse().map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
         }
         None => match query.get("user") {

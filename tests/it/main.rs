@@ -38,3 +38,4 @@ mod stats;
 mod support;
 mod targets;
 mod token_format;
+mod user_ids;

@@ -477,7 +477,7 @@ impl TestApp {
         format!("{}{}", self.addr, path)
     }
 
-    pub async fn enter(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn enter(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .post(self.url(&format!("/virtual-queues/{target}/entries")))
             .header("X-User-Id", user.to_string())
@@ -486,7 +486,7 @@ impl TestApp {
             .expect("enter request")
     }
 
-    pub async fn poll(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn poll(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .get(self.url(&format!("/virtual-queues/{target}/entries/me")))
             .header("X-User-Id", user.to_string())
@@ -495,7 +495,7 @@ impl TestApp {
             .expect("poll request")
     }
 
-    pub async fn leave(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn leave(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .delete(self.url(&format!("/virtual-queues/{target}/entries/me")))
             .header("X-User-Id", user.to_string())

@@ -2,6 +2,41 @@
 
 use super::*;
 
+/// Ids as shops have them go through every step as sent, and `7` and `007` are two users.
+#[tokio::test]
+async fn opaque_ids_are_kept_as_sent_through_every_step() {
+    with_both(async |s, tick_ms| {
+        let ids: Vec<UserId> = ["3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a", "user_8f3k", "7", "007", "a.b+c@x:1"]
+            .iter()
+            .map(|i| i.parse().unwrap())
+            .collect();
+        for (i, u) in ids.iter().enumerate() {
+            assert_eq!(seq(s.enter(t(), u.clone(), &"tok").await.unwrap()), i as u64 + 1, "{u}");
+            assert!(s.holds_place(t(), u.clone()).await.unwrap(), "{u}");
+            assert!(s.hold_queue(u.clone(), t(), 5).await.unwrap().is_empty(), "{u}");
+        }
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 3, tick_ms).await.unwrap().admitted, 3);
+        for (i, u) in ids.iter().enumerate() {
+            let token = format!("token-of-{u}");
+            match s.status(t(), u.clone(), &token.as_str()).await.unwrap() {
+                StatusOutcome::Admitted(tok) => assert!(i < 3 && tok == token, "{u}"),
+                StatusOutcome::Waiting(w) => assert!(i >= 3 && w.seq == i as u64 + 1, "{u}"),
+                other => panic!("{u}: {other:?}"),
+            }
+        }
+        let (seven, zero_seven) = (ids[2].clone(), ids[3].clone());
+        let claimed = s.claim_token(t(), seven.clone(), "token-of-7", 300).await.unwrap();
+        assert!(matches!(claimed, vq::store::TokenClaim::Claimed { .. }));
+        assert!(s.token_used(t(), seven, "token-of-7").await.unwrap());
+        assert!(!s.token_used(t(), zero_seven.clone(), "token-of-7").await.unwrap(), "007 is another user");
+        assert!(s.leave(t(), zero_seven.clone()).await.unwrap());
+        assert_eq!(s.status(t(), zero_seven, &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        assert!(s.leave(t(), ids[4].clone()).await.unwrap());
+    })
+    .await;
+}
+
 /// Admitted users who never poll again are evicted like waiting ones, and get no token.
 #[tokio::test]
 async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {

@@ -15,6 +15,12 @@ fn sale_in(opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedul
 
 /// Before the pre-queue: SCHEDULED and nothing recorded; in it: PRE_QUEUE once per user,
 /// counted against the capacity; at the opening the HMAC order of the seed, then first come.
+/// Users as shops name them: the opening orders the ids as sent.
+fn shop_id(u: u64) -> UserId {
+    let id = if u % 2 == 0 { format!("buyer_{u}@shop.example") } else { format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}") };
+    id.parse().unwrap()
+}
+
 #[tokio::test]
 async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
     use std::sync::Arc;
@@ -22,8 +28,8 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
     with_both(async |s, _| {
         let later = sale_in(60_000, Some(30_000));
         assert!(matches!(s.schedule_sale(t(), later, [3; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
-        assert!(matches!(s.enter(t(), UserId::from(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
-        assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert!(matches!(s.enter(t(), shop_id(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
+        assert_eq!(s.status(t(), shop_id(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
 
         let schedule = sale_in(700, Some(-1000));
         let ScheduleOutcome::Scheduled { commitment } = s.schedule_sale(t(), schedule, [4; 32]).await.unwrap() else {
@@ -31,12 +37,12 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         };
         assert_eq!(commitment, vq::domain::seed_commitment(&[3; 32]), "the first seed is kept");
         for u in 1..=5 {
-            assert!(matches!(s.enter(t(), UserId::from(u), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)), "{u}");
+            assert!(matches!(s.enter(t(), shop_id(u), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)), "{u}");
         }
-        assert!(matches!(s.enter(t(), UserId::from(1), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)));
-        assert!(matches!(s.status(t(), UserId::from(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)));
-        assert_eq!(s.status(t(), UserId::from(9), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
-        assert_eq!(s.enter(t(), UserId::from(6), &"tok").await.unwrap(), EnterOutcome::Full, "capacity 5");
+        assert!(matches!(s.enter(t(), shop_id(1), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)));
+        assert!(matches!(s.status(t(), shop_id(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)));
+        assert_eq!(s.status(t(), shop_id(9), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.enter(t(), shop_id(6), &"tok").await.unwrap(), EnterOutcome::Full, "capacity 5");
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.prequeued, 5);
         let view = snap.sale.expect("sale");
@@ -54,7 +60,7 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         let view = s.read_sale(t()).await.unwrap().expect("sale");
         assert_eq!(view.record.revealed_seed(), Some(vq::domain::hex(&[3; 32]).as_str()));
         assert_eq!(view.record.prequeued, Some(5));
-        let users: Vec<UserId> = (1..=5).map(UserId::from).collect();
+        let users: Vec<UserId> = (1..=5).map(shop_id).collect();
         let order = vq::domain::opening_order(&[3; 32], &users);
         for (i, u) in order.iter().enumerate() {
             match s.status(t(), u.clone(), &"tok").await.unwrap() {
@@ -63,7 +69,7 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
                 other => panic!("{u:?}: {other:?}"),
             }
         }
-        assert_eq!(seq(s.enter(t(), UserId::from(7), &"tok").await.unwrap()), 6, "after the pre-queue");
+        assert_eq!(seq(s.enter(t(), shop_id(7), &"tok").await.unwrap()), 6, "after the pre-queue");
         s.set_batch_size(None, None).await.unwrap();
     })
     .await;
