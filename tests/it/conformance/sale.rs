@@ -17,7 +17,11 @@ fn sale_in(opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedul
 /// counted against the capacity; at the opening the HMAC order of the seed, then first come.
 /// Users as shops name them: the opening orders the ids as sent.
 fn shop_id(u: u64) -> UserId {
-    let id = if u % 2 == 0 { format!("buyer_{u}@shop.example") } else { format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}") };
+    let id = if u.is_multiple_of(2) {
+        format!("buyer_{u}@shop.example")
+    } else {
+        format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}")
+    };
     id.parse().unwrap()
 }
 
