@@ -79,7 +79,9 @@
   document.addEventListener("visibilitychange", function () { if (!document.hidden && wake) wake(); });
 
   function call(method, path) {
-    return fetch(api + path, { method: method, headers: { "X-User-Id": String(cfg.user) }, cache: "no-store" })
+    // Visitor mode: the cookie vq set with this page names the visitor; no X-User-Id.
+    var headers = cfg.visitor ? {} : { "X-User-Id": String(cfg.user) };
+    return fetch(api + path, { method: method, headers: headers, cache: "no-store", credentials: "same-origin" })
       .then(function (r) {
         var date = Date.parse(r.headers.get("Date") || "");
         if (!isNaN(date)) skew = date - Date.now();

@@ -18,3 +18,4 @@ pub mod pump;
 pub mod service;
 pub mod store;
 pub mod token;
+pub mod visitor;

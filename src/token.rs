@@ -93,6 +93,20 @@ impl Secret {
         HmacSha256::new_from_slice(key).expect("hmac accepts keys of any length")
     }
 
+    /// HMAC-SHA256 of `payload` with the current key. Every signed thing vq hands out starts
+    /// its payload its own way (a token with its type in upper case, others with `vq-…|`),
+    /// so no signature made for one is valid for another.
+    pub(crate) fn sign(&self, payload: &[u8]) -> [u8; 32] {
+        let mut mac = Self::mac(&self.current);
+        mac.update(payload);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether one of the keys signed `payload` with `sig` (constant time).
+    pub(crate) fn signed(&self, payload: &[u8], sig: &[u8]) -> bool {
+        self.key_of(payload, sig).is_some()
+    }
+
     /// Which key signed `payload` with `sig` (each compared in constant time), if any.
     fn key_of(&self, payload: &[u8], sig: &[u8]) -> Option<KeyUsed> {
         let keys = [(KeyUsed::Current, Some(&self.current)), (KeyUsed::Previous, self.previous.as_ref())];

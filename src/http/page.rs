@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
-use super::{ApiError, SharedState, TargetPath};
-use crate::config::PageSettings;
+use super::{ApiError, SharedState, TargetPath, User};
+use crate::config::{IdentityMode, PageSettings};
 use crate::domain::{USER_ID_RULE, UserId};
 
 const DEFAULT_TEMPLATE: &str = include_str!("../../assets/waiting-room.html");
@@ -154,13 +154,18 @@ pub async fn waiting_room(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let page = &st.page;
-    let user = user(&headers, &query, &page.settings)?;
+    let user = match st.service.settings().identity.mode {
+        IdentityMode::Header => User { id: user(&headers, &query, &page.settings)?, visitor: None },
+        IdentityMode::Visitor => User::visitor(&headers, &st)?,
+    };
     let lang = language(&headers);
     let text = texts(lang);
     let config = json!({
         "type": &*target.kind.slug(),
         "id": target.id,
-        "user": user.as_str(),
+        "user": user.id.as_str(),
+        // Visitor mode: the page sends no X-User-Id; its cookie names the visitor.
+        "visitor": user.visitor.is_some(),
         "returnUrl": page.settings.return_url,
         "embedOrigin": page.settings.embed_origin,
         "text": text,
@@ -181,13 +186,13 @@ pub async fn waiting_room(
     let mut resp = Html(html).into_response();
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::VARY, HeaderValue::from_static("Accept-Language, X-User-Id"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Language, X-User-Id, Cookie"));
     h.insert(header::HeaderName::from_static("x-content-type-options"), HeaderValue::from_static("nosniff"));
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("default-src 'none'; script-src 'unsafe-inline' blob:; worker-src blob:; style-src 'unsafe-inline'; connect-src 'self'"),
     );
-    Ok(resp)
+    Ok(user.set_cookie(st.service.settings(), resp))
 }
 
 #[cfg(test)]

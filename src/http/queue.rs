@@ -40,6 +40,10 @@ pub struct StatusBody {
     /// Present (true) while the sale is paused: nobody is admitted until it resumes.
     #[serde(skip_serializing_if = "Option::is_none")]
     paused: Option<bool>,
+    /// `identity.mode = "visitor"`: who the visitor is, for apps that keep no cookies (sent
+    /// back as `X-Visitor-Token`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    visitor_token: Option<String>,
 }
 
 impl StatusBody {
@@ -56,6 +60,7 @@ impl StatusBody {
             prequeue_opens_at: None,
             message: None,
             paused: None,
+            visitor_token: None,
         }
     }
 }
@@ -94,7 +99,7 @@ impl From<QueueStatus> for StatusBody {
 
 /// The answer to enter and poll: a waiting user is told when to poll next, in the body and
 /// as `Retry-After`.
-fn answer(st: &AppState, status: QueueStatus) -> Response {
+fn answer(st: &AppState, user: &User, status: QueueStatus) -> Response {
     let q = &st.service.settings().queue;
     let poll_after = match &status {
         QueueStatus::Waiting { eta_seconds, .. } => {
@@ -112,6 +117,7 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
     };
     let mut body = StatusBody::from(status);
     body.poll_after_seconds = poll_after;
+    body.visitor_token = user.visitor.as_ref().map(|(token, _)| token.clone());
     let mut resp = Json(body).into_response();
     if let Some(s) = poll_after {
         resp.headers_mut().insert(header::RETRY_AFTER, s.into());
@@ -119,25 +125,25 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
     resp
 }
 
-pub async fn enter(
-    State(st): State<SharedState>,
-    TargetPath(t): TargetPath,
-    User(u): User,
-) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.enter(t, &u).await?))
+pub async fn enter(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
+    let resp = match st.service.enter(t, &user.id).await {
+        Ok(status) => answer(&st, &user, status),
+        Err(e) => ApiError::from(e).into_response(),
+    };
+    user.set_cookie(st.service.settings(), resp)
 }
 
-pub async fn poll(
-    State(st): State<SharedState>,
-    TargetPath(t): TargetPath,
-    User(u): User,
-) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.status(t, &u).await?))
+pub async fn poll(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
+    let resp = match st.service.status(t, &user.id).await {
+        Ok(status) => answer(&st, &user, status),
+        Err(e) => ApiError::from(e).into_response(),
+    };
+    user.set_cookie(st.service.settings(), resp)
 }
 
-pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {
-    st.service.leave(t, &u).await;
-    StatusCode::NO_CONTENT
+pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
+    st.service.leave(t, &user.id).await;
+    user.set_cookie(st.service.settings(), StatusCode::NO_CONTENT.into_response())
 }
 
 pub async fn stats(State(st): State<SharedState>, TargetPath(t): TargetPath) -> Result<Json<QueueStats>, ApiError> {

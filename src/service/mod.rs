@@ -154,6 +154,11 @@ impl QueueService {
         }
     }
 
+    /// The keys that sign tokens, visitor tokens and challenges.
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
