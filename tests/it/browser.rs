@@ -275,3 +275,62 @@ async fn a_web_app_on_another_origin_can_call_the_queue_api_only_when_allowed() 
 }
 
 mod sale;
+
+impl Browser {
+    /// The page's cookie named `name`, as the browser holds it (HttpOnly ones too).
+    async fn cookie(&self, name: &str) -> Option<Value> {
+        let v = self.call(reqwest::Method::GET, &format!("/session/{}/cookie", self.session), Value::Null).await;
+        v.as_array()?.iter().find(|c| c["name"] == name).cloned()
+    }
+
+    async fn set_cookie(&self, cookie: Value) {
+        let path = format!("/session/{}/cookie", self.session);
+        self.call(reqwest::Method::POST, &path, json!({ "cookie": cookie })).await;
+    }
+
+    async fn refresh(&self) {
+        self.call(reqwest::Method::POST, &format!("/session/{}/refresh", self.session), json!({})).await;
+    }
+}
+
+/// Visitor mode: the page works without any identity from a proxy. A fresh browser gets a
+/// signed cookie and a place, a reload keeps it, a second browser gets another place, and an
+/// altered cookie makes a new visitor, never someone else.
+#[tokio::test]
+async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_cookie_loses() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.identity.mode = vq::config::IdentityMode::Visitor;
+    // No pump: everyone stays waiting, so positions tell the visitors apart.
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    let Some(a) = Browser::start().await else { return };
+    let page = app.url("/waiting-room/limited-drop/42");
+    a.goto(&page).await;
+    assert_eq!(a.wait_status("WAITING", 20).await.1, "1");
+    let cookie = a.cookie("vq_visitor").await.expect("the page set the visitor cookie");
+    assert_eq!((cookie["httpOnly"].as_bool(), cookie["secure"].as_bool()), (Some(true), Some(true)), "{cookie}");
+    assert_eq!(cookie["sameSite"], "Lax", "{cookie}");
+    let value = cookie["value"].as_str().unwrap().to_owned();
+    assert!(a.eval("return document.cookie").await.as_str().unwrap().is_empty(), "HttpOnly: not readable by scripts");
+
+    a.refresh().await;
+    assert_eq!(a.wait_status("WAITING", 20).await.1, "1", "a reload keeps the place");
+    assert_eq!(a.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
+
+    let Some(b) = Browser::start().await else { return };
+    b.goto(&page).await;
+    assert_eq!(b.wait_status("WAITING", 20).await.1, "2", "another browser is another visitor");
+    assert_ne!(b.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
+
+    // One character of the signature changed: not visitor 1 any more, a new one.
+    let last = value.chars().last().unwrap();
+    let altered = format!("{}{}", &value[..value.len() - 1], if last == 'A' { 'B' } else { 'A' });
+    let mut forged = cookie.clone();
+    forged["value"] = json!(altered);
+    a.set_cookie(forged).await;
+    a.refresh().await;
+    assert_eq!(a.wait_status("WAITING", 20).await.1, "3", "an altered cookie is a new visitor");
+    let renewed = a.cookie("vq_visitor").await.unwrap()["value"].as_str().unwrap().to_owned();
+    assert!(renewed != value && renewed != altered, "a new visitor gets a new cookie");
+}
