@@ -48,8 +48,15 @@ export interface WaitingRoomOptions {
   /** The target's type slug, e.g. "limited-drop". */
   type: string;
   id: number | string;
-  /** Sent as X-User-Id (where an authenticating proxy sets it, any value is replaced). */
-  userId: number | string;
+  /**
+   * Sent as X-User-Id, as is: the buyer's id as vq takes it, 1 to 128 characters, each an ASCII
+   * letter, a digit or one of `- _ . : @ +` (a UUID, "user_8f3k", "7"), compared exactly ("007"
+   * and "7" are two users). vq answers any other value with 400 INVALID_REQUEST (wait() rejects
+   * with a QueueError). A number is sent as String(n) and must be a safe integer (else the
+   * constructor throws a TypeError). Where an authenticating proxy sets X-User-Id, any value is
+   * replaced.
+   */
+  userId: string | number;
   /** Called with every state: render it. */
   onUpdate?: (state: QueueState | RetryState) => void;
   /** Extra request headers (e.g. credentials for the authenticating proxy). */

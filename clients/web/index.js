@@ -59,6 +59,12 @@ export class WaitingRoom {
       throw new TypeError("WaitingRoom needs baseUrl, type, id and userId");
     }
     this.api = `${String(baseUrl).replace(/\/+$/, "")}/virtual-queues/${encodeURIComponent(type)}/${encodeURIComponent(String(id))}`;
+    // vq takes any 1 to 128 of A-Z a-z 0-9 - _ . : @ + and compares them exactly; it answers
+    // 400 INVALID_REQUEST (a QueueError from wait()) for anything else. A number is sent as its
+    // digits, which a double holds exactly only up to 2^53: past that it would be another user.
+    if (typeof userId === "number" && !Number.isSafeInteger(userId)) {
+      throw new TypeError(`userId ${userId} is not a safe integer: pass the id as a string`);
+    }
     this.userId = String(userId);
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.headers = options.headers ?? {};

@@ -212,3 +212,34 @@ test("an answer it cannot wait out ends the wait with a QueueError", async () =>
   const room = new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 99, userId: 1 });
   await assert.rejects(room.wait(), { name: "QueueError", status: 404, code: "UNKNOWN_TARGET" });
 });
+
+test("a UUID user id waits and is handed a token vq verifies for that id exactly", async () => {
+  const uuid = "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a";
+  const done = await new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 47, userId: uuid }).wait();
+  assert.equal(done.status, "ADMITTED");
+  vq("verify", done.entryToken, "--target", "limited-drop:47", "--user", uuid);
+  // Compared exactly: the same UUID in upper case is another user (vq verify exits 1).
+  assert.throws(() => vq("verify", done.entryToken, "--target", "limited-drop:47", "--user", uuid.toUpperCase()),
+    (e) => e.status === 1);
+});
+
+test("a user id vq does not take ends the wait with vq's 400", async () => {
+  const room = new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 48, userId: "7 8" });
+  await assert.rejects(room.wait(), (e) => e.name === "QueueError" && e.status === 400 && e.code === "INVALID_REQUEST" &&
+    /not a user id: expected 1 to 128 characters/.test(e.detail));
+});
+
+test("userId is sent as is; a number as its digits, and only a safe integer", async () => {
+  const sent = [];
+  const recording = async (url, init) => {
+    sent.push(init.headers["X-User-Id"]);
+    return new Response(JSON.stringify({ code: "UNKNOWN_TARGET", detail: "no" }), { status: 404 });
+  };
+  for (const userId of ["007", "user_8f3k", 7]) {
+    await assert.rejects(new WaitingRoom({ baseUrl: "http://x", type: "limited-drop", id: 1, userId, fetch: recording }).wait());
+  }
+  assert.deepEqual(sent, ["007", "user_8f3k", "7"]);
+  for (const userId of [2 ** 53, 7.5, NaN]) {
+    assert.throws(() => new WaitingRoom({ baseUrl: "http://x", type: "limited-drop", id: 1, userId }), TypeError, String(userId));
+  }
+});
