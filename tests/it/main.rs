@@ -39,3 +39,4 @@ mod support;
 mod targets;
 mod token_format;
 mod user_ids;
+mod visitors;
