@@ -14,6 +14,7 @@ pub mod gate;
 pub mod http;
 pub mod loadgen;
 pub mod metrics;
+pub mod pow;
 pub mod pump;
 pub mod service;
 pub mod store;

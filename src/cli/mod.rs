@@ -5,6 +5,7 @@ mod batch;
 mod config_error;
 mod flag;
 mod loadgen;
+mod pow;
 mod pump;
 mod sale;
 mod serve;
@@ -42,6 +43,8 @@ enum Command {
     Verify(token::VerifyArgs),
     /// Show or set the batch size at runtime, globally or per target
     Batch(batch::Args),
+    /// Show or set the proof-of-work difficulty at entry, at runtime
+    Pow(pow::Args),
     /// Simulate a flash sale against a running vq serve and report
     Loadgen(loadgen::Args),
     /// A target's sale: schedule, pre-queue, pause, close, ledger
@@ -207,6 +210,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Mint(a) => token::mint(a),
         Command::Verify(a) => token::verify(a),
         Command::Batch(a) => batch::run(a),
+        Command::Pow(a) => pow::run(a),
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),

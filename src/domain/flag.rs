@@ -23,6 +23,8 @@ pub struct FlagState {
     pub overrides: BTreeMap<QueueTarget, TargetOverride>,
     /// Bumped by every change, so instances can say which change they applied.
     pub version: u64,
+    /// The proof-of-work difficulty set at runtime (`vq pow set`), over `entry.pow_bits`.
+    pub pow_bits: Option<u8>,
 }
 
 /// One operator change to the flag (`vq flag on | off | clear`).
@@ -37,6 +39,8 @@ pub enum FlagChange {
     Target(QueueTarget, TargetOverride),
     /// Removes a per-target override: the target follows the global setting again.
     ClearTarget(QueueTarget),
+    /// The proof-of-work difficulty at entry (`None`: back to `entry.pow_bits`).
+    Pow(Option<u8>),
 }
 
 /// The hash fields one change writes.
@@ -60,6 +64,10 @@ impl FlagChange {
             }
             FlagChange::Target(t, o) => FlagFields { set: vec![FlagState::override_field(t, o)], ..Default::default() },
             FlagChange::ClearTarget(t) => FlagFields { delete: vec![override_key(t)], ..Default::default() },
+            FlagChange::Pow(Some(bits)) => {
+                FlagFields { set: vec![("pow_bits".into(), bits.to_string())], ..Default::default() }
+            }
+            FlagChange::Pow(None) => FlagFields { delete: vec!["pow_bits".into()], ..Default::default() },
         }
     }
 }
@@ -125,6 +133,7 @@ impl FlagState {
             percent: fields.get("percent").and_then(|v| v.parse::<u8>().ok()).map_or(100, |p| p.min(100)),
             version: fields.get("version").and_then(|v| v.parse().ok()).unwrap_or(0),
             overrides: BTreeMap::new(),
+            pow_bits: fields.get("pow_bits").and_then(|v| v.parse::<u8>().ok()).map(|b| b.min(32)),
         };
         for (k, v) in fields {
             let Some(target) = k.strip_prefix("target:").and_then(|t| t.parse().ok()) else {

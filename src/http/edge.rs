@@ -199,7 +199,9 @@ async fn edge(state: &Edge, req: Request, next: Next) -> Response {
             h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static("X-User-Id, X-Entry-Token, X-Visitor-Token, Content-Type"),
+                HeaderValue::from_static(
+                    "X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, Content-Type",
+                ),
             );
             h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
             r

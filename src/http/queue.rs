@@ -2,13 +2,13 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::{format_instant, poll_after_seconds};
-use crate::service::{QueueStats, QueueStatus};
+use crate::service::{EntryCheck, QueueStats, QueueStatus};
 use crate::store::QueueStore;
 
 /// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
@@ -44,6 +44,17 @@ pub struct StatusBody {
     /// back as `X-Visitor-Token`).
     #[serde(skip_serializing_if = "Option::is_none")]
     visitor_token: Option<String>,
+    /// CHALLENGE: the proof of work to solve before entering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    challenge: Option<ChallengeBody>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ChallengeBody {
+    seed: String,
+    bits: u8,
+    expires_at: String,
 }
 
 impl StatusBody {
@@ -61,6 +72,7 @@ impl StatusBody {
             message: None,
             paused: None,
             visitor_token: None,
+            challenge: None,
         }
     }
 }
@@ -125,10 +137,30 @@ fn answer(st: &AppState, user: &User, status: QueueStatus) -> Response {
     resp
 }
 
-pub async fn enter(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
-    let resp = match st.service.enter(t, &user.id).await {
-        Ok(status) => answer(&st, &user, status),
-        Err(e) => ApiError::from(e).into_response(),
+/// An enter. With proof of work on, a new user first gets a challenge (`status` CHALLENGE, no
+/// place) and enters with its solution in `X-Pow-Seed` and `X-Pow-Nonce`.
+pub async fn enter(
+    State(st): State<SharedState>,
+    TargetPath(t): TargetPath,
+    user: User,
+    headers: HeaderMap,
+) -> Response {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let solution = text("x-pow-seed").zip(text("x-pow-nonce"));
+    let resp = match st.service.entry_check(t, &user.id, solution).await {
+        EntryCheck::Proceed => match st.service.enter(t, &user.id).await {
+            Ok(status) => answer(&st, &user, status),
+            Err(e) => ApiError::from(e).into_response(),
+        },
+        EntryCheck::Challenge(c) => {
+            let mut body = StatusBody::sale("CHALLENGE");
+            body.eta_seconds = None;
+            body.visitor_token = user.visitor.as_ref().map(|(token, _)| token.clone());
+            let expires_at = format_instant(c.expires_at * 1000);
+            body.challenge = Some(ChallengeBody { seed: c.seed, bits: c.bits, expires_at });
+            Json(body).into_response()
+        }
+        EntryCheck::Refused(e) => ApiError::new(ErrorCode::PowRefused, e.to_string()).into_response(),
     };
     user.set_cookie(st.service.settings(), resp)
 }

@@ -83,6 +83,8 @@ struct TargetState {
     tokens: HashMap<UserId, (String, u64)>,
     /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
     used: HashMap<UserId, HashMap<String, u64>>,
+    /// Proof-of-work challenges used, until their expiry (ms): `queue:{T}:pow:{id}`.
+    spent: HashMap<String, u64>,
     lock: Option<(String, u64)>,
     batch_override: Option<u64>,
     /// (tick, users admitted), newest first, and when the list expires (ms).
@@ -120,6 +122,7 @@ impl TargetState {
             && self.batch_override.is_none()
             && self.tokens.values().all(|(_, exp)| *exp <= now)
             && self.used.values().flat_map(HashMap::values).all(|exp| *exp <= now)
+            && self.spent.values().all(|until| *until <= now)
             && self.lock.as_ref().is_none_or(|(_, until)| *until <= now)
             && self.admissions.1 <= now
             && self.capacity.is_none_or(|(_, until)| until <= now)
@@ -685,6 +688,18 @@ impl QueueStore for MemoryStore {
             q.direct_tokens_used += 1;
         }
         Ok(())
+    }
+
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let spent = &mut inner.target(target, now).spent;
+        spent.retain(|_, until| *until > now);
+        if spent.contains_key(id) {
+            return Ok(false);
+        }
+        spent.insert(id.to_owned(), until_ms);
+        Ok(true)
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {

@@ -616,6 +616,15 @@ pub trait QueueStore: Send + Sync + 'static {
         through_queue: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Marks `id` (a proof of work's challenge) used at `target` until `until_ms` (epoch ms,
+    /// Redis' clock): true the first time, false while the mark lives.
+    fn spend_once(
+        &self,
+        target: QueueTarget,
+        id: &str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Whether this token was already used (read-only, for `/gate/verify`).
     fn token_used(
         &self,
@@ -823,6 +832,9 @@ impl QueueStore for AnyStore {
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))
+    }
+    async fn spend_once(&self, t: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        delegate!(self, s => s.spend_once(t, id, until_ms))
     }
     async fn pace_purchase(
         &self,

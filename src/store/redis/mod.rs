@@ -591,6 +591,18 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(keys::of(target, &format!("pow:{id}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(until_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(set.is_some())
+    }
+
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let (v, score): (Option<String>, Option<f64>) = redis::pipe()
             .get(keys::token(target, &user))
