@@ -24,6 +24,7 @@ mod openapi;
 mod outflow;
 mod overload;
 mod pacing;
+mod pow;
 mod processes;
 mod pump;
 mod queue_api;
