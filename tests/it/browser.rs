@@ -334,3 +334,25 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
     let renewed = a.cookie("vq_visitor").await.unwrap()["value"].as_str().unwrap().to_owned();
     assert!(renewed != value && renewed != altered, "a new visitor gets a new cookie");
 }
+
+/// Proof of work: the page solves the challenge in a worker, enters with the solution and
+/// waits; the server holds a place for it only after the solution.
+#[tokio::test]
+async fn the_page_solves_the_proof_of_work_and_enters() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.entry.pow_bits = 14;
+    s.page.allow_query_user = true;
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    let Some(browser) = Browser::start().await else { return };
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=pow-buyer")).await;
+    let (_, position, _) = browser.wait_status("WAITING", 30).await;
+    assert_eq!(position, "1");
+    let tries = browser.eval("return document.getElementById('vq-root').getAttribute('data-vq-pow-tries')").await;
+    let tries: u64 = tries.as_str().expect("the page solved a challenge").parse().unwrap();
+    assert!(tries >= 1, "{tries}");
+    // The place is the solver's: a poll by the same user finds it.
+    let v = app.json(app.poll("limited-drop/42", "pow-buyer").await).await;
+    assert_eq!((&v["status"], &v["position"]), (&"WAITING".into(), &1.into()), "{v}");
+}
