@@ -100,12 +100,13 @@
       var solver;
       try { solver = new Worker(URL.createObjectURL(new Blob([SOLVER], { type: "text/javascript" }))); }
       catch (e) { reject(e); return; }
-      var expected = Math.pow(2, challenge.bits);
+      var expected = Math.pow(2, challenge.bits), started = Date.now();
       solver.onmessage = function (e) {
         var pct = Math.min(99, Math.floor(100 * (1 - Math.exp(-e.data.tries / expected))));
         if (e.data.nonce === undefined) { progress(pct / 100); say(T.checking.replace("{n}", String(pct))); return; }
         solver.terminate();
         root.setAttribute("data-vq-pow-tries", String(e.data.tries));
+        root.setAttribute("data-vq-pow-ms", String(Date.now() - started));
         resolve(e.data.nonce);
       };
       solver.onerror = function (e) { solver.terminate(); reject(e); };

@@ -56,6 +56,12 @@
 #       scripts take turns, ROUNDS times each, e.g.
 #         mkdir /tmp/old && git archive HEAD~1 lua | tar -x -C /tmp/old && scripts/bench.sh lua /tmp/old/lua lua
 #       (a directory's prelude.lua, when it has one, goes in front of each script, as vq sends it)
+#   [BITS=18] [RUNS=9] [USERS=200] scripts/bench.sh pow
+#       what the proof of work at entry (entry.pow_bits) costs at BITS: each solve of the
+#       waiting page's worker in headless chromium (RUNS page loads, each a new user; the
+#       ignored test browser::measure_pow_in_chromium) and of `vq loadgen` (USERS buyers
+#       arriving at 20/s against a release vq serve), with the medians: a buyer's wait and what
+#       a bot pays per place in CPU seconds on this machine.
 #
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release
 # (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
@@ -68,7 +74,7 @@ usage() { say "$*"; exit 2; }
 export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | starved | wrk | pair | lua) shift ;;
+  sale | naive | starved | wrk | pair | lua | pow) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -457,7 +463,43 @@ EOF
   echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}"
 }
 
+# ---- pow: what the proof of work costs a browser and a bot ------------------------------
+pow_scenario() {
+  use_work_dir
+  local bits="${BITS:-18}" runs="${RUNS:-9}" buyers="${USERS:-200}"
+  build_release --quiet --bins
+  window_start
+  echo "vq bench pow: $bits bits; chromium $(chromium --version 2>/dev/null | awk '{print $2}'), $runs page loads" >&2
+  POW_BITS=$bits POW_RUNS=$runs timed chromium-pow cargo nextest run --test it --run-ignored ignored-only \
+    measure_pow_in_chromium --no-capture
+  [ "$RC" = 0 ] || die "the chromium measurement failed: $(tail -20 "$WORK/chromium-pow.err")"
+  grep -h '^pow chromium' "$WORK/chromium-pow.out" "$WORK/chromium-pow.err" >&2 || true
+  start_redis
+  local port pid json="$WORK/pow.json"
+  port=$(free_port)
+  VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_ENTRY__POW_BITS="$bits" RUST_LOG=warn \
+    spawn vq target/release/vq serve --flag-on --listen "127.0.0.1:$port"
+  pid=$SPAWNED
+  wait_http "http://127.0.0.1:$port/healthz" 20 "$pid" || die "vq serve did not start: $(tail -5 "$WORK/vq.log")"
+  timed loadgen timeout --foreground --signal=INT --kill-after=10 $((buyers / 20 + 120)) \
+    target/release/vq loadgen --url "http://127.0.0.1:$port" --target limited-drop:1 --users "$buyers" \
+    --rate 20 --duration $((buyers / 20 + 5)) --quiet --json "$json"
+  stop_pid "$pid"; stop_pid "$REDIS_PID"
+  [ -s "$json" ] || die "loadgen wrote no report: $(tail -5 "$WORK/loadgen.err")"
+  local machine_now steal load
+  machine_now=$(window_end)
+  read -r steal load <<<"$machine_now"
+  python3 - "$json" "$bits" <<'EOF' >&2
+import json, sys
+p = json.load(open(sys.argv[1]))["proofOfWork"]
+print(f"pow loadgen: {p['solved']} solves at {sys.argv[2]} bits, {p['hashes']} hashes, "
+      f"median {p['p50Ms']:.0f} ms, P95 {p['p95Ms']:.0f} ms, {p['cpuSeconds'] / p['solved'] * 1000:.0f} ms of CPU per place")
+EOF
+  echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}" >&2
+}
+
 case "$scenario" in
+  pow) pow_scenario ;;
   sale) loadgen_scenario 1 "$@" ;;
   naive | starved) loadgen_scenario 0 "$@" ;;
   wrk) wrk_scenario "$@" ;;

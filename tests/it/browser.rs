@@ -356,3 +356,37 @@ async fn the_page_solves_the_proof_of_work_and_enters() {
     let v = app.json(app.poll("limited-drop/42", "pow-buyer").await).await;
     assert_eq!((&v["status"], &v["position"]), (&"WAITING".into(), &1.into()), "{v}");
 }
+
+/// Not a check: what the proof of work costs a buyer's browser here. `scripts/bench.sh pow`
+/// runs it: POW_BITS (18) and POW_RUNS (9) page loads, each a new user with a new challenge;
+/// prints each solve (the worker's own time and hashes) and the median.
+#[tokio::test]
+#[ignore = "a measurement: scripts/bench.sh pow"]
+async fn measure_pow_in_chromium() {
+    let bits: u8 = std::env::var("POW_BITS").ok().and_then(|b| b.parse().ok()).unwrap_or(18);
+    let runs: u32 = std::env::var("POW_RUNS").ok().and_then(|b| b.parse().ok()).unwrap_or(9);
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.entry.pow_bits = bits;
+    s.page.allow_query_user = true;
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    let browser = Browser::start().await.expect("chromium");
+    let mut ms = Vec::new();
+    for run in 0..runs {
+        browser.goto(&app.url(&format!("/waiting-room/limited-drop/42?user=measure-{run}"))).await;
+        browser.wait_status("WAITING", 300).await;
+        let v = browser
+            .eval(
+                "var r = document.getElementById('vq-root');
+                 return [r.getAttribute('data-vq-pow-ms'), r.getAttribute('data-vq-pow-tries')];",
+            )
+            .await;
+        let n = |i: usize| v[i].as_str().unwrap_or_default().parse::<u64>().unwrap_or(0);
+        let (took, tries) = (n(0), n(1));
+        println!("pow chromium run {run}: {bits} bits, {tries} hashes, {took} ms");
+        ms.push(took);
+    }
+    ms.sort_unstable();
+    println!("pow chromium median: {} ms over {runs} solves at {bits} bits", ms[ms.len() / 2]);
+}
