@@ -118,6 +118,9 @@ fn register_at_zero() {
     for event in TOKEN_EVENTS {
         counter!(TOKENS_TOTAL, "event" => event).absolute(0);
     }
+    for outcome in ["challenged", "solved", "refused"] {
+        counter!(POW_TOTAL, "outcome" => outcome).absolute(0);
+    }
     counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
     counter!(REDIS_DEGRADED_TOTAL).absolute(0);
     counter!(POLLS_LOCAL_TOTAL).absolute(0);
