@@ -109,7 +109,7 @@ async fn the_waiting_page_answers_through_both_nginx_configs() {
         let me = [("X-Authenticated-User", "7")];
         let (status, text) = send_raw(&nginx.addr(), "GET", "/waiting-room/limited-drop/1", &me).await;
         assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
-        assert!(text.contains("text/html") && text.contains("\"user\":7"), "{name}: vq's page: {text}");
+        assert!(text.contains("text/html") && text.contains("\"user\":\"7\""), "{name}: vq's page: {text}");
         // What the page loads: its script and styles are inline; it calls the queue API.
         let (status, text) = send_raw(&nginx.addr(), "POST", "/virtual-queues/limited-drop/1/entries", &me).await;
         assert_eq!(status, 200, "{name}: {text}");
