@@ -137,6 +137,18 @@ fn answer(st: &AppState, user: &User, status: QueueStatus) -> Response {
     resp
 }
 
+/// `X-Pow-Seed` and `X-Pow-Nonce`: a solution when both are there (either alone is not one,
+/// and is ignored); a nonce of another form than 1 to 64 letters and digits is a 400. The
+/// rest is [`crate::pow::check`]'s.
+fn pow_solution(headers: &HeaderMap) -> Result<Option<(&str, &str)>, ApiError> {
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{0}"));
+    let nonce = text("x-pow-nonce");
+    if nonce.is_some_and(|n| n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric())) {
+        return Err(ApiError::invalid("X-Pow-Nonce: expected 1 to 64 letters and digits"));
+    }
+    Ok(text("x-pow-seed").zip(nonce))
+}
+
 /// An enter. With proof of work on, a new user first gets a challenge (`status` CHALLENGE, no
 /// place) and enters with its solution in `X-Pow-Seed` and `X-Pow-Nonce`.
 pub async fn enter(
@@ -145,8 +157,10 @@ pub async fn enter(
     user: User,
     headers: HeaderMap,
 ) -> Response {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let solution = text("x-pow-seed").zip(text("x-pow-nonce"));
+    let solution = match pow_solution(&headers) {
+        Ok(s) => s,
+        Err(e) => return user.set_cookie(st.service.settings(), e.into_response()),
+    };
     let resp = match st.service.entry_check(t, &user.id, solution).await {
         EntryCheck::Proceed => match st.service.enter(t, &user.id).await {
             Ok(status) => answer(&st, &user, status),
