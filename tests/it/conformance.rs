@@ -150,7 +150,7 @@ async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 0, "user 4 polled recently");
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
-        // An evicted user re-enters at the back with a new seq (FR-8).
+        // An evicted user re-enters at the back with a new seq.
         assert_eq!(seq(s.enter(t(), UserId::from(1), &"tok").await.unwrap()), 5);
         next_tick(tick_ms).await;
         let a = s.admit(t(), 10, tick_ms).await.unwrap();

@@ -556,13 +556,13 @@ pub async fn flag_on(redis: &RedisServer) {
     }
 }
 
-/// Path of the vq binary built for the integration tests.
 /// Sleeps until 30 ms into the next admission tick of `tick_ms` (ticks start at multiples of it).
 pub async fn next_tick(tick_ms: u64) {
     let now = vq::service::now_epoch_ms();
     tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
 }
 
+/// Path of the vq binary built for the integration tests.
 pub fn vq_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vq"))
 }

@@ -11,7 +11,7 @@ pub const TARGETS: &str = "queue:targets";
 pub const SALES: &str = "queue:sales";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
-/// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag
+/// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (`flag_ack.lua`): the live instances' flag
 /// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
 pub const FLAG_ACKS: &str = "virtual-queue:acks";
 

@@ -156,7 +156,9 @@ impl RedisStore {
     }
 }
 
-/// it reaches the purchase API inside the tick it was counted in.
+/// The gate's pacing never reserves a tick that starts within this many ms (by Redis' clock):
+/// a purchase reserved in a tick must have the time to be forwarded and reach the purchase API
+/// inside that tick, so that it is counted in the tick it arrives in.
 pub const PACE_GUARD_MS: u64 = 50;
 
 impl QueueStore for RedisStore {
