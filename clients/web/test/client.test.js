@@ -10,6 +10,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync, spawnSync } from "node:child_process";
 import { createServer } from "node:net";
+import { createServer as createHttpServer } from "node:http";
 import { createHash } from "node:crypto";
 import { Worker as ThreadWorker } from "node:worker_threads";
 import { resolveObjectURL } from "node:buffer";
@@ -101,7 +102,8 @@ before(async () => {
 
 after(() => {
   for (const c of started.reverse()) c.kill("SIGKILL");
-  rmSync(dir, { recursive: true, force: true });
+  // Retried: a process just killed may still be letting go of its files.
+  rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
 });
 
 test("a buyer waits through a paced queue and is handed a token vq verifies", async () => {
@@ -519,6 +521,80 @@ test("visitor mode with proof of work: the challenged visitor sends the solution
   const visitorId = room.visitorToken.split(".")[0];
   vq("verify", done.entryToken, "--target", "limited-drop:44", "--user", visitorId);
 });
+
+// ---- In a real browser ----
+
+const CHROMIUM = process.env.CHROMIUM || "chromium";
+const hasChromium = spawnSync(CHROMIUM, ["--version"]).status === 0;
+
+/** The page the browser loads: waits with the client (from this page's origin, vq on another)
+ * and posts back what happened, with which Worker solved the challenge. */
+const browserPage = (vqBase) => `<!doctype html><script type="module">
+import { WaitingRoom } from "/index.js";
+const Native = window.Worker;
+let byWorker = 0;
+window.Worker = class extends Native {
+  constructor(...a) { super(...a); this.addEventListener("message", (e) => { if (e.data.nonce !== undefined) byWorker++; }); }
+};
+const report = (o) => fetch("/result", { method: "POST", body: JSON.stringify(o) });
+try {
+  const room = new WaitingRoom({ baseUrl: ${JSON.stringify(vqBase)}, type: "limited-drop", id: 45, visitor: true });
+  const done = await room.wait();
+  report({ status: done.status, entryToken: done.entryToken, visitorToken: room.visitorToken, byWorker });
+} catch (e) { report({ error: String(e) }); }
+</script>`;
+
+/** Loads the page in headless chromium, served with `headers`; resolves what it posted. */
+async function inChromium(port, vqBase, headers = {}) {
+  let posted;
+  const result = new Promise((resolve) => (posted = resolve));
+  const server = createHttpServer((req, res) => {
+    if (req.url === "/index.js") {
+      res.writeHead(200, { "Content-Type": "text/javascript" });
+      return res.end(readFileSync(join(here, "../index.js")));
+    }
+    if (req.url === "/result") {
+      let body = "";
+      req.on("data", (c) => (body += c));
+      req.on("end", () => { res.end(); posted(JSON.parse(body)); });
+      return;
+    }
+    res.writeHead(200, { "Content-Type": "text/html", ...headers });
+    res.end(browserPage(vqBase));
+  });
+  await new Promise((resolve) => server.listen(port, "127.0.0.1", resolve));
+  const profile = mkdtempSync(join(dir, "chromium-"));
+  // A process group of its own: chromium's renderer, zygote and crash handler are stopped with it.
+  const browser = spawn(CHROMIUM, ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+    `--user-data-dir=${profile}`, `http://127.0.0.1:${port}/`], { env: clean, stdio: "ignore", detached: true });
+  try {
+    return await Promise.race([result, new Promise((_, reject) => setTimeout(() => reject(new Error("no result from chromium in 60 s")), 60_000))]);
+  } finally {
+    try {
+      process.kill(-browser.pid, "SIGKILL");
+    } catch {}
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
+}
+
+test("in headless chromium, from another origin: a visitor's work runs in a Blob worker (inline where the CSP forbids workers), then admitted",
+  { skip: !hasChromium && `no ${CHROMIUM} here` }, async () => {
+    const port = await freePort();
+    const base = await serve({ VQ_REDIS__URL: await redis(), VQ_IDENTITY__MODE: "visitor", VQ_ENTRY__POW_BITS: "14",
+      VQ_QUEUE__TICK_MS: "200", VQ_HTTP__CORS_ORIGINS: `http://127.0.0.1:${port}` });
+    // X-Visitor-Token and X-Pow-* pass vq's CORS preflight; the Blob worker solves it.
+    const inWorker = await inChromium(port, base);
+    assert.equal(inWorker.status, "ADMITTED", JSON.stringify(inWorker));
+    assert.equal(inWorker.byWorker, 1, "solved in the worker");
+    assert.match(inWorker.visitorToken, VISITOR_TOKEN);
+    vq("verify", inWorker.entryToken, "--target", "limited-drop:45", "--user", inWorker.visitorToken.split(".")[0]);
+    // A page whose Content-Security-Policy forbids workers: solved inline, still admitted.
+    const inline = await inChromium(port, base, { "Content-Security-Policy": "worker-src 'none'" });
+    assert.equal(inline.status, "ADMITTED", JSON.stringify(inline));
+    assert.equal(inline.byWorker, 0, "no worker solved it");
+    assert.notEqual(inline.visitorToken, inWorker.visitorToken, "another browser profile, another visitor");
+  });
 
 test("visitor mode or a user id, not both, not neither; a stored token only in visitor mode", () => {
   const at = { baseUrl: "http://x", type: "limited-drop", id: 1 };
