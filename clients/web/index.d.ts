@@ -57,12 +57,12 @@ export interface RetryState {
 }
 
 /**
- * Proof of work at entry, while it is being solved: first with `progress` 0, then every few
- * thousand hashes, then with `progress` 1 just before entering with the solution. No place yet.
+ * Proof of work at entry, while it is being solved: first with `progress` 0, then at most every
+ * 100 ms, then with `progress` 1 just before entering with the solution. No place yet.
  */
 export interface ChallengeState {
   status: "CHALLENGE";
-  /** Zero bits asked for: about 2^bits hashes (10: instant; 18: a second or two on a phone). */
+  /** Zero bits asked for: about 2^bits hashes to try (18 bits: ~262,000). */
   bits: number;
   /** Hashes tried so far. */
   tries: number;

@@ -8,8 +8,12 @@ const MAX_BACKOFF_S = 30;
 /** Solutions in a row that get no place (refused, or answered with another challenge) before
  * wait() gives up with a QueueError: each one is a fresh challenge solved again. */
 const MAX_POW_ATTEMPTS = 3;
-/** Hashes between two yields to the event loop when solving without a worker (a few ms). */
-const INLINE_CHUNK = 4096;
+/** Without a worker: hashes tried between two looks at the clock, and how long to hash before
+ * yielding to the event loop (a slow phone's JS engine does fewer hashes in the same time). */
+const INLINE_CHUNK = 512;
+const INLINE_SLICE_MS = 12;
+/** Progress reports to onUpdate, at most one in this many ms (an app re-renders on each). */
+const PROGRESS_EVERY_MS = 100;
 /** Hashes between two progress reports of the worker. */
 const WORKER_CHUNK = 16384;
 
@@ -112,14 +116,19 @@ function workerSource() {
 
 let inlineSearch = null;
 
-/** Inline: chunks of hashes, yielding to the event loop between them (the UI stays live). */
+/** Inline: slices of a few ms of hashing, yielding to the event loop between them (the UI
+ * stays live). */
 async function solveInline(seed, bits, { signal, onProgress, deadline }) {
   inlineSearch ??= powSearcher();
-  for (let n = 0; ; n += INLINE_CHUNK) {
+  for (let n = 0; ;) {
     if (signal?.aborted) throw abortError(signal);
-    const found = inlineSearch(seed, bits, n, INLINE_CHUNK);
-    if (found >= 0) return { nonce: String(found), tries: found + 1 };
-    onProgress(n + INLINE_CHUNK);
+    const sliceEnd = Date.now() + INLINE_SLICE_MS;
+    do {
+      const found = inlineSearch(seed, bits, n, INLINE_CHUNK);
+      if (found >= 0) return { nonce: String(found), tries: found + 1 };
+      n += INLINE_CHUNK;
+    } while (Date.now() < sliceEnd);
+    onProgress(n);
     if (deadline !== undefined && Date.now() >= deadline) return null;
     await sleep(0, signal);
   }
@@ -314,13 +323,18 @@ export class WaitingRoom {
     const expected = 2 ** bits;
     const report = (tries, progress) => this.onUpdate({ status: "CHALLENGE", bits, tries, progress, expiresAt: expiresAt ?? null });
     report(0, 0);
+    let reported = Date.now();
     // expiresAt is by the server's clock; the deadline by this device's.
     const at = Date.parse(expiresAt ?? "");
     const deadline = Number.isNaN(at) ? undefined : at - this.skewMs;
     const solved = await solvePow(seed, bits, {
       signal, deadline, worker: this.powWorker,
       // The chance to have found it by now, at most 99 % until it is found.
-      onProgress: (tries) => report(tries, Math.min(0.99, 1 - Math.exp(-tries / expected))),
+      onProgress: (tries) => {
+        if (Date.now() - reported < PROGRESS_EVERY_MS) return;
+        reported = Date.now();
+        report(tries, Math.min(0.99, 1 - Math.exp(-tries / expected)));
+      },
     });
     if (!solved) return null;
     report(solved.tries, 1);
