@@ -444,6 +444,9 @@ export class WaitingRoom {
 
   /** Leaves the queue (best effort: a user who stops polling is evicted anyway). */
   async leave() {
+    // A visitor vq has not named yet holds no place; without a token the request would only
+    // name a new visitor.
+    if (this.visitor && !this.visitorToken) return;
     await this.call("DELETE", "/entries/me");
     this.entered = false;
   }

@@ -596,7 +596,7 @@ test("in headless chromium, from another origin: a visitor's work runs in a Blob
     assert.notEqual(inline.visitorToken, inWorker.visitorToken, "another browser profile, another visitor");
   });
 
-test("visitor mode or a user id, not both, not neither; a stored token only in visitor mode", () => {
+test("visitor mode or a user id, not both, not neither; a stored token only in visitor mode", async () => {
   const at = { baseUrl: "http://x", type: "limited-drop", id: 1 };
   assert.throws(() => new WaitingRoom({ ...at, visitor: true, userId: "7" }), TypeError);
   assert.throws(() => new WaitingRoom({ ...at, userId: "7", visitorToken: "v_x.y" }), TypeError);
@@ -605,4 +605,8 @@ test("visitor mode or a user id, not both, not neither; a stored token only in v
   assert.equal(new WaitingRoom({ ...at, visitor: true }).visitorToken, null);
   assert.equal(new WaitingRoom({ ...at, visitor: true, visitorToken: null }).visitorToken, null, "nothing stored yet");
   assert.equal(new WaitingRoom({ ...at, visitor: true, visitorToken: "v_x.y" }).visitorToken, "v_x.y");
+  // A visitor not yet named holds no place: leaving asks vq nothing.
+  let calls = 0;
+  await new WaitingRoom({ ...at, visitor: true, fetch: async () => { calls += 1; return new Response(null, { status: 204 }); } }).leave();
+  assert.equal(calls, 0);
 });
