@@ -3,7 +3,7 @@
 
 /** An answer of `POST …/entries` and `GET …/entries/me` (docs/openapi.json `Status`). */
 export interface StatusBody {
-  status: "WAITING" | "ADMITTED" | "DIRECT_ADMITTED" | "PRE_QUEUE" | "SCHEDULED" | "CLOSED";
+  status: "WAITING" | "ADMITTED" | "DIRECT_ADMITTED" | "PRE_QUEUE" | "SCHEDULED" | "CLOSED" | "CHALLENGE";
   position: number | null;
   aheadCount: number;
   etaSeconds: number;
@@ -16,6 +16,8 @@ export interface StatusBody {
   paused?: true;
   /** identity.mode = "visitor": the token that names the visitor (sent back as X-Visitor-Token). */
   visitorToken?: string;
+  /** CHALLENGE: the proof of work to solve before entering (see ChallengeBody). */
+  challenge?: { seed: string; bits: number; expiresAt: string };
 }
 
 /**

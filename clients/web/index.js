@@ -18,7 +18,7 @@ const PROGRESS_EVERY_MS = 100;
 const WORKER_CHUNK = 16384;
 
 /** The answer statuses the queue API gives (docs/openapi.json, Status.status). */
-export const STATUSES = Object.freeze(["WAITING", "ADMITTED", "DIRECT_ADMITTED", "PRE_QUEUE", "SCHEDULED", "CLOSED"]);
+export const STATUSES = Object.freeze(["WAITING", "ADMITTED", "DIRECT_ADMITTED", "PRE_QUEUE", "SCHEDULED", "CLOSED", "CHALLENGE"]);
 
 /** Error codes the client waits out and retries, after the server's Retry-After. */
 const RETRIED_503 = new Set(["OVERLOADED", "QUEUE_UNAVAILABLE"]);
