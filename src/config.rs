@@ -132,6 +132,9 @@ pub struct QueueSettings {
     pub heartbeat_timeout_s: u64,
     pub max_evict_per_tick: u64,
     pub key_ttl_s: u64,
+    /// Days a target's sale record (`queue:{T}:record`, what `vq sale report` reads) is kept
+    /// after its last write: long after the queue keys (`key_ttl_s`) are gone.
+    pub record_ttl_days: u64,
     /// Answer waiting users' polls from this instance's copy of the admission mark, with
     /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
     pub local_polls: bool,
@@ -324,6 +327,7 @@ impl Default for QueueSettings {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
+            record_ttl_days: 30,
             local_polls: true,
             on_store_failure: OnStoreFailure::Open,
             max_targets: 1000,
@@ -514,7 +518,7 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 23] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 24] = [
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
             ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
             ("adaptive.interval_ms", a.interval_ms, 200..=600_000),
@@ -531,6 +535,7 @@ impl Settings {
             ("queue.heartbeat_timeout_s", q.heartbeat_timeout_s, 1..=86_400),
             ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=MAX_EVICT_PER_TICK),
             ("queue.key_ttl_s", q.key_ttl_s, 60..=604_800),
+            ("queue.record_ttl_days", q.record_ttl_days, 1..=3650),
             ("token.ttl_s", self.token.ttl_s, TOKEN_TTL_S),
             ("flag.refresh_ms", self.flag.refresh_ms, 1..=1000),
             ("gate.timeout_ms", g.timeout_ms, 100..=600_000),
@@ -686,6 +691,8 @@ impl Settings {
                 .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,
+            record_ttl_s: self.queue.record_ttl_days * 86_400,
+            tick_ms: self.queue.tick_ms,
         }
     }
 
