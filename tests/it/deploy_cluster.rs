@@ -79,7 +79,8 @@ async fn the_shipped_redis_cluster_serves_vq_and_stops_cleanly() {
         holding += usize::from(!keys.is_empty());
     }
     assert!(holding >= 2, "8 targets all on one node");
-    let stats = vq_command().args(["stats", "--target", "limited-drop:3"]).envs(cluster.iter().cloned()).output().unwrap();
+    let stats =
+        vq_command().args(["stats", "--target", "limited-drop:3"]).envs(cluster.iter().cloned()).output().unwrap();
     assert!(stats.status.success(), "vq stats: {}", String::from_utf8_lossy(&stats.stderr));
     drop(vq);
 
