@@ -748,8 +748,9 @@ impl QueueStore for RedisStore {
             },
             _ => return Err(reply_err("sale_control.lua", &r)),
         };
-        if outcome == ClearOutcome::Cleared {
-            // Another slot than the target's keys on a cluster: a command of its own.
+        if !matches!(outcome, ClearOutcome::Refused { .. }) {
+            // Another slot than the target's keys on a cluster: a command of its own (also
+            // when the sale's hash had expired and only this listing was left).
             let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
         }
         Ok(outcome)
