@@ -104,21 +104,26 @@ const HEIGHT: f64 = 180.0;
 const LEFT: f64 = 48.0;
 const BOTTOM: f64 = 22.0;
 
-/// One bar of a chart: where on the x axis (0..span), its stacked parts (value, colour).
+/// One bar of a chart: where on the x axis (0..span), its stacked parts (value, colour), and
+/// the name written under it when the chart names its bars.
 struct Bar {
     x: u64,
     label: String,
     parts: Vec<(u64, &'static str)>,
 }
 
-/// An SVG bar chart: `id`, the x axis spanning `span` slots, labels at its two ends. Each
-/// part is a `<rect class="bar" data-x data-value>`, so what is drawn can be read back.
+/// Bars at most, for a chart to write each one's name under it.
+const NAMED_BARS: usize = 40;
+
+/// An SVG bar chart: `id`, the x axis spanning `span` slots, labels at its two ends (none: each
+/// bar's name under it). Each part is a `<rect class="bar" data-x data-value>`, so what is
+/// drawn can be read back.
 fn bar_chart(id: &str, bars: &[Bar], span: u64, ends: (&str, &str), unit: &str) -> String {
     let max = bars.iter().map(|b| b.parts.iter().map(|p| p.0).sum::<u64>()).max().unwrap_or(0).max(1);
     let plot_w = WIDTH - LEFT - 8.0;
     let plot_h = HEIGHT - BOTTOM - 8.0;
     let slot = plot_w / span.max(1) as f64;
-    let bar_w = (slot * 0.8).max(1.0);
+    let bar_w = (slot * 0.8).clamp(1.0, 40.0);
     let mut svg = format!(
         "<svg id=\"{id}\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
          viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\">"
@@ -143,6 +148,15 @@ fn bar_chart(id: &str, bars: &[Bar], span: u64, ends: (&str, &str), unit: &str) 
     );
     for b in bars {
         let x = LEFT + b.x as f64 * slot + (slot - bar_w) / 2.0;
+        if ends.0.is_empty() && bars.len() <= NAMED_BARS {
+            let _ = write!(
+                svg,
+                "<text x=\"{:.2}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+                x + bar_w / 2.0,
+                base + 13.0,
+                esc(&b.label)
+            );
+        }
         let mut top = base;
         for (value, colour) in &b.parts {
             if *value == 0 {
@@ -196,17 +210,10 @@ pub fn html(r: &SaleReport) -> String {
         .histogram
         .iter()
         .enumerate()
-        .map(|(i, b)| Bar {
-            x: i as u64,
-            label: format!("from {} s", b.from_seconds),
-            parts: vec![(b.users, "#37474f")],
-        })
+        .map(|(i, b)| Bar { x: i as u64, label: format!("{} s", b.from_seconds), parts: vec![(b.users, "#37474f")] })
         .collect();
-    let wait_ends = (
-        r.waits.histogram.first().map(|b| format!("{} s", b.from_seconds)).unwrap_or_default(),
-        r.waits.histogram.last().map(|b| format!("{} s", b.from_seconds)).unwrap_or_default(),
-    );
-    let waits = bar_chart("chart-waits", &wait_bars, wait_bars.len() as u64, (&wait_ends.0, &wait_ends.1), "users");
+    // No labels at the ends: each bucket is named under its bar (in its tooltip past 40 bars).
+    let waits = bar_chart("chart-waits", &wait_bars, wait_bars.len() as u64, ("", ""), "users");
     let legend: String = AnswerClass::ALL
         .iter()
         .zip(ANSWER_COLOURS)
