@@ -189,10 +189,11 @@ if #preAdds > 0 then
     redis.call('EXPIRE', k, ttl)
   end
 end
--- The record counts arrivals per call, not per user: one HINCRBY for the whole batch.
+-- The record counts arrivals per call, not per user: one HINCRBY for the whole batch, and
+-- the record's expiry moves with the tick's first arrivals only (once per tick, not per call).
 local arrived = nfresh + #preAdds / 2
-if arrived > 0 then
-  record_incr(KEYS[8], tonumber(ARGV[7]), {'a:' .. math.floor(now / tonumber(ARGV[6])), arrived})
+if arrived > 0 and redis.call('HINCRBY', KEYS[8], 'a:' .. math.floor(now / tonumber(ARGV[6])), arrived) == arrived then
+  redis.call('EXPIRE', KEYS[8], tonumber(ARGV[7]))
 end
 if saleKey then
   sale_tail(out, phase, sale)
