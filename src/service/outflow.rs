@@ -1,6 +1,8 @@
 //! What the gate tells the adaptive outflow (`queue.outflow = "adaptive"`): each forwarded
 //! purchase's latency and outcome, counted per control interval in the store, where the pump
-//! that claims the interval reads every instance's observations together (pump.rs).
+//! that claims the interval reads every instance's observations together (pump.rs); and what
+//! it tells the target's record (`vq sale report`): each forwarded purchase and the purchase
+//! API's answer, per tick.
 
 use std::time::Duration;
 
