@@ -128,15 +128,15 @@ stop_pid() { # pid
 }
 
 await_stopped() {
-  local pid left=()
+  local pid running=()
   for _ in $(seq 100); do
-    left=()
-    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
-    [ ${#left[@]} -eq 0 ] && { say "stopped $# processes"; return 0; }
+    running=()
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && running+=("$pid"); done
+    [ ${#running[@]} -eq 0 ] && { say "stopped $# processes"; return 0; }
     sleep 0.1
   done
-  say "still running after 10 s, killing: ${left[*]}"
-  kill -KILL "${left[@]}" 2>/dev/null || true
+  say "still running after 10 s, killing: ${running[*]}"
+  kill -KILL "${running[@]}" 2>/dev/null || true
 }
 
 stop_started() {
