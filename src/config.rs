@@ -868,6 +868,23 @@ mod tests {
     }
 
     #[test]
+    fn the_record_is_kept_record_ttl_days_and_the_store_gets_it_in_seconds() {
+        Jail::expect_with(|jail| {
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!((s.queue.record_ttl_days, s.limits().record_ttl_s), (30, 30 * 86_400));
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "2");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().limits().record_ttl_s, 2 * 86_400);
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "0");
+            let err = Settings::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "queue.record_ttl_days (VQ_QUEUE__RECORD_TTL_DAYS) must be between 1 and 3650, got 0"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
     fn a_value_that_parses_but_breaks_a_rule_says_which() {
         Jail::expect_with(|jail| {
             let load = || Settings::load(None, &Overrides::default()).unwrap_err();
