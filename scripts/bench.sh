@@ -401,26 +401,25 @@ lua_scenario() {
   }
   # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
   # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
-  # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users: scripts whose
-  # prelude reads Redis' clock (`now_ms`) take no time from the caller.
+  # `KEYS[k+i] …:token:{user i}`), and as many ARGV before the users as the header lists
+  # (`-- ARGV[k]`): capacity and key ttl, then zeros (no fence), then the tick and the record
+  # ttl where the script takes them; no sale.
   calls() { # script-file enter|status sha
-    local own_clock=0
-    if grep -qs 'function now_ms' "$(dirname "$1")/prelude.lua"; then own_clock=1; fi
-    python3 - "$1" "$2" "$3" "$n" "$b" "$own_clock" <<'EOF'
-import re, sys, time
+    python3 - "$1" "$2" "$3" "$n" "$b" <<'EOF'
+import re, sys
 path, op, sha, n, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-own_clock = sys.argv[6] == "1"
-names = {}
+names, fixed = {}, 0
 for line in open(path):
     m = re.match(r"--\s*KEYS\[(\d+)\]\s+queue:\{T\}:(\w+)", line)
     if m:
         names[int(m.group(1))] = m.group(2)
+    m = re.match(r"--\s*ARGV\[(\d+)\]", line)
+    if m:
+        fixed = max(fixed, int(m.group(1)))
 names = [names[k] for k in sorted(names)]
 p = "queue:{LIMITED_DROP:1}:"
-now = str(int(time.time() * 1000))
-head = ["100000000", "1800"] if op == "enter" else []
-if not own_clock:
-    head.append(now)
+known = {"enter": ["100000000", "1800", "0", "0", "0", "2000", "2592000"], "status": ["0", "1800"]}[op]
+head = (known + ["0"] * fixed)[:fixed]
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]

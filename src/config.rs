@@ -179,6 +179,9 @@ pub struct QueueSettings {
     pub heartbeat_timeout_s: u64,
     pub max_evict_per_tick: u64,
     pub key_ttl_s: u64,
+    /// Days a target's sale record (`queue:{T}:record`, what `vq sale report` reads) is kept
+    /// after its last write: long after the queue keys (`key_ttl_s`) are gone.
+    pub record_ttl_days: u64,
     /// Answer waiting users' polls from this instance's copy of the admission mark, with
     /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
     pub local_polls: bool,
@@ -373,6 +376,7 @@ impl Default for QueueSettings {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
+            record_ttl_days: 30,
             local_polls: true,
             on_store_failure: OnStoreFailure::Open,
             max_targets: 1000,
@@ -566,7 +570,7 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 26] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 27] = [
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
             ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
             ("adaptive.interval_ms", a.interval_ms, 200..=600_000),
@@ -583,6 +587,7 @@ impl Settings {
             ("queue.heartbeat_timeout_s", q.heartbeat_timeout_s, 1..=86_400),
             ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=MAX_EVICT_PER_TICK),
             ("queue.key_ttl_s", q.key_ttl_s, 60..=604_800),
+            ("queue.record_ttl_days", q.record_ttl_days, 1..=3650),
             ("token.ttl_s", self.token.ttl_s, TOKEN_TTL_S),
             ("identity.visitor_ttl_s", self.identity.visitor_ttl_s, 60..=31_536_000),
             ("entry.pow_bits", u64::from(self.entry.pow_bits), POW_BITS),
@@ -741,6 +746,8 @@ impl Settings {
                 .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,
+            record_ttl_s: self.queue.record_ttl_days * 86_400,
+            tick_ms: self.queue.tick_ms,
         }
     }
 
@@ -911,6 +918,23 @@ mod tests {
             assert!(err.to_string().contains("threads (VQ_THREADS) must be between 0 and 1024"), "{err}");
             jail.set_env("VQ_THREADS", "two");
             assert!(Settings::load(None, &Overrides::default()).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_record_is_kept_record_ttl_days_and_the_store_gets_it_in_seconds() {
+        Jail::expect_with(|jail| {
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!((s.queue.record_ttl_days, s.limits().record_ttl_s), (30, 30 * 86_400));
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "2");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().limits().record_ttl_s, 2 * 86_400);
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "0");
+            let err = Settings::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "queue.record_ttl_days (VQ_QUEUE__RECORD_TTL_DAYS) must be between 1 and 3650, got 0"
+            );
             Ok(())
         });
     }

@@ -7,6 +7,7 @@ mod declared;
 mod flag;
 mod outflow;
 mod position;
+mod record;
 mod sale;
 mod stats;
 mod target;
@@ -15,6 +16,7 @@ pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use outflow::{Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
+pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
     LedgerEntry, SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, hex,
     ledger_admitted, opening_order, parse_instant, seed_commitment, unhex,

@@ -161,7 +161,11 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
         .into_response();
     };
     let sent = std::time::Instant::now();
+    let sent_tick = st.service.purchase_tick();
     let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
+    if let Some(target) = paced_target {
+        st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
+    }
     if let Some(target) = route_target {
         // For the adaptive outflow: failed (5xx, 429, timed out, not reached) and backing off
         // (503, 429, Retry-After).

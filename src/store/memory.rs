@@ -14,13 +14,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim, OutflowState,
-    PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim,
+    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
+    StoreLimits, TargetSnapshot, TokenClaim, Waiting,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule, UserId,
-    WaitHistogram,
+    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule,
+    TargetRecord, UserId, WaitHistogram,
 };
 
 use crate::clock::now_epoch_ms as now_ms;
@@ -177,6 +177,11 @@ struct Inner {
     /// The targets each user is counted in, with when (ms), and when that expires (ms):
     /// `queue:user:{u}:queues`.
     user_queues: HashMap<UserId, (BTreeMap<QueueTarget, u64>, u64)>,
+    /// Each target's record (`queue:{T}:record`) and when it expires (ms).
+    records: HashMap<QueueTarget, (TargetRecord, u64)>,
+    /// The record's lifetime after a write (ms) and the width of its ticks.
+    record_ttl_ms: u64,
+    tick_ms: u64,
 }
 
 impl Inner {
@@ -192,6 +197,30 @@ impl Inner {
         let t = self.targets.get_mut(&target)?;
         t.expire(now);
         Some(t)
+    }
+
+    /// The target's record for a write, which keeps it `record_ttl_ms` longer (a new one if
+    /// it expired), as every script's write to `queue:{T}:record` does.
+    fn record(&mut self, target: QueueTarget, now: u64) -> &mut TargetRecord {
+        let until = now + self.record_ttl_ms;
+        let (r, expires) = self.records.entry(target).or_default();
+        if *expires <= now {
+            *r = TargetRecord::default();
+        }
+        *expires = until;
+        r
+    }
+
+    /// A user given a token: counted in the record as `issue.lua` does.
+    fn record_issue(&mut self, target: QueueTarget, now: u64) {
+        let r = self.record(target, now);
+        r.tokens_issued += 1;
+        r.last_issue_ms = Some(now);
+    }
+
+    /// The tick of the record's per-tick counts at `now`.
+    fn record_tick(&self, now: u64) -> u64 {
+        now / self.tick_ms.max(1)
     }
 
     /// The acknowledgements still alive, by instance, decoded from what `flag_ack.lua` stores.
@@ -218,7 +247,8 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     pub fn new(limits: StoreLimits) -> Self {
-        Self { inner: Arc::default(), limits }
+        let inner = Inner { record_ttl_ms: limits.record_ttl_s * 1000, tick_ms: limits.tick_ms, ..Inner::default() };
+        Self { inner: Arc::new(Mutex::new(inner)), limits }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -290,12 +320,19 @@ impl QueueStore for MemoryStore {
                 if q.seq % 64 == 1 {
                     q.expires_at = Some(now + ttl_ms);
                 }
-                q.seq
+                let seq = q.seq;
+                let tick = inner.record_tick(now);
+                *inner.record(target, now).arrivals.entry(tick).or_default() += 1;
+                seq
             }
         };
+        let t = inner.target(target, now);
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
             Place::Waiting(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
-            Place::Admitted(token) => EnterOutcome::Admitted(token),
+            Place::Admitted(token) => {
+                inner.record_issue(target, now);
+                EnterOutcome::Admitted(token)
+            }
         })
     }
 
@@ -330,14 +367,22 @@ impl QueueStore for MemoryStore {
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
             Place::Waiting(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
-            Place::Admitted(token) => StatusOutcome::Admitted(token),
+            Place::Admitted(token) => {
+                inner.record_issue(target, now);
+                StatusOutcome::Admitted(token)
+            }
         })
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let now = now_ms();
         let mut inner = self.lock();
-        sale::forget_prequeued(&mut inner, target, &user);
-        Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(&user)))
+        let prequeued = sale::forget_prequeued(&mut inner, target, &user);
+        let waiting = inner.existing(target, now).is_some_and(|t| t.queue.remove(&user));
+        if waiting || prequeued {
+            inner.record(target, now).left += 1;
+        }
+        Ok(waiting)
     }
 
     async fn observe_purchase(
@@ -455,10 +500,12 @@ impl QueueStore for MemoryStore {
         if let Some((last, _)) = front.last() {
             q.mark = *last;
         }
+        let mut waits = Vec::with_capacity(front.len());
         for (_, user) in &front {
             if let Some(at) = q.entered_at.remove(user) {
                 q.waits.record(now.saturating_sub(at));
                 crate::metrics::wait_observed(now.saturating_sub(at));
+                waits.push(now.saturating_sub(at));
             }
         }
         let admitted = front.len() as u64;
@@ -477,6 +524,14 @@ impl QueueStore for MemoryStore {
         admissions.truncate(60);
         *until = now + ttl_ms;
         if admitted > 0 {
+            let r = inner.record(target, now);
+            r.tick_ms = Some(tick_ms.max(1));
+            *r.admissions.entry(tick).or_default() += admitted;
+            r.admitted += admitted;
+            for w in waits {
+                r.waits.record(w);
+                r.wait_max_ms = r.wait_max_ms.max(Some(w));
+            }
             let step = LedgerEntry::Admission {
                 at_ms: now,
                 mark_before: before,
@@ -507,6 +562,9 @@ impl QueueStore for MemoryStore {
         q.evicted += stale.len() as u64;
         for (_, user) in &stale {
             sale::forget_prequeued(&mut inner, target, user);
+        }
+        if !stale.is_empty() {
+            inner.record(target, now).evicted += stale.len() as u64;
         }
         Ok(stale.len() as u64)
     }
@@ -680,12 +738,19 @@ impl QueueStore for MemoryStore {
     }
 
     async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+        let now = now_ms();
         let mut inner = self.lock();
-        let q = &mut inner.target(target, now_ms()).queue;
+        let q = &mut inner.target(target, now).queue;
         if through_queue {
             q.tokens_used += 1;
         } else {
             q.direct_tokens_used += 1;
+        }
+        let r = inner.record(target, now);
+        if through_queue {
+            r.tokens_used += 1;
+        } else {
+            r.direct_tokens_used += 1;
         }
         Ok(())
     }
@@ -782,6 +847,22 @@ impl QueueStore for MemoryStore {
         Ok(sale::control(&mut self.lock(), target, control, now_ms()))
     }
 
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        Ok(sale::clear(&mut self.lock(), target, force, now_ms()))
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.records.get(&target).filter(|(_, until)| *until > now_ms()).map(|(r, _)| r.clone()))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, now_ms());
+        r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
     async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         // The embedded store writes the opening order in the step that freezes the pre-queue.
         Ok(None)
@@ -810,8 +891,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_forgotten_target_is_dropped_once_nothing_of_it_lives() {
-        let s =
-            MemoryStore::new(StoreLimits { max_capacity: 5, type_capacity: Vec::new(), key_ttl_s: 1, token_ttl_s: 1 });
+        let s = MemoryStore::new(StoreLimits {
+            max_capacity: 5,
+            type_capacity: Vec::new(),
+            key_ttl_s: 1,
+            token_ttl_s: 1,
+            record_ttl_s: 1,
+            tick_ms: 1000,
+        });
         let t: QueueTarget = "limited-drop:1".parse().expect("target");
         s.register_active(t).await.expect("register");
         s.claim_token(t, UserId::from(1), "A", 1).await.expect("claim");

@@ -274,6 +274,7 @@ async fn a_web_app_on_another_origin_can_call_the_queue_api_only_when_allowed() 
     assert!(refused.as_str().unwrap().starts_with("refused"), "{refused}");
 }
 
+mod report;
 mod sale;
 
 impl Browser {

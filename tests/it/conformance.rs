@@ -6,6 +6,7 @@ mod expiry;
 mod gate;
 mod operator;
 mod queue;
+mod record;
 mod sale;
 
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@ mod cli;
 mod cluster;
 mod conformance;
 mod deploy;
+mod deploy_cluster;
 mod eviction;
 mod failover;
 mod fault_isolation;

@@ -45,6 +45,7 @@ impl RedisStore {
             .arg(user.as_str())
             .arg(candidate.token())
             .arg(self.limits.token_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
@@ -107,7 +108,15 @@ async fn execute(
             &ENTER,
             "enter.lua",
             ENTER_KEYS,
-            &[limits.capacity(target.kind), limits.key_ttl_s, fence.seq_seen, fence.seq_to, fence.mark],
+            &[
+                limits.capacity(target.kind),
+                limits.key_ttl_s,
+                fence.seq_seen,
+                fence.seq_to,
+                fence.mark,
+                limits.tick_ms,
+                limits.record_ttl_s,
+            ],
         ),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
     };

@@ -47,13 +47,13 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, LEDGER_MAX_ROWS,
-    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
-    StoreError, StoreLimits, TargetSnapshot, TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
+    LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
+    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
-    UserId, WaitHistogram,
+    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord,
+    SaleSchedule, TargetRecord, UserId, WaitHistogram,
 };
 
 /// Production store on one Redis server or a Redis Cluster.
@@ -142,6 +142,27 @@ impl RedisStore {
     /// `flag_set.lua` with a version floor one above the highest acknowledged version. The
     /// flag and the acks hash live in different slots on a cluster, so the floor is read
     /// first; an instance acknowledges only versions it read from the flag hash.
+    /// One `sale_control.lua` call; `force` matters for a clear only.
+    async fn sale_control(
+        &self,
+        target: QueueTarget,
+        action: &str,
+        source: &str,
+        message: &str,
+        force: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
+            .arg(action)
+            .arg(source)
+            .arg(message)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
+            .arg(u8::from(force))
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
     async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
         let floor = self.flag_acks().await?.iter().map(|a| a.version + 1).max().unwrap_or(0);
         let mut inv = FLAG_SET.key(keys::FLAG);
@@ -214,6 +235,7 @@ impl QueueStore for RedisStore {
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
             .arg(user.as_str())
             .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
@@ -368,6 +390,7 @@ impl QueueStore for RedisStore {
             .arg(fence.seq_seen)
             .arg(fence.seq_to)
             .arg(fence.tick)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         let advanced = num("admit.lua", &r, 0)? == 1;
@@ -386,6 +409,7 @@ impl QueueStore for RedisStore {
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?)
     }
@@ -588,8 +612,17 @@ impl QueueStore for RedisStore {
     }
 
     async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
-        let field = if through_queue { "tokens_used" } else { "direct_tokens_used" };
-        let _: u64 = self.conn().hincr(keys::of(target, "waits"), field, 1).await?;
+        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
+        let record = keys::of(target, "record");
+        let _: () = redis::pipe()
+            .hincr(keys::of(target, "waits"), field, 1)
+            .ignore()
+            .hincr(&record, in_record, 1)
+            .ignore()
+            .expire(&record, self.limits.record_ttl_s as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 
@@ -689,6 +722,7 @@ impl QueueStore for RedisStore {
             .arg(crate::domain::seed_commitment(&seed))
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -711,20 +745,49 @@ impl QueueStore for RedisStore {
             SaleControl::Pause => ("pause", "command", ""),
             SaleControl::Resume => ("resume", "command", ""),
             SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
-            SaleControl::Clear => ("clear", "command", ""),
+            SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
         };
-        let changed: u64 = on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
-            .arg(action)
-            .arg(source)
-            .arg(message)
-            .arg(self.limits.key_ttl_s)
-            .arg(LEDGER_MAX_ROWS)
-            .invoke_async(&mut self.conn())
-            .await?;
-        if matches!(control, SaleControl::Clear) {
+        let r = self.sale_control(target, action, source, message, true).await?;
+        Ok(num("sale_control.lua", &r, 0)? == 1)
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        let r = self.sale_control(target, "clear", "command", "", force).await?;
+        let outcome = match num("sale_control.lua", &r, 0)? {
+            1 => ClearOutcome::Cleared,
+            0 => ClearOutcome::NoSale,
+            2 => ClearOutcome::Refused {
+                opening: num("sale_control.lua", &r, 1)? == 3,
+                prequeued: num("sale_control.lua", &r, 2)?,
+            },
+            _ => return Err(reply_err("sale_control.lua", &r)),
+        };
+        if !matches!(outcome, ClearOutcome::Refused { .. }) {
+            // Another slot than the target's keys on a cluster: a command of its own (also
+            // when the sale's hash had expired and only this listing was left).
             let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
         }
-        Ok(changed == 1)
+        Ok(outcome)
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(target, "record")).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(TargetRecord::from_fields(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let key = keys::of(target, "record");
+        let _: () = redis::pipe()
+            .hincr(&key, format!("p:{tick}:{}", answer.name()), 1)
+            .ignore()
+            .expire(&key, self.limits.record_ttl_s as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
     }
 
     async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
@@ -782,7 +845,11 @@ impl QueueStore for RedisStore {
         last: bool,
     ) -> Result<bool, StoreError> {
         let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
-        inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
+        inv.arg(if last { "1" } else { "0" })
+            .arg(opens_at_ms)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s);
         for (seq, user) in places {
             inv.arg(*seq).arg(user.as_str());
         }
