@@ -1,7 +1,6 @@
 //! The waiting page in a real headless browser: Debian's chromium driven by chromedriver over
 //! the WebDriver protocol. `scripts/test.sh` installs both; where they cannot be installed it
-//! sets `BROWSER_TESTS=skip` and these tests say so and pass. Anywhere else a missing
-//! browser is a failure.
+//! leaves these tests out of the run and says so. A missing browser fails a test that runs.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -24,15 +23,13 @@ struct Browser {
 }
 
 impl Browser {
-    /// `None` when the browser tests are skipped on purpose.
-    async fn start() -> Option<Self> {
-        if !std::path::Path::new(DRIVER).exists() {
-            if std::env::var("BROWSER_TESTS").as_deref() == Ok("skip") {
-                eprintln!("SKIPPED: chromium-driver is not installed here (BROWSER_TESTS=skip)");
-                return None;
-            }
-            panic!("{DRIVER} is missing: apt-get install -y chromium chromium-driver (scripts/test.sh does)");
-        }
+    /// chromedriver and a session; a missing browser fails the test (`scripts/test.sh` leaves
+    /// these tests out of the run where chromium cannot be installed, and says so).
+    async fn start() -> Self {
+        assert!(
+            std::path::Path::new(DRIVER).exists(),
+            "{DRIVER} is missing: apt-get install -y chromium chromium-driver (scripts/test.sh does)"
+        );
         let port = free_port();
         let driver = Command::new(DRIVER)
             .arg(format!("--port={port}"))
@@ -55,7 +52,7 @@ impl Browser {
         let mut browser = Self { driver, base, session: String::new(), http };
         let v = browser.call(reqwest::Method::POST, "/session", caps).await;
         browser.session = v["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}")).to_owned();
-        Some(browser)
+        browser
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
@@ -165,7 +162,7 @@ async fn a_buyer_waits_on_the_page_and_lands_on_the_shop_with_a_token_that_verif
     let redis = RedisServer::spawn();
     let (app, shop) = page_app(&redis, |_| {}).await;
     flag_on(&redis).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     // Two buyers ahead: the page's user waits two ticks, polling as told.
     for u in [901, 902] {
         assert_eq!(app.enter("limited-drop/42", u).await.status(), 200);
@@ -191,7 +188,7 @@ async fn a_full_queue_shows_retrying_then_lets_the_buyer_in() {
     })
     .await;
     flag_on(&redis).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     assert_eq!(app.enter("limited-drop/42", 901).await.status(), 200);
     browser.goto(&app.url("/waiting-room/limited-drop/42?user=8")).await;
     let (_, _, message) = browser.wait_status("QUEUE_FULL", 20).await;
@@ -208,7 +205,7 @@ async fn with_redis_down_the_page_goes_on_direct_admitted() {
     let mut redis = RedisServer::spawn();
     let (app, shop) = page_app(&redis, |_| {}).await;
     flag_on(&redis).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     redis.kill();
     browser.goto(&app.url("/waiting-room/limited-drop/42?user=9")).await;
     let url = browser.wait_url_starting(&format!("{shop}/drops/42/buy?entryToken="), 30).await;
@@ -261,7 +258,7 @@ async fn a_web_app_on_another_origin_can_call_the_queue_api_only_when_allowed() 
     let (vq, _) = page_app(&redis, |s| s.http.cors_origins = Some(allowed)).await;
     let (closed, _) = page_app(&redis, |_| {}).await;
     flag_on(&redis).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     browser.goto(&format!("{shop}/")).await;
     let call = |base: String| {
         format!(
@@ -305,7 +302,7 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
     // No pump: everyone stays waiting, so positions tell the visitors apart.
     let app = spawn_app(s, false).await;
     flag_on(&redis).await;
-    let Some(a) = Browser::start().await else { return };
+    let a = Browser::start().await;
     let page = app.url("/waiting-room/limited-drop/42");
     a.goto(&page).await;
     assert_eq!(a.wait_status("WAITING", 20).await.1, "1");
@@ -319,7 +316,7 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
     assert_eq!(a.wait_status("WAITING", 20).await.1, "1", "a reload keeps the place");
     assert_eq!(a.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
 
-    let Some(b) = Browser::start().await else { return };
+    let b = Browser::start().await;
     b.goto(&page).await;
     assert_eq!(b.wait_status("WAITING", 20).await.1, "2", "another browser is another visitor");
     assert_ne!(b.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
@@ -346,7 +343,7 @@ async fn the_page_solves_the_proof_of_work_and_enters() {
     s.page.allow_query_user = true;
     let app = spawn_app(s, false).await;
     flag_on(&redis).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     browser.goto(&app.url("/waiting-room/limited-drop/42?user=pow-buyer")).await;
     let (_, position, _) = browser.wait_status("WAITING", 30).await;
     assert_eq!(position, "1");
@@ -372,7 +369,7 @@ async fn measure_pow_in_chromium() {
     s.page.allow_query_user = true;
     let app = spawn_app(s, false).await;
     flag_on(&redis).await;
-    let browser = Browser::start().await.expect("chromium");
+    let browser = Browser::start().await;
     let mut ms = Vec::new();
     for run in 0..runs {
         browser.goto(&app.url(&format!("/waiting-room/limited-drop/42?user=measure-{run}"))).await;

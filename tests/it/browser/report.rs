@@ -24,7 +24,7 @@ fn report(redis: &RedisServer, args: &[&str]) -> std::process::Output {
 
 #[tokio::test]
 async fn the_html_report_renders_alone_and_its_charts_draw_the_reports_figures() {
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     let redis = RedisServer::spawn();
     let s = test_settings(Some(&redis));
     let store = open_store(&s);
