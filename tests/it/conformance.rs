@@ -376,6 +376,7 @@ async fn a_large_batch_is_admitted_in_one_tick() {
 async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() {
     let redis = RedisServer::spawn();
     let s = open_store(&test_settings(Some(&redis)));
+    let began = Instant::now();
     for u in 1..=3 {
         s.enter(t(), UserId::from(u), &"tok").await.unwrap();
     }
@@ -402,7 +403,8 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     assert_eq!((a.admitted, a.mark), (3, 6));
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!(snap.waits.count, 5, "seq 6 has no entry time");
-    assert!(snap.waits.sum_ms < 5 * 3000, "each wait is under 3 s: {:?}", snap.waits);
+    let most = began.elapsed().as_millis() as u64;
+    assert!(snap.waits.sum_ms <= 5 * most, "no wait is longer than the test: {:?}, {most} ms", snap.waits);
     assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
 }
 
