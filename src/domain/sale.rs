@@ -29,104 +29,41 @@ pub enum ScheduleError {
     ClosesBeforeOpening { closes_at: String, opens_at: String },
 }
 
-/// Parses `YYYY-MM-DDTHH:MM[:SS[.fff…]]` followed by `Z` or an offset `±HH:MM` / `±HHMM`
-/// (a space may stand for the `T`); returns epoch milliseconds.
+/// Parses an ISO-8601 date and time with its UTC offset (the `time` crate's ISO-8601 parser:
+/// `2026-12-24T10:00:00Z`, `…+01:00`, `…-0430`, seconds and fractions optional; a space may
+/// stand for the `T`, as RFC 3339 allows); returns epoch milliseconds, from 1970 to 9999.
 pub fn parse_instant(s: &str) -> Result<u64, ScheduleError> {
     let bad = || ScheduleError::BadTime(s.to_owned());
-    let b = s.trim().as_bytes();
-    let digits = |from: usize, len: usize| -> Option<i64> {
-        let part = b.get(from..from + len)?;
-        part.iter().all(u8::is_ascii_digit).then(|| part.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')))
-    };
-    let (Some(y), Some(mo), Some(d)) = (digits(0, 4), digits(5, 2), digits(8, 2)) else { return Err(bad()) };
-    if b.get(4) != Some(&b'-') || b.get(7) != Some(&b'-') || !matches!(b.get(10), Some(b'T' | b't' | b' ')) {
+    let mut text = s.trim().to_ascii_uppercase();
+    if text.as_bytes().get(10) == Some(&b' ') {
+        text.replace_range(10..11, "T");
+    }
+    let at = time::OffsetDateTime::parse(&text, &time::format_description::well_known::Iso8601::DEFAULT)
+        .map_err(|_| bad())?;
+    // (The crate takes offsets up to ±25:59; no zone is beyond ±14:00.)
+    if at.year() > 9999 || at.offset().whole_hours().abs() > 23 {
         return Err(bad());
     }
-    let (Some(h), Some(mi)) = (digits(11, 2), digits(14, 2)) else { return Err(bad()) };
-    if b.get(13) != Some(&b':') {
-        return Err(bad());
-    }
-    let mut i = 16;
-    let mut sec = 0;
-    let mut ms = 0;
-    if b.get(i) == Some(&b':') {
-        sec = digits(i + 1, 2).ok_or_else(bad)?;
-        i += 3;
-        if matches!(b.get(i), Some(b'.' | b',')) {
-            i += 1;
-            let start = i;
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                if i - start < 3 {
-                    ms = ms * 10 + i64::from(b[i] - b'0');
-                }
-                i += 1;
-            }
-            if i == start {
-                return Err(bad());
-            }
-            for _ in (i - start)..3 {
-                ms *= 10;
-            }
-        }
-    }
-    let offset_min = match b.get(i) {
-        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
-        Some(sign @ (b'+' | b'-')) => {
-            let oh = digits(i + 1, 2).ok_or_else(bad)?;
-            let om = match b.len() - i {
-                6 if b[i + 3] == b':' => digits(i + 4, 2).ok_or_else(bad)?,
-                5 => digits(i + 3, 2).ok_or_else(bad)?,
-                _ => return Err(bad()),
-            };
-            if oh > 23 || om > 59 {
-                return Err(bad());
-            }
-            if *sign == b'+' { oh * 60 + om } else { -(oh * 60 + om) }
-        }
-        _ => return Err(bad()),
-    };
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    if !(1970..=9999).contains(&y) || !(1..=12).contains(&mo) || d < 1 || d > month_days[(mo - 1) as usize] {
-        return Err(bad());
-    }
-    if h > 23 || mi > 59 || sec > 59 {
-        return Err(bad());
-    }
-    let days = days_from_civil(y, mo, d);
-    let total = ((days * 24 + h) * 60 + mi - offset_min) * 60 + sec;
-    u64::try_from(total * 1000 + ms).map_err(|_| bad())
-}
-
-/// Howard Hinnant's days_from_civil.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    u64::try_from(at.unix_timestamp_nanos() / 1_000_000).map_err(|_| bad())
 }
 
 /// Epoch ms as ISO-8601 UTC: `2026-12-24T10:00:00Z`, with `.mmm` when not a whole second.
 pub fn format_instant(epoch_ms: u64) -> String {
-    let days = (epoch_ms / 86_400_000) as i64;
-    let secs = (epoch_ms / 1000) % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let at = time::OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(epoch_ms.min(i64::MAX as u64) as i64);
+    let (date, clock) = (at.date(), at.time());
     let frac = match epoch_ms % 1000 {
         0 => String::new(),
         ms => format!(".{ms:03}"),
     };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}{frac}Z", secs / 3600, (secs / 60) % 60, secs % 60)
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}{frac}Z",
+        date.year(),
+        u8::from(date.month()),
+        date.day(),
+        clock.hour(),
+        clock.minute(),
+        clock.second()
+    )
 }
 
 /// When a target's sale opens, and optionally when its pre-queue opens and when it closes.
@@ -421,6 +358,8 @@ mod tests {
         assert_eq!(parse_instant("2026-12-24T05:30:00-0430"), Ok(1_798_106_400_000));
         assert_eq!(parse_instant("2026-12-24 10:00Z"), Ok(1_798_106_400_000));
         assert_eq!(parse_instant("2026-12-24T10:00:00.25Z"), Ok(1_798_106_400_250));
+        assert_eq!(parse_instant("2026-12-24t10:00:00,25z"), Ok(1_798_106_400_250));
+        assert_eq!(parse_instant(" 2026-12-24T10:00:00.2509Z "), Ok(1_798_106_400_250));
         assert_eq!(parse_instant("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
     }
 
