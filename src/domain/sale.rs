@@ -92,9 +92,10 @@ impl SaleSchedule {
     }
 }
 
-/// Where a sale is at a given moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+/// Where a sale is at a given moment (named in kebab-case, in JSON and in text alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum SalePhase {
     /// Before the pre-queue (or, without one, before the opening): entries are not recorded.
     Scheduled,
@@ -110,13 +111,7 @@ pub enum SalePhase {
 
 impl SalePhase {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Scheduled => "scheduled",
-            Self::PreQueue => "pre-queue",
-            Self::Opening => "opening",
-            Self::Open => "open",
-            Self::Closed => "closed",
-        }
+        self.into()
     }
 }
 
@@ -234,8 +229,9 @@ pub fn opening_order(seed: &[u8], users: &[UserId]) -> Vec<UserId> {
     keyed.into_iter().map(|(_, u)| u).collect()
 }
 
-/// Who changed the sale's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who changed the sale's state (written as the variant in kebab-case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum SaleSource {
     Command,
     Schedule,
@@ -244,11 +240,7 @@ pub enum SaleSource {
 
 impl SaleSource {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Command => "command",
-            Self::Schedule => "schedule",
-            Self::PurchaseApi => "purchase-api",
-        }
+        self.into()
     }
 }
 

@@ -20,8 +20,10 @@ pub const OVERLOADED_RETRY_AFTER_S: u64 = 1;
 const QUEUE_UNAVAILABLE_RETRY_AFTER_S: u64 = 2;
 
 /// Every error code vq answers with, and its HTTP status: the one place that pairs them.
-/// 4xx codes are stable (clients and docs/openapi.json name them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// 4xx codes are stable (clients and docs/openapi.json name them): each is its variant's name
+/// in SCREAMING_SNAKE_CASE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumIter)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     InvalidRequest,
     NotInQueue,
@@ -42,23 +44,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InvalidRequest => "INVALID_REQUEST",
-            Self::NotInQueue => "NOT_IN_QUEUE",
-            Self::UnknownTarget => "UNKNOWN_TARGET",
-            Self::QueueFull => "QUEUE_FULL",
-            Self::TooManyQueues => "TOO_MANY_QUEUES",
-            Self::StoreUnavailable => "STORE_UNAVAILABLE",
-            Self::Overloaded => "OVERLOADED",
-            Self::QueueUnavailable => "QUEUE_UNAVAILABLE",
-            Self::QueueBypassDenied => "QUEUE_BYPASS_DENIED",
-            Self::DownstreamBusy => "DOWNSTREAM_BUSY",
-            Self::UpstreamUnavailable => "UPSTREAM_UNAVAILABLE",
-            Self::UpstreamTimeout => "UPSTREAM_TIMEOUT",
-            Self::NotFound => "NOT_FOUND",
-            Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            Self::PowRefused => "POW_REFUSED",
-        }
+        self.into()
     }
 
     pub fn status(self) -> StatusCode {

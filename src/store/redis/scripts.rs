@@ -71,8 +71,11 @@ pub(super) fn on_target<'a>(script: &'a Script, target: QueueTarget, names: &[&s
     inv
 }
 
-/// The per-user reply codes of `enter.lua`, `status.lua` and `issue.lua`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The per-user reply codes of `enter.lua`, `status.lua` and `issue.lua`: the number, and the
+/// name the prelude gives it (SCREAMING_SNAKE_CASE of the variant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::FromRepr, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
+#[repr(u8)]
 pub(super) enum Code {
     Waiting = 1,
     Admitted = 2,
@@ -85,19 +88,8 @@ pub(super) enum Code {
 }
 
 impl Code {
-    const ALL: [Code; 8] = [
-        Code::Waiting,
-        Code::Admitted,
-        Code::Full,
-        Code::NotInQueue,
-        Code::Issue,
-        Code::PreQueue,
-        Code::Scheduled,
-        Code::Closed,
-    ];
-
     pub(super) fn of(n: u64) -> Option<Code> {
-        Self::ALL.into_iter().find(|c| *c as u64 == n)
+        u8::try_from(n).ok().and_then(Code::from_repr)
     }
 }
 pub(super) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("leave.lua")));
@@ -159,22 +151,14 @@ mod tests {
     #[test]
     fn reply_codes_are_the_preludes() {
         let lua = lua_constants();
-        let name = |c: Code| match c {
-            Code::Waiting => "WAITING",
-            Code::Admitted => "ADMITTED",
-            Code::Full => "FULL",
-            Code::NotInQueue => "NOT_IN_QUEUE",
-            Code::Issue => "ISSUE",
-            Code::PreQueue => "PRE_QUEUE",
-            Code::Scheduled => "SCHEDULED",
-            Code::Closed => "CLOSED",
-        };
-        for c in Code::ALL {
+        let name = |c: Code| -> &'static str { c.into() };
+        use strum::IntoEnumIterator;
+        for c in Code::iter() {
             assert!(lua.contains(&(name(c).to_owned(), c as u64)), "{c:?} is not `local {} = {}`", name(c), c as u64);
             assert_eq!(Code::of(c as u64), Some(c));
         }
         let codes = lua.iter().filter(|(n, _)| !n.starts_with("P_") && n != "NO_SALE").count();
-        assert_eq!(codes, Code::ALL.len(), "a code in the prelude that Rust does not know: {lua:?}");
+        assert_eq!(codes, Code::iter().count(), "a code in the prelude that Rust does not know: {lua:?}");
         assert_eq!(Code::of(0), None);
         assert_eq!(Code::of(9), None);
     }
