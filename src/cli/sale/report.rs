@@ -40,11 +40,13 @@ pub fn text(r: &SaleReport) -> String {
         "  waits ({} measured): avg {:.1} s, p50 {:.1} s, p95 {:.1} s, max {:.1} s",
         w.counted, w.avg_seconds, w.p50_seconds, w.p95_seconds, w.max_seconds
     );
-    let expired = k.expired.map_or_else(|| "not yet (some may still be used)".to_owned(), |n| n.to_string());
+    let expired = k
+        .expired
+        .map_or_else(|| "expired: known once every token's life is over".to_owned(), |n| format!("{n} expired"));
     let _ = writeln!(
         out,
-        "  tokens: {} issued, {} used, {} expired; {} purchases with stateless tokens",
-        k.issued, k.used, expired, k.direct_used
+        "  tokens: {} issued, {} used, {expired}; {} purchases with stateless tokens",
+        k.issued, k.used, k.direct_used
     );
     let answers: Vec<String> = AnswerClass::ALL.iter().map(|c| format!("{} {}", t.answers.get(*c), c.name())).collect();
     let _ = writeln!(out, "  purchases forwarded: {} ({})", t.purchases_forwarded, answers.join(", "));
