@@ -257,6 +257,11 @@ pub fn html(r: &SaleReport) -> String {
         .iter()
         .map(|e| format!("<tr><td>{}</td><td>{}</td></tr>", format_instant(e.at_ms()), esc(&event_text(e))))
         .collect();
+    let events = if events.is_empty() {
+        "<tr><td colspan=\"2\">none: no schedule, pause or close recorded</td></tr>".to_owned()
+    } else {
+        events
+    };
     let target = esc(&r.target);
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{target} sale report</title>\
