@@ -178,11 +178,23 @@ pub struct AdaptiveSettings {
     pub decrease: f64,
     /// Fewer purchases than this in an interval: the batch holds.
     pub min_samples: u64,
+    /// Purchases per tick to aim at: a healthy interval moves the batch to
+    /// `target / (1 − no_show)` (admitted buyers whose token expired unused, smoothed) instead
+    /// of adding `increase`. Unset: AIMD alone.
+    pub target_purchases_per_tick: Option<u64>,
 }
 
 impl Default for AdaptiveSettings {
     fn default() -> Self {
-        Self { interval_ms: 6000, latency_ms: 1000, error_ratio: 0.05, increase: 10, decrease: 0.7, min_samples: 10 }
+        Self {
+            interval_ms: 6000,
+            latency_ms: 1000,
+            error_ratio: 0.05,
+            increase: 10,
+            decrease: 0.7,
+            min_samples: 10,
+            target_purchases_per_tick: None,
+        }
     }
 }
 
@@ -514,7 +526,8 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 23] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 24] = [
+            ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
             ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
             ("adaptive.interval_ms", a.interval_ms, 200..=600_000),
@@ -646,6 +659,7 @@ impl Settings {
             increase: a.increase,
             decrease: a.decrease,
             min_samples: a.min_samples,
+            target_purchases: a.target_purchases_per_tick,
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Outflow, Settings};
-use crate::domain::{DeclaredTargets, QueueTarget};
+use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
 use crate::store::{AdmitOutcome, AnyStore, OutflowClaim, OutflowState, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
@@ -159,12 +159,27 @@ impl Pump {
             OutflowClaim::Decided { current } => {
                 current.unwrap_or(configured).clamp(controller.batch_min, controller.batch_max)
             }
-            OutflowClaim::Decide { current, seen } => {
-                let d = controller.decide(current.unwrap_or(configured), &seen);
+            OutflowClaim::Decide { current, seen, no_show_bp, ended, counters } => {
+                let previous = no_show_bp.map(|bp| bp as f64 / 10_000.0);
+                let no_show = match ended {
+                    Some(e) => smooth_no_show(previous, e.used, e.expired),
+                    None => previous,
+                };
+                let d = controller.decide(current.unwrap_or(configured), &seen, no_show);
                 if current != Some(d.batch) {
                     tracing::info!(target_queue = %target, from = ?current, to = d.batch, reason = %d.reason, "adaptive outflow");
                 }
-                let state = OutflowState { batch: d.batch, reason: d.reason, decided_at_ms: now };
+                let state = OutflowState {
+                    batch: d.batch,
+                    reason: d.reason,
+                    decided_at_ms: now,
+                    no_show_bp: no_show.map(|n| (n * 10_000.0).round() as u64),
+                    tokens_used: counters.used,
+                    tokens_expired: counters.expired,
+                    purchases: seen.purchases,
+                    p95_ms: seen.p95_ms().map(|p| p.min(u64::from(u32::MAX))),
+                    error_bp: (seen.error_ratio() * 10_000.0).round() as u64,
+                };
                 self.store.set_outflow(target, &state).await?;
                 d.batch
             }
@@ -199,6 +214,11 @@ impl Pump {
         tick.admit = Some(admit);
         if admit.admitted > 0 {
             crate::metrics::admitted(target, admit.admitted);
+        }
+        // No-shows: tokens that expired unused are counted once, by the lock's holder. A
+        // failure only delays the count to a later tick.
+        if let Err(e) = self.store.expire_tokens(target).await {
+            tracing::warn!(target_queue = %target, error = %e, "counting expired tokens failed");
         }
         Ok(tick)
     }

@@ -462,6 +462,8 @@ mod tests {
             prequeued_count: None,
             outflow: "fixed".into(),
             outflow_reason: None,
+            tokens_expired: 0,
+            outflow_signals: None,
         }
     }
 

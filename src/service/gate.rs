@@ -189,7 +189,7 @@ impl QueueService {
             // The queue's own token is what the claim found stored for the user.
             let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
             crate::metrics::token_consumed(through_queue);
-            self.bounded(claim.target, self.store.confirm_token_used(claim.target, through_queue)).await
+            self.bounded(claim.target, self.store.confirm_token_used(claim.target, claim.user, through_queue)).await
         } else {
             self.bounded(claim.target, self.store.release_token(claim.target, claim.user, &claim.token, claim.previous))
                 .await

@@ -331,6 +331,9 @@ pub struct TargetSnapshot {
     pub tokens_issued: u64,
     pub tokens_used: u64,
     pub direct_tokens_used: u64,
+    /// Tokens issued through the queue that expired without a purchase (no-shows), counted
+    /// by the pump (`tokens_expire.lua`).
+    pub tokens_expired: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
     /// When the longest-waiting user (of those not yet admitted) entered, epoch ms of the
@@ -349,6 +352,25 @@ pub struct OutflowState {
     pub reason: String,
     /// When, on Redis' clock (ms).
     pub decided_at_ms: u64,
+    /// The smoothed share of no-shows (domain::smooth_no_show), in basis points (1/10000);
+    /// `None` before there was evidence.
+    pub no_show_bp: Option<u64>,
+    /// The target's `tokens_used` and `tokens_expired` counters at the decision, so the next
+    /// one sees what ended in between.
+    pub tokens_used: u64,
+    pub tokens_expired: u64,
+    /// What the decision saw of the interval before it: purchases the gates forwarded, their
+    /// P95 latency (upper bound of its bucket, ms) and share of errors (basis points).
+    pub purchases: u64,
+    pub p95_ms: Option<u64>,
+    pub error_bp: u64,
+}
+
+/// The tokens that ended in a control interval: used by a purchase, or expired unused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokensEnded {
+    pub used: u64,
+    pub expired: u64,
 }
 
 /// What [`QueueStore::claim_outflow`] found.
@@ -356,7 +378,15 @@ pub struct OutflowState {
 pub enum OutflowClaim {
     /// The interval is this caller's to decide: the batch now (if any was chosen) and what
     /// the gates saw in the interval.
-    Decide { current: Option<u64>, seen: Observations },
+    /// `no_show_bp` is the smoothed share of no-shows so far; `ended` what ended since the
+    /// last decision (`None` at the first); `counters` the target's token counters now.
+    Decide {
+        current: Option<u64>,
+        seen: Observations,
+        no_show_bp: Option<u64>,
+        ended: Option<TokensEnded>,
+        counters: TokensEnded,
+    },
     /// Another pump decided this interval already: the batch it chose.
     Decided { current: Option<u64> },
     /// An operator pinned the target's batch (`vq batch set --target`): nothing to decide.
@@ -609,12 +639,18 @@ pub trait QueueStore: Send + Sync + 'static {
         previous: Option<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Counts a token consumed by a successful purchase: one the queue issued, or a stateless one.
+    /// Counts a token consumed by a successful purchase: one the queue issued (no longer
+    /// waiting to expire unused), or a stateless one.
     fn confirm_token_used(
         &self,
         target: QueueTarget,
+        user: UserId,
         through_queue: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts the tokens issued through the queue that expired unused since the last call
+    /// (no-shows) into `tokens_expired`; returns how many.
+    fn expire_tokens(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Whether this token was already used (read-only, for `/gate/verify`).
     fn token_used(
@@ -818,8 +854,11 @@ impl QueueStore for AnyStore {
     ) -> Result<(), StoreError> {
         delegate!(self, s => s.release_token(t, u, tok, prev))
     }
-    async fn confirm_token_used(&self, t: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
-        delegate!(self, s => s.confirm_token_used(t, through_queue))
+    async fn confirm_token_used(&self, t: QueueTarget, u: UserId, through_queue: bool) -> Result<(), StoreError> {
+        delegate!(self, s => s.confirm_token_used(t, u, through_queue))
+    }
+    async fn expire_tokens(&self, t: QueueTarget) -> Result<u64, StoreError> {
+        delegate!(self, s => s.expire_tokens(t))
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))

@@ -50,6 +50,7 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
         increase: 4,
         decrease: 0.5,
         min_samples: 3,
+        target_purchases_per_tick: None,
     };
     s.gate.upstream = Some(purchase_api(delay.clone()).await);
     s.gate.timeout_ms = 5000;
@@ -149,4 +150,104 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     assert_eq!(store.claim_outflow(target, interval).await.unwrap(), vq::store::OutflowClaim::Pinned);
     store.set_batch_size(Some(target), None).await.unwrap();
     assert!(matches!(store.claim_outflow(target, interval).await.unwrap(), vq::store::OutflowClaim::Decide { .. }));
+}
+
+/// No-show compensation: half of the admitted buyers never buy (their token expires unused);
+/// with a target of 10 purchases per tick the controller admits about 10 / (1 − 0.5) = 20,
+/// and the purchase API gets about the target, never more than `batch_max` in a tick.
+#[tokio::test]
+async fn with_half_the_buyers_not_showing_purchases_per_tick_reach_the_target_within_bounds() {
+    let redis = RedisServer::spawn();
+    let tick_ms = 200;
+    let sink = vq::loadgen::Sink::start("127.0.0.1:0".parse().unwrap(), tick_ms, Default::default()).await.unwrap();
+    let mut s = test_settings(Some(&redis));
+    s.queue.tick_ms = tick_ms;
+    s.queue.batch_size = 10;
+    s.queue.heartbeat_timeout_s = 600;
+    s.queue.outflow = vq::config::Outflow::Adaptive;
+    (s.queue.batch_min, s.queue.batch_max) = (4, 40);
+    s.token.ttl_s = 1;
+    s.adaptive = vq::config::AdaptiveSettings {
+        interval_ms: 600,
+        latency_ms: 1000,
+        error_ratio: 0.2,
+        increase: 4,
+        decrease: 0.5,
+        min_samples: 3,
+        target_purchases_per_tick: Some(10),
+    };
+    s.gate.upstream = Some(format!("http://{}", sink.addr));
+    let app = spawn_app(s.clone(), false).await;
+    flag_on(&redis).await;
+    // Entered one after the other: user n holds seq n.
+    for u in 1..=4000u64 {
+        app.enter("limited-drop/42", u).await;
+    }
+    let pump = vq::pump::Pump::new(open_store(&s), Arc::new(s.clone()), "test-pump".into());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pump_task = tokio::spawn(pump.run(stop.clone()));
+
+    // Buyers: each admitted user collects their token with a poll; the even ones buy with it.
+    let buyers = {
+        let (client, base, redis_url) = (app.client.clone(), app.addr.clone(), redis.url());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut c = redis::Client::open(redis_url).unwrap().get_multiplexed_async_connection().await.unwrap();
+            let mut last = 0u64;
+            while !stop.is_cancelled() {
+                let mark: u64 = c.get("queue:{LIMITED_DROP:42}:admitted_count").await.unwrap_or(0);
+                for u in last + 1..=mark {
+                    let (client, base) = (client.clone(), base.clone());
+                    tokio::spawn(async move {
+                        let me = format!("{base}/virtual-queues/limited-drop/42/entries/me");
+                        let poll = client.get(me).header("X-User-Id", u.to_string()).send().await.unwrap();
+                        let body: serde_json::Value = poll.json().await.unwrap();
+                        let Some(token) = body["entryToken"].as_str().filter(|_| u % 2 == 0) else { return };
+                        let order = format!("{base}/limited-drops/42/orders");
+                        let _ = client
+                            .post(order)
+                            .header("X-User-Id", u.to_string())
+                            .header("X-Entry-Token", token)
+                            .send()
+                            .await;
+                    });
+                }
+                last = last.max(mark);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+
+    // Until the controller has seen the no-shows and settled (at most 20 s), then 3 s measured.
+    let settled = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < settled && batch_now(&redis).await.is_none_or(|b| b < 18) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let from = sink.now_ms();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let to = sink.now_ms();
+    let stats = app.json(app.client.get(app.url("/virtual-queues/limited-drop/42/stats")).send().await.unwrap()).await;
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    stop.cancel();
+    let _ = pump_task.await;
+    let _ = buyers.await;
+
+    let batch = batch_now(&redis).await.unwrap();
+    let f = sink.figures(from, to);
+    let per_tick = f.total as f64 / ((to - from) as f64 / tick_ms as f64);
+    eprintln!("batch {batch}, {per_tick:.1} purchases per tick, {f:?}, stats {stats}");
+    assert!((16..=24).contains(&batch), "10 / (1 − ~0.5) ≈ 20, got {batch}: {stats}");
+    let no_show = stats["outflowSignals"]["noShowRatio"].as_f64().expect("a no-show share");
+    assert!((0.3..=0.7).contains(&no_show), "half the buyers never buy: {stats}");
+    assert!(stats["outflowReason"].as_str().unwrap().starts_with("target"), "{stats}");
+    assert!(stats["tokensExpired"].as_u64().unwrap() > 0, "{stats}");
+    assert!(per_tick >= 6.0, "about the target of 10 per tick reached the purchase API: {per_tick:.1}");
+    assert!(f.max_per_tick <= 40, "never more than batch_max in a tick: {f:?}");
+    for series in [
+        "virtual_queue_target_tokens{target=\"LIMITED_DROP:42\",outcome=\"expired\"}",
+        "virtual_queue_adaptive_no_show_ratio{target=\"LIMITED_DROP:42\"}",
+        "virtual_queue_adaptive_error_ratio{target=\"LIMITED_DROP:42\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in /metrics");
+    }
 }

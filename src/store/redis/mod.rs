@@ -43,13 +43,14 @@ use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
     OUTFLOW_CLAIM, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS,
-    SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, USER_HOLD, num, on_target, reply_err,
+    SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, num,
+    on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
     AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, LEDGER_MAX_ROWS,
     OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
-    StoreError, StoreLimits, TargetSnapshot, TokenClaim,
+    StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
@@ -244,6 +245,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "outflow"))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .key(keys::of(target, "waits"))
             .arg(interval)
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
@@ -253,9 +255,16 @@ impl QueueStore for RedisStore {
         match reply.first().map(String::as_str) {
             Some("pinned") => Ok(OutflowClaim::Pinned),
             Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
-            Some("decide") => {
+            Some("decide") if reply.len() >= 7 => {
+                let num = |i: usize| reply[i].parse::<u64>().ok();
+                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
+                    used: counters.used.saturating_sub(used),
+                    expired: counters.expired.saturating_sub(expired),
+                });
+                let no_show_bp = num(4);
                 let mut seen = Observations::default();
-                for pair in reply[2..].chunks(2) {
+                for pair in reply[7..].chunks(2) {
                     let [field, value] = pair else { return Err(bad()) };
                     let n: u64 = value.parse().map_err(|_| bad())?;
                     match field.as_str() {
@@ -271,7 +280,7 @@ impl QueueStore for RedisStore {
                         }
                     }
                 }
-                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen })
+                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen, no_show_bp, ended, counters })
             }
             _ => Err(bad()),
         }
@@ -286,6 +295,12 @@ impl QueueStore for RedisStore {
                     ("batch", state.batch.to_string()),
                     ("reason", state.reason.clone()),
                     ("at", state.decided_at_ms.to_string()),
+                    ("used", state.tokens_used.to_string()),
+                    ("expired", state.tokens_expired.to_string()),
+                    ("no_show", state.no_show_bp.map(|n| n.to_string()).unwrap_or_default()),
+                    ("purchases", state.purchases.to_string()),
+                    ("p95", state.p95_ms.map(|n| n.to_string()).unwrap_or_default()),
+                    ("error_bp", state.error_bp.to_string()),
                 ],
             )
             .ignore()
@@ -515,6 +530,12 @@ impl QueueStore for RedisStore {
             batch,
             reason: outflow.get("reason").cloned().unwrap_or_default(),
             decided_at_ms: outflow.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+            no_show_bp: outflow.get("no_show").and_then(|n| n.parse().ok()),
+            tokens_used: outflow.get("used").and_then(|n| n.parse().ok()).unwrap_or(0),
+            tokens_expired: outflow.get("expired").and_then(|n| n.parse().ok()).unwrap_or(0),
+            purchases: outflow.get("purchases").and_then(|n| n.parse().ok()).unwrap_or(0),
+            p95_ms: outflow.get("p95").and_then(|n| n.parse().ok()),
+            error_bp: outflow.get("error_bp").and_then(|n| n.parse().ok()).unwrap_or(0),
         });
         Ok(TargetSnapshot {
             outflow,
@@ -538,6 +559,7 @@ impl QueueStore for RedisStore {
             tokens_issued: waits.get("tokens_issued").copied().unwrap_or(0),
             tokens_used: waits.get("tokens_used").copied().unwrap_or(0),
             direct_tokens_used: waits.get("direct_tokens_used").copied().unwrap_or(0),
+            tokens_expired: waits.get("tokens_expired").copied().unwrap_or(0),
             waits: WaitHistogram {
                 buckets: waits.iter().filter_map(|(k, v)| Some((k.strip_prefix("b:")?.parse().ok()?, *v))).collect(),
                 count: waits.get("count").copied().unwrap_or(0),
@@ -585,10 +607,31 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
-    async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
-        let field = if through_queue { "tokens_used" } else { "direct_tokens_used" };
-        let _: u64 = self.conn().hincr(keys::of(target, "waits"), field, 1).await?;
+    async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
+        let waits = keys::of(target, "waits");
+        if !through_queue {
+            let _: u64 = self.conn().hincr(waits, "direct_tokens_used", 1).await?;
+            return Ok(());
+        }
+        // Both keys in one slot (the target's hash tag): one MULTI, never one without the other.
+        let _: () = redis::pipe()
+            .atomic()
+            .hincr(&waits, "tokens_used", 1)
+            .ignore()
+            .zrem(keys::of(target, "unused"), user.0)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {

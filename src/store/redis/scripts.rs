@@ -31,7 +31,8 @@ pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_pr
 pub(super) const ENTER_KEYS: &[&str] =
     &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"];
 pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
-pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits"];
+pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "unused"];
+pub(super) const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 /// After the per-user keys of `enter.lua` and `status.lua`.
 pub(super) const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const ADMIT_KEYS: &[&str] = &[
@@ -112,6 +113,7 @@ pub(super) static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new
 pub(super) static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_control.lua")));
 pub(super) static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_place.lua")));
 pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_read.lua")));
+pub(super) static TOKENS_EXPIRE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("tokens_expire.lua")));
 pub(super) static OUTFLOW_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_claim.lua")));
 pub(super) static USER_HOLD: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("user_hold.lua")));
 pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));
@@ -208,7 +210,8 @@ mod tests {
             };
         }
         type Case = ((&'static str, &'static str), &'static [&'static str], &'static [&'static str]);
-        let cases: [Case; 12] = [
+        let cases: [Case; 13] = [
+            (lua!("tokens_expire.lua"), TOKENS_EXPIRE_KEYS, &[]),
             (lua!("enter.lua"), ENTER_KEYS, SALE_KEYS),
             (lua!("status.lua"), STATUS_KEYS, SALE_KEYS),
             (lua!("issue.lua"), ISSUE_KEYS, &[]),
