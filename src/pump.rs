@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
-use crate::store::{AdmitOutcome, AnyStore, OutflowClaim, OutflowState, QueueStore, StoreError};
+use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +180,9 @@ impl Pump {
                     p95_ms: seen.p95_ms().map(|p| p.min(u64::from(u32::MAX))),
                     error_bp: (seen.error_ratio() * 10_000.0).round() as u64,
                 };
-                self.store.set_outflow(target, &state).await?;
+                let change = (current != Some(d.batch))
+                    .then(|| BatchChange { from: current, instance: self.instance_id.clone() });
+                self.store.set_outflow(target, &state, change).await?;
                 d.batch
             }
         })

@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim, OutflowState,
-    PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits,
-    TargetSnapshot, TokenClaim, TokensEnded, Waiting,
+    AdmitOutcome, BatchChange, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim,
+    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
+    StoreLimits, TargetSnapshot, TokenClaim, TokensEnded, Waiting,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule, UserId,
@@ -399,8 +399,24 @@ impl QueueStore for MemoryStore {
         Ok(expired)
     }
 
-    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        self.lock().target(target, now_ms()).outflow = Some(state.clone());
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.target(target, now_ms()).outflow = Some(state.clone());
+        if let Some(c) = change {
+            let entry = LedgerEntry::Batch {
+                at_ms: state.decided_at_ms,
+                from: c.from,
+                to: state.batch,
+                instance: c.instance,
+                reason: state.reason.clone(),
+            };
+            sale::ledger_entry(&mut inner, target, entry);
+        }
         Ok(())
     }
 

@@ -366,6 +366,14 @@ pub struct OutflowState {
     pub error_bp: u64,
 }
 
+/// A decision that moved the batch, for the ledger: the batch before (`None` at the first
+/// decision) and the instance that decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchChange {
+    pub from: Option<u64>,
+    pub instance: String,
+}
+
 /// The tokens that ended in a control interval: used by a purchase, or expired unused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokensEnded {
@@ -452,11 +460,13 @@ pub trait QueueStore: Send + Sync + 'static {
         interval: u64,
     ) -> impl Future<Output = Result<OutflowClaim, StoreError>> + Send;
 
-    /// Records the controller's decision for `target`.
+    /// Records the controller's decision for `target`, and with `change` (the batch moved) an
+    /// admission ledger row saying from what, to what, by whom and why, in one step.
     fn set_outflow(
         &self,
         target: QueueTarget,
         state: &OutflowState,
+        change: Option<BatchChange>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts `target` among the queues `user` holds a place in, unless `max` are counted
@@ -744,8 +754,13 @@ impl QueueStore for AnyStore {
     async fn claim_outflow(&self, t: QueueTarget, i: u64) -> Result<OutflowClaim, StoreError> {
         delegate!(self, s => s.claim_outflow(t, i))
     }
-    async fn set_outflow(&self, t: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        delegate!(self, s => s.set_outflow(t, state))
+    async fn set_outflow(
+        &self,
+        t: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_outflow(t, state, change))
     }
     async fn hold_queue(&self, u: UserId, t: QueueTarget, max: u64) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         delegate!(self, s => s.hold_queue(u, t, max))

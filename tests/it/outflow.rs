@@ -127,6 +127,37 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     assert!(metrics.contains("virtual_queue_adaptive_batch_min 4"), "batch_min in /metrics");
     assert!(stats["outflowReason"].as_str().is_some_and(|r| !r.is_empty()), "{stats}");
 
+    // Every change of the batch is a ledger row with its reason, each from where the one
+    // before it left the batch.
+    let store = open_store(&s);
+    let changes: Vec<(Option<u64>, u64, String)> = store
+        .sale_ledger(target)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e {
+            vq::domain::LedgerEntry::Batch { from, to, reason, .. } => Some((from, to, reason)),
+            _ => None,
+        })
+        .collect();
+    assert!(changes.len() >= 3, "{changes:?}");
+    for pair in changes.windows(2) {
+        assert_eq!(pair[0].0, Some(pair[1].1), "newest first, a chain of changes: {changes:?}");
+    }
+    assert!(changes.iter().any(|c| c.2.starts_with("down")) && changes.iter().any(|c| c.2.starts_with("up")));
+    // `vq stats` shows the signals and the last changes.
+    let out = crate::support::vq_command()
+        .args(["stats", "--target", "limited-drop:42"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("VQ_QUEUE__OUTFLOW", "adaptive")
+        .env("VQ_TARGETS__RANGES", crate::support::test_ranges_env())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("LIMITED_DROP:42 outflow adaptive: batch") && text.contains("last interval"), "{text}");
+    assert!(text.matches(" batch ").count() >= 3 && text.contains(" → "), "the last changes: {text}");
+
     // `vq batch show` says where the batch comes from.
     let show = || {
         let out = crate::support::vq_command()
@@ -142,7 +173,6 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     assert!(text.contains("queue.outflow = adaptive: the controller's batch"), "{text}");
 
     // A pinned batch holds: the controller decides nothing while `vq batch set --target` is.
-    let store = open_store(&s);
     store.set_batch_size(Some(target), Some(7)).await.unwrap();
     let text = show();
     assert!(text.contains("pinned") && text.contains("in force for LIMITED_DROP:42: 7"), "{text}");

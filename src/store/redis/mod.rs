@@ -42,15 +42,15 @@ use self::fence::Fences;
 use self::pulse::Pulse;
 use self::scripts::{
     ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
-    OUTFLOW_CLAIM, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS,
-    SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, num,
-    on_target, reply_err,
+    OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS,
+    SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE,
+    TOKENS_EXPIRE_KEYS, USER_HOLD, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, LEDGER_MAX_ROWS,
-    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
-    StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
+    AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
+    LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
+    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
 };
 use crate::domain::{
     FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
@@ -286,28 +286,32 @@ impl QueueStore for RedisStore {
         }
     }
 
-    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        let key = keys::of(target, "outflow");
-        let _: () = redis::pipe()
-            .hset_multiple(
-                &key,
-                &[
-                    ("batch", state.batch.to_string()),
-                    ("reason", state.reason.clone()),
-                    ("at", state.decided_at_ms.to_string()),
-                    ("used", state.tokens_used.to_string()),
-                    ("expired", state.tokens_expired.to_string()),
-                    ("no_show", state.no_show_bp.map(|n| n.to_string()).unwrap_or_default()),
-                    ("purchases", state.purchases.to_string()),
-                    ("p95", state.p95_ms.map(|n| n.to_string()).unwrap_or_default()),
-                    ("error_bp", state.error_bp.to_string()),
-                ],
-            )
-            .ignore()
-            .expire(&key, self.limits.key_ttl_s as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await?;
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let row = change.map_or_else(String::new, |c| {
+            LedgerEntry::encode_batch(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
+        });
+        let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
+        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
+        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+        for (field, value) in [
+            ("batch", state.batch.to_string()),
+            ("reason", state.reason.clone()),
+            ("at", state.decided_at_ms.to_string()),
+            ("used", state.tokens_used.to_string()),
+            ("expired", state.tokens_expired.to_string()),
+            ("no_show", opt(state.no_show_bp)),
+            ("purchases", state.purchases.to_string()),
+            ("p95", opt(state.p95_ms)),
+            ("error_bp", state.error_bp.to_string()),
+        ] {
+            call.arg(field).arg(value);
+        }
+        let _: u64 = call.invoke_async(&mut self.conn()).await?;
         Ok(())
     }
 

@@ -77,8 +77,9 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
 /// observations of it; a decision is read back; a pinned batch claims nothing.
 #[tokio::test]
 async fn an_outflow_interval_is_decided_once_with_every_observation() {
+    use vq::domain::LedgerEntry;
     use vq::domain::{Observations, latency_bucket};
-    use vq::store::{OutflowClaim, OutflowState, TokensEnded};
+    use vq::store::{BatchChange, OutflowClaim, OutflowState, TokensEnded};
     with_both(async |s, _| {
         s.observe_purchase(t(), 7, latency_bucket(30), false, false).await.unwrap();
         s.observe_purchase(t(), 7, latency_bucket(700), true, true).await.unwrap();
@@ -103,7 +104,13 @@ async fn an_outflow_interval_is_decided_once_with_every_observation() {
             p95_ms: Some(1000),
             error_bp: 5000,
         };
-        s.set_outflow(t(), &state).await.unwrap();
+        let change = BatchChange { from: None, instance: "pump-1".into() };
+        s.set_outflow(t(), &state, Some(change)).await.unwrap();
+        s.set_outflow(t(), &state, None).await.unwrap();
+        // One ledger row: the change, not the decision that kept the batch.
+        let batch =
+            LedgerEntry::Batch { at_ms: 1, from: None, to: 42, instance: "pump-1".into(), reason: "up: test".into() };
+        assert_eq!(s.sale_ledger(t()).await.unwrap(), [batch]);
         assert_eq!(s.claim_outflow(t(), 6).await.unwrap(), OutflowClaim::Decided { current: Some(42) }, "an older one");
         // The next decision gets the no-show share and what ended since (nothing here).
         assert!(matches!(
