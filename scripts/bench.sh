@@ -32,7 +32,7 @@
 #       s, CONVERSION=0.6 of admitted buyers buying, ticks of TICK_MS=1000. Fixed admits
 #       BATCH=80 per tick (tuned for the full capacity: 80 × 0.6 = 48 purchases/s); adaptive
 #       starts at BATCH within BATCH_MIN=10..BATCH_MAX=200, deciding every INTERVAL_MS=3000 with
-#       LATENCY_MS=500, ERROR_RATIO=0.05, INCREASE=10, DECREASE=0.7. Each round runs fixed,
+#       LATENCY_MS=1000, ERROR_RATIO=0.05, INCREASE=10, DECREASE=0.7. Each round runs fixed,
 #       then adaptive, each on a fresh redis-server and vq serve. Table: purchases served,
 #       refused by the purchase API (503), buyers' purchase errors (non-2xx), purchase P95 at
 #       the buyer and at the sink, admitted and no-shows, buyers' wait P50/P95, users still
@@ -261,7 +261,7 @@ adaptive_run() { # round mode(fixed|adaptive) flags... -> appends a row to $WORK
   VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
     VQ_QUEUE__OUTFLOW="$mode" VQ_QUEUE__TICK_MS="$tick_ms" VQ_QUEUE__BATCH_SIZE="$batch" \
     VQ_QUEUE__BATCH_MIN="${BATCH_MIN:-10}" VQ_QUEUE__BATCH_MAX="${BATCH_MAX:-200}" \
-    VQ_ADAPTIVE__INTERVAL_MS="${INTERVAL_MS:-3000}" VQ_ADAPTIVE__LATENCY_MS="${LATENCY_MS:-500}" \
+    VQ_ADAPTIVE__INTERVAL_MS="${INTERVAL_MS:-3000}" VQ_ADAPTIVE__LATENCY_MS="${LATENCY_MS:-1000}" \
     VQ_ADAPTIVE__ERROR_RATIO="${ERROR_RATIO:-0.05}" VQ_ADAPTIVE__INCREASE="${INCREASE:-10}" \
     VQ_ADAPTIVE__DECREASE="${DECREASE:-0.7}" \
     RUST_LOG=warn spawn "vq-$mode-$round" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
