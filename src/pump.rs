@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Outflow, Settings};
+use crate::config::Settings;
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
 use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
 
@@ -148,10 +148,10 @@ impl Pump {
         if let Some(g) = global {
             return Ok(g);
         }
-        if self.settings.queue.outflow != Outflow::Adaptive {
+        if !self.settings.is_adaptive(target.kind) {
             return Ok(configured);
         }
-        let controller = self.settings.controller();
+        let controller = self.settings.controller(target.kind);
         let now = self.store.now_ms();
         let interval = (now / self.settings.outflow_interval_ms()).saturating_sub(1);
         Ok(match self.store.claim_outflow(target, interval).await? {

@@ -154,8 +154,8 @@ impl QueueService {
         let tick_ms = self.settings.queue.tick_ms;
         // Adaptive outflow: the batch moves up to queue.batch_max, the most the operator says
         // the purchase API takes per tick; pacing caps at that.
-        let batch = match self.settings.queue.outflow {
-            crate::config::Outflow::Adaptive => self.settings.queue.batch_max,
+        let batch = match self.settings.type_outflow(target.kind) {
+            crate::config::Outflow::Adaptive => self.settings.type_batch_bounds(target.kind).1,
             crate::config::Outflow::Fixed => self.batch_size(target.kind, None),
         };
         for _ in 0..PACE_ATTEMPTS {

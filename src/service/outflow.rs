@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use super::QueueService;
-use crate::config::Outflow;
 use crate::domain::{QueueTarget, latency_bucket};
 use crate::store::QueueStore;
 
@@ -15,7 +14,7 @@ impl QueueService {
     /// 429, `Retry-After`). Off the response path: the count is sent by a task of its own, and
     /// a failed count is only a missing observation.
     pub fn observe_purchase(&self, target: QueueTarget, took: Duration, error: bool, backoff: bool) {
-        if self.settings.queue.outflow != Outflow::Adaptive {
+        if !self.settings.is_adaptive(target.kind) {
             return;
         }
         let interval = self.store.now_ms() / self.settings.outflow_interval_ms();

@@ -77,7 +77,7 @@ pub struct OutflowSignals {
 /// the type's configured one.
 pub fn unpinned_batch(settings: &Settings, kind: QueueTargetType, snap: &TargetSnapshot) -> u64 {
     match &snap.outflow {
-        Some(o) if settings.queue.outflow == crate::config::Outflow::Adaptive => o.batch,
+        Some(o) if settings.is_adaptive(kind) => o.batch,
         _ => settings.type_batch_size(kind),
     }
 }
@@ -93,7 +93,7 @@ impl QueueStats {
         now_ms: u64,
     ) -> Self {
         let queue = &settings.queue;
-        let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
+        let adaptive = settings.is_adaptive(kind);
         let batch_size = batch_in_force(snap.batch_override, global_batch, unpinned_batch(settings, kind, snap));
         Self {
             waiting_count: snap.waiting,
