@@ -30,6 +30,24 @@ async fn purchase_api(delay: Arc<AtomicU64>) -> String {
 
 const OUTFLOW: &str = "queue:{LIMITED_DROP:42}:outflow";
 
+/// An app on `s` (flag on) with users 1..=`users` entered into limited-drop 42 one after the
+/// other, and a pump running until the token is cancelled.
+async fn sale_with_a_pump(
+    s: &vq::config::Settings,
+    redis: &RedisServer,
+    users: u64,
+) -> (crate::support::TestApp, tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
+    let app = spawn_app(s.clone(), false).await;
+    flag_on(redis).await;
+    for u in 1..=users {
+        app.enter("limited-drop/42", u).await;
+    }
+    let pump = vq::pump::Pump::new(open_store(s), Arc::new(s.clone()), "test-pump".into());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let pump_task = tokio::spawn(pump.run(stop.clone()));
+    (app, stop, pump_task)
+}
+
 async fn batch_now(redis: &RedisServer) -> Option<u64> {
     redis.conn().await.hget(OUTFLOW, "batch").await.unwrap()
 }
@@ -54,15 +72,8 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     };
     s.gate.upstream = Some(purchase_api(delay.clone()).await);
     s.gate.timeout_ms = 5000;
-    let app = spawn_app(s.clone(), false).await;
-    flag_on(&redis).await;
+    let (app, stop, pump_task) = sale_with_a_pump(&s, &redis, 6000).await;
     let target: QueueTarget = "limited-drop:42".parse().unwrap();
-    for u in 1..=6000u64 {
-        app.enter("limited-drop/42", u).await;
-    }
-    let pump = vq::pump::Pump::new(open_store(&s), Arc::new(s.clone()), "test-pump".into());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let pump_task = tokio::spawn(pump.run(stop.clone()));
 
     // Buyers: everyone admitted buys at once with their token.
     let buyers = {
@@ -207,15 +218,8 @@ async fn with_half_the_buyers_not_showing_purchases_per_tick_reach_the_target_wi
         target_purchases_per_tick: Some(10),
     };
     s.gate.upstream = Some(format!("http://{}", sink.addr));
-    let app = spawn_app(s.clone(), false).await;
-    flag_on(&redis).await;
     // Entered one after the other: user n holds seq n.
-    for u in 1..=4000u64 {
-        app.enter("limited-drop/42", u).await;
-    }
-    let pump = vq::pump::Pump::new(open_store(&s), Arc::new(s.clone()), "test-pump".into());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let pump_task = tokio::spawn(pump.run(stop.clone()));
+    let (app, stop, pump_task) = sale_with_a_pump(&s, &redis, 4000).await;
 
     // Buyers: each admitted user collects their token with a poll; the even ones buy with it.
     let buyers = {
