@@ -94,6 +94,10 @@ pub struct TargetTypeSettings {
     pub batch_min: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_max: Option<u64>,
+    /// Active buyers at most for this type's targets in active-buyer mode (else
+    /// `queue.max_active`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active: Option<u64>,
 }
 
 impl TargetTypeSettings {
@@ -105,6 +109,7 @@ impl TargetTypeSettings {
             outflow: None,
             batch_min: None,
             batch_max: None,
+            max_active: None,
         }
     }
 }
@@ -162,6 +167,9 @@ pub struct QueueSettings {
     pub outflow: Outflow,
     pub batch_min: u64,
     pub batch_max: u64,
+    /// Active-buyer mode (`outflow = "active"`): buyers admitted and not finished (token not
+    /// yet collected, or held unused and unexpired) at most.
+    pub max_active: u64,
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
@@ -174,6 +182,9 @@ pub enum Outflow {
     #[default]
     Fixed,
     Adaptive,
+    /// Active buyers: a new buyer is admitted as one finishes, never more than `max_active`
+    /// at once.
+    Active,
 }
 
 /// `[adaptive]`: the controller of `queue.outflow = "adaptive"` (domain::Controller).
@@ -358,6 +369,7 @@ impl Default for QueueSettings {
             outflow: Outflow::Fixed,
             batch_min: 10,
             batch_max: 1000,
+            max_active: 1000,
         }
     }
 }
@@ -541,7 +553,8 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 24] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 25] = [
+            ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
             ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
@@ -600,6 +613,7 @@ impl Settings {
                 ("max_capacity", def.max_capacity, 1..=1_000_000_000),
                 ("batch_min", def.batch_min, BATCH_SIZE),
                 ("batch_max", def.batch_max, min.max(1)..=*BATCH_SIZE.end()),
+                ("max_active", def.max_active, 1..=1_000_000_000),
             ] {
                 if let Some(v) = value.filter(|v| !range.contains(v)) {
                     return Err(SettingError::TypeOutOfRange {
@@ -715,6 +729,11 @@ impl Settings {
             t.and_then(|t| t.batch_min).unwrap_or(self.queue.batch_min),
             t.and_then(|t| t.batch_max).unwrap_or(self.queue.batch_max),
         )
+    }
+
+    /// Active buyers at most for a target of `kind` (active-buyer mode).
+    pub fn type_max_active(&self, kind: QueueTargetType) -> u64 {
+        self.type_settings(kind).and_then(|t| t.max_active).unwrap_or(self.queue.max_active)
     }
 
     /// The users who may wait per target of `kind`.

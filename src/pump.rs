@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
 use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
 
@@ -148,8 +148,14 @@ impl Pump {
         if let Some(g) = global {
             return Ok(g);
         }
-        if !self.settings.is_adaptive(target.kind) {
-            return Ok(configured);
+        match self.settings.type_outflow(target.kind) {
+            Outflow::Fixed => return Ok(configured),
+            // A place per buyer who finished since: never more than max_active at once.
+            Outflow::Active => {
+                let active = self.store.active_buyers(target).await?;
+                return Ok(self.settings.type_max_active(target.kind).saturating_sub(active));
+            }
+            Outflow::Adaptive => {}
         }
         let controller = self.settings.controller(target.kind);
         let now = self.store.now_ms();

@@ -157,6 +157,8 @@ impl QueueService {
         let batch = match self.settings.type_outflow(target.kind) {
             crate::config::Outflow::Adaptive => self.settings.type_batch_bounds(target.kind).1,
             crate::config::Outflow::Fixed => self.batch_size(target.kind, None),
+            // Active buyers: at most max_active hold a token, so at most that many buy at once.
+            crate::config::Outflow::Active => self.settings.type_max_active(target.kind),
         };
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();

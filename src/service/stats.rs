@@ -40,7 +40,9 @@ pub struct QueueStats {
     /// Users in the sale's pre-queue, not yet given a position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prequeued_count: Option<u64>,
-    /// `fixed` or `adaptive` (`queue.outflow`): where `batch_size` comes from.
+    /// `fixed`, `adaptive` or `active` (`queue.outflow`, or the type's): where `batch_size`
+    /// comes from (in active-buyer mode the pump admits up to `max_active` buyers at once
+    /// instead).
     #[serde(default)]
     pub outflow: String,
     /// The adaptive controller's last decision and why; absent before it made one.
@@ -113,7 +115,12 @@ impl QueueStats {
             sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
             opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
             prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
-            outflow: if adaptive { "adaptive" } else { "fixed" }.to_owned(),
+            outflow: match settings.type_outflow(kind) {
+                crate::config::Outflow::Fixed => "fixed",
+                crate::config::Outflow::Adaptive => "adaptive",
+                crate::config::Outflow::Active => "active",
+            }
+            .to_owned(),
             outflow_reason: snap.outflow.as_ref().filter(|_| adaptive).map(|o| o.reason.clone()),
             outflow_signals: snap.outflow.as_ref().filter(|_| adaptive).map(|o| OutflowSignals {
                 purchases: o.purchases,

@@ -388,6 +388,14 @@ impl QueueStore for MemoryStore {
         Ok(OutflowClaim::Decide { current, seen, no_show_bp, ended, counters })
     }
 
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let admitted = t.queue.waiting.range(..=t.queue.mark).count() as u64;
+        Ok(admitted + t.unused.values().filter(|expiry| **expiry > now).count() as u64)
+    }
+
     async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();

@@ -658,6 +658,10 @@ pub trait QueueStore: Send + Sync + 'static {
         through_queue: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Buyers of `target` holding a place in active-buyer mode: admitted and not yet given
+    /// their token, or holding a token issued through the queue, unused and unexpired.
+    fn active_buyers(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Counts the tokens issued through the queue that expired unused since the last call
     /// (no-shows) into `tokens_expired`; returns how many.
     fn expire_tokens(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
@@ -871,6 +875,9 @@ impl QueueStore for AnyStore {
     }
     async fn confirm_token_used(&self, t: QueueTarget, u: UserId, through_queue: bool) -> Result<(), StoreError> {
         delegate!(self, s => s.confirm_token_used(t, u, through_queue))
+    }
+    async fn active_buyers(&self, t: QueueTarget) -> Result<u64, StoreError> {
+        delegate!(self, s => s.active_buyers(t))
     }
     async fn expire_tokens(&self, t: QueueTarget) -> Result<u64, StoreError> {
         delegate!(self, s => s.expire_tokens(t))

@@ -41,10 +41,10 @@ use self::conn::{Conn, LazyCluster};
 use self::fence::Fences;
 use self::pulse::Pulse;
 use self::scripts::{
-    ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
-    OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS,
-    SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE,
-    TOKENS_EXPIRE_KEYS, USER_HOLD, num, on_target, reply_err,
+    ACTIVE_COUNT, ACTIVE_COUNT_KEYS, ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE,
+    GATE_PACE_KEYS, LEAVE, LEAVE_KEYS, OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, SALE_CONTROL, SALE_CONTROL_KEYS,
+    SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM,
+    TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
@@ -632,6 +632,10 @@ impl QueueStore for RedisStore {
             .query_async(&mut self.conn())
             .await?;
         Ok(())
+    }
+
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
     }
 
     async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
