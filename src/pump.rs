@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
+use crate::service::OutflowBatches;
 use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
@@ -75,11 +76,20 @@ pub struct Pump {
     store: AnyStore,
     settings: Arc<Settings>,
     instance_id: String,
+    /// Where the adaptive batch of each target is published for this instance's ETAs.
+    batches: Option<Arc<OutflowBatches>>,
 }
 
 impl Pump {
     pub fn new(store: AnyStore, settings: Arc<Settings>, instance_id: String) -> Self {
-        Self { store, settings, instance_id }
+        Self { store, settings, instance_id, batches: None }
+    }
+
+    /// Publishes each target's adaptive batch, as this pump chooses or reads it every tick,
+    /// into `batches` (the serving instance's, for its ETAs).
+    pub fn publishing_batches(mut self, batches: Arc<OutflowBatches>) -> Self {
+        self.batches = Some(batches);
+        self
     }
 
     /// One round over every active target: admissions first, then evictions.
@@ -160,7 +170,7 @@ impl Pump {
         let controller = self.settings.controller(target.kind);
         let now = self.store.now_ms();
         let interval = (now / self.settings.outflow_interval_ms()).saturating_sub(1);
-        Ok(match self.store.claim_outflow(target, interval).await? {
+        let batch = match self.store.claim_outflow(target, interval).await? {
             OutflowClaim::Pinned => configured,
             OutflowClaim::Decided { current } => {
                 current.unwrap_or(configured).clamp(controller.batch_min, controller.batch_max)
@@ -191,7 +201,11 @@ impl Pump {
                 self.store.set_outflow(target, &state, change).await?;
                 d.batch
             }
-        })
+        };
+        if let Some(b) = &self.batches {
+            b.set(target, batch);
+        }
+        Ok(batch)
     }
 
     /// The declared targets: the configured ones and those declared at runtime, of the

@@ -2,13 +2,35 @@
 //! purchase's latency and outcome, counted per control interval in the store, where the pump
 //! that claims the interval reads every instance's observations together (pump.rs).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::QueueService;
 use crate::domain::{QueueTarget, latency_bucket};
 use crate::store::QueueStore;
 
+/// The adaptive batch of each target as this instance's pump last chose or read it
+/// (pump.rs), for the ETA the waiting page shows; empty on an instance without a pump.
+#[derive(Debug, Default)]
+pub struct OutflowBatches(Mutex<HashMap<QueueTarget, u64>>);
+
+impl OutflowBatches {
+    pub fn set(&self, target: QueueTarget, batch: u64) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(target, batch);
+    }
+
+    pub fn get(&self, target: QueueTarget) -> Option<u64> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&target).copied()
+    }
+}
+
 impl QueueService {
+    /// The adaptive batches this instance's pump publishes for the ETA.
+    pub fn outflow_batches(&self) -> Arc<OutflowBatches> {
+        self.outflow_batches.clone()
+    }
+
     /// Counts one purchase the gate forwarded for `target`: how long it took, whether it
     /// failed (5xx, 429, timed out, not reached) and whether the purchase API backed off (503,
     /// 429, `Retry-After`). Off the response path: the count is sent by a task of its own, and

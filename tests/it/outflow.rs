@@ -521,3 +521,31 @@ async fn in_active_mode_a_purchase_or_an_expiry_frees_exactly_one_place() {
     assert_eq!(stats["outflow"], "active", "{stats}");
     assert_eq!((stats["tokensUsed"].as_u64(), stats["tokensExpired"].as_u64()), (Some(1), Some(4)), "{stats}");
 }
+
+/// The waiting page's ETA counts with the adaptive batch the instance's pump sees, not the
+/// configured one.
+#[tokio::test]
+async fn the_eta_counts_with_the_adaptive_batch() {
+    let redis = RedisServer::spawn();
+    let mut s = adaptive_settings(&redis, 0);
+    s.adaptive.increase = 20;
+    let drops = s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").unwrap();
+    drops.batch_max = Some(50);
+    let app = spawn_app(s.clone(), true).await;
+    flag_on(&redis).await;
+    for u in 1..=3000u64 {
+        app.enter("limited-drop/42", u).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while batch_now(&redis).await != Some(50) {
+        assert!(Instant::now() < deadline, "the batch reached batch_max 50 within 20 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A tick for the instance's pump to read the batch, then the last user's ETA.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let body = app.json(app.poll("limited-drop/42", 3000).await).await;
+    let ahead = body["aheadCount"].as_u64().expect("still waiting");
+    let eta = body["etaSeconds"].as_u64().unwrap();
+    let at = |batch: u64| vq::domain::eta_seconds(ahead, batch, 200);
+    assert_eq!(eta, at(50), "{ahead} ahead at 50 per 200-ms tick (at the configured 10: {} s)", at(10));
+}
