@@ -13,6 +13,95 @@ use vq::store::QueueStore;
 
 use crate::support::{RedisServer, flag_on, next_tick, open_store, secret, spawn_app, test_settings};
 
+/// Every user of limited drop 42 the mark passes buys at once, with a token minted for them,
+/// until `stop`.
+fn buy_as_admitted(
+    app: &crate::support::TestApp,
+    redis: &RedisServer,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let target: QueueTarget = "limited-drop:42".parse().unwrap();
+    let (client, url, redis_url) = (app.client.clone(), app.url("/limited-drops/42/orders"), redis.url());
+    tokio::spawn(async move {
+        let mut c = redis::Client::open(redis_url).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let mut last = 0u64;
+        while !stop.is_cancelled() {
+            let mark: u64 = c.get("queue:{LIMITED_DROP:42}:admitted_count").await.unwrap_or(0);
+            if mark > last {
+                let users: Vec<u64> =
+                    c.zrangebyscore("queue:{LIMITED_DROP:42}:waiting", format!("({last}"), mark).await.unwrap();
+                for u in users {
+                    let now = vq::service::now_epoch_ms() / 1000;
+                    let token = vq::token::mint(&secret(), target, UserId(u), now, 300).raw;
+                    let req = client.post(&url).header("X-User-Id", u.to_string()).header("X-Entry-Token", token);
+                    tokio::spawn(req.send());
+                }
+                last = mark;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// A purchase API whose capacity drops from 50 to 20 purchases per second and returns (the
+/// loadgen sink: one purchase at a time, 503 past 300 ms of waiting): the batch falls within
+/// a few intervals and the refusals with it, and rises again after, never past batch_max.
+#[tokio::test]
+async fn when_the_purchase_apis_capacity_drops_the_batch_and_the_refusals_fall_and_the_batch_rises_after() {
+    let redis = RedisServer::spawn();
+    let model = vq::loadgen::SinkModel {
+        capacity: Some("50,20@6s,50@14s".parse().unwrap()),
+        max_wait: Duration::from_millis(300),
+    };
+    let mut s = adaptive_settings(&redis, 3);
+    s.adaptive = vq::config::AdaptiveSettings { interval_ms: 600, increase: 2, ..s.adaptive.clone() };
+    let drops = s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").unwrap();
+    (drops.batch_min, drops.batch_max) = (Some(2), Some(20));
+    let port = crate::support::free_port();
+    s.gate.upstream = Some(format!("http://127.0.0.1:{port}"));
+    let (app, stop, pump_task) = sale_with_a_pump(&s, &redis, 3000).await;
+    // The capacity's schedule counts from the sink's start: the users have entered by then.
+    let sink = vq::loadgen::Sink::start(([127, 0, 0, 1], port).into(), 200, model).await.unwrap();
+    let (started, sink_start) = (Instant::now(), sink.now_ms());
+    let buyers = buy_as_admitted(&app, &redis, stop.clone());
+
+    // The batch sampled through the three phases (offsets from the sink's start).
+    let mut phases: Vec<(&str, Vec<u64>)> = Vec::new();
+    for (name, until) in [("50/s", 6), ("20/s", 14), ("50/s again", 20)] {
+        let mut seen = Vec::new();
+        while started.elapsed() < Duration::from_secs(until) {
+            if let Some(b) = batch_now(&redis).await {
+                seen.push(b);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        phases.push((name, seen));
+    }
+    stop.cancel();
+    let _ = pump_task.await;
+    let _ = buyers.await;
+
+    let summary = format!("{phases:?}");
+    eprintln!("batch by phase: {summary}");
+    let all: Vec<u64> = phases.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    assert!(all.iter().all(|b| (2..=20).contains(b)), "within [2, 20]: {summary}");
+    let (before, during, after) = (&phases[0].1, &phases[1].1, &phases[2].1);
+    let low = *during.iter().min().unwrap();
+    assert!(low < *before.last().unwrap() && low <= 6, "the batch fell to what 20/s takes (4 per tick): {summary}");
+    assert!(after.iter().max().unwrap() > &low, "the batch rose again once the capacity returned: {summary}");
+    // Refusals: the second half of the drop against its first seconds.
+    let share = |from_s: u64, to_s: u64| {
+        let secs = sink.seconds(sink_start + from_s * 1000, sink_start + to_s * 1000 - 1);
+        let (served, refused) = secs.iter().fold((0, 0), |(a, b), x| (a + x.served, b + x.refused));
+        (refused as f64 / (served + refused).max(1) as f64, served, refused)
+    };
+    let (early, late) = (share(6, 8), share(10, 14));
+    eprintln!("refused share: first 2 s of the drop {early:?}, last 4 s {late:?}");
+    // A fixed batch of 10 per tick against 4 per tick would have 60 % refused throughout.
+    let target = s.adaptive.error_ratio;
+    assert!(late.0 <= target, "the refused share returned under {target}: {early:?} then {late:?}");
+}
+
 /// A purchase API that answers 200 after `delay` ms.
 async fn purchase_api(delay: Arc<AtomicU64>) -> String {
     let handler = move || {
@@ -76,29 +165,7 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     let target: QueueTarget = "limited-drop:42".parse().unwrap();
 
     // Buyers: everyone admitted buys at once with their token.
-    let buyers = {
-        let (client, url, redis_url) = (app.client.clone(), app.url("/limited-drops/42/orders"), redis.url());
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut c = redis::Client::open(redis_url).unwrap().get_multiplexed_async_connection().await.unwrap();
-            let mut last = 0u64;
-            while !stop.is_cancelled() {
-                let mark: u64 = c.get("queue:{LIMITED_DROP:42}:admitted_count").await.unwrap_or(0);
-                if mark > last {
-                    let users: Vec<u64> =
-                        c.zrangebyscore("queue:{LIMITED_DROP:42}:waiting", format!("({last}"), mark).await.unwrap();
-                    for u in users {
-                        let now = vq::service::now_epoch_ms() / 1000;
-                        let token = vq::token::mint(&secret(), target, UserId(u), now, 300).raw;
-                        let req = client.post(&url).header("X-User-Id", u.to_string()).header("X-Entry-Token", token);
-                        tokio::spawn(req.send());
-                    }
-                    last = mark;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let buyers = buy_as_admitted(&app, &redis, stop.clone());
 
     // Healthy, slow, healthy again; the controller's batch sampled throughout.
     let mut phases: Vec<(&str, Vec<u64>)> = Vec::new();
