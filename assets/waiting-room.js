@@ -78,8 +78,47 @@
   }
   document.addEventListener("visibilitychange", function () { if (!document.hidden && wake) wake(); });
 
-  function call(method, path) {
-    return fetch(api + path, { method: method, headers: { "X-User-Id": String(cfg.user) }, cache: "no-store" })
+  // Proof of work (status CHALLENGE): a worker finds a nonce such that SHA-256(seed + nonce)
+  // starts with `bits` zero bits, reporting how far it got; the page then enters with it.
+  var SOLVER = "(function(){var K=[0x428a2f98,0x71374491,0xb5c0fbcf,0xe9b5dba5,0x3956c25b,0x59f111f1,0x923f82a4,0xab1c5ed5,0xd807aa98,0x12835b01,0x243185be,0x550c7dc3,0x72be5d74,0x80deb1fe,0x9bdc06a7,0xc19bf174,0xe49b69c1,0xefbe4786,0x0fc19dc6,0x240ca1cc,0x2de92c6f,0x4a7484aa,0x5cb0a9dc,0x76f988da,0x983e5152,0xa831c66d,0xb00327c8,0xbf597fc7,0xc6e00bf3,0xd5a79147,0x06ca6351,0x14292967,0x27b70a85,0x2e1b2138,0x4d2c6dfc,0x53380d13,0x650a7354,0x766a0abb,0x81c2c92e,0x92722c85,0xa2bfe8a1,0xa81a664b,0xc24b8b70,0xc76c51a3,0xd192e819,0xd6990624,0xf40e3585,0x106aa070,0x19a4c116,0x1e376c08,0x2748774c,0x34b0bcb5,0x391c0cb3,0x4ed8aa4a,0x5b9cca4f,0x682e6ff3,0x748f82ee,0x78a5636f,0x84c87814,0x8cc70208,0x90befffa,0xa4506ceb,0xbef9a3f7,0xc67178f2];" +
+    "K=new Int32Array(K);var W=new Int32Array(64),b=new Uint8Array(192);" +
+    "function zeros(m,l){var n=(l+72)>>6<<6;b.fill(0);b.set(m.subarray(0,l));b[l]=128;b[n-2]=(l*8)>>>8&255;b[n-1]=l*8&255;" +
+    "var h0=0x6a09e667,h1=0xbb67ae85,h2=0x3c6ef372,h3=0xa54ff53a,h4=0x510e527f,h5=0x9b05688c,h6=0x1f83d9ab,h7=0x5be0cd19;" +
+    "for(var o=0;o<n;o+=64){for(var i=0;i<16;i++)W[i]=b[o+4*i]<<24|b[o+4*i+1]<<16|b[o+4*i+2]<<8|b[o+4*i+3];" +
+    "for(i=16;i<64;i++){var x=W[i-15],y=W[i-2];W[i]=((x>>>7|x<<25)^(x>>>18|x<<14)^x>>>3)+W[i-16]+((y>>>17|y<<15)^(y>>>19|y<<13)^y>>>10)+W[i-7]|0}" +
+    "var a=h0,c=h1,d=h2,e=h3,f=h4,g=h5,h=h6,k=h7;" +
+    "for(i=0;i<64;i++){var t1=k+((f>>>6|f<<26)^(f>>>11|f<<21)^(f>>>25|f<<7))+(f&g^~f&h)+K[i]+W[i]|0,t2=((a>>>2|a<<30)^(a>>>13|a<<19)^(a>>>22|a<<10))+(a&c^a&d^c&d)|0;k=h;h=g;g=f;f=e+t1|0;e=d;d=c;c=a;a=t1+t2|0}" +
+    "h0=h0+a|0;h1=h1+c|0;h2=h2+d|0;h3=h3+e|0;h4=h4+f|0;h5=h5+g|0;h6=h6+h|0;h7=h7+k|0}" +
+    "return h0?Math.clz32(h0):h1?32+Math.clz32(h1):64}" +
+    "self.onmessage=function(ev){var s=ev.data.seed,bits=ev.data.bits,m=new Uint8Array(s.length+20);" +
+    "for(var i=0;i<s.length;i++)m[i]=s.charCodeAt(i);" +
+    "for(var n=0;;n++){var d=String(n);for(var j=0;j<d.length;j++)m[s.length+j]=d.charCodeAt(j);" +
+    "if(zeros(m,s.length+d.length)>=bits){postMessage({nonce:d,tries:n+1});return}" +
+    "if((n&16383)==16383)postMessage({tries:n+1})}}})()";
+  function solve(challenge) {
+    return new Promise(function (resolve, reject) {
+      var solver;
+      try { solver = new Worker(URL.createObjectURL(new Blob([SOLVER], { type: "text/javascript" }))); }
+      catch (e) { reject(e); return; }
+      var expected = Math.pow(2, challenge.bits), started = Date.now();
+      solver.onmessage = function (e) {
+        var pct = Math.min(99, Math.floor(100 * (1 - Math.exp(-e.data.tries / expected))));
+        if (e.data.nonce === undefined) { progress(pct / 100); say(T.checking.replace("{n}", String(pct))); return; }
+        solver.terminate();
+        root.setAttribute("data-vq-pow-tries", String(e.data.tries));
+        root.setAttribute("data-vq-pow-ms", String(Date.now() - started));
+        resolve(e.data.nonce);
+      };
+      solver.onerror = function (e) { solver.terminate(); reject(e); };
+      solver.postMessage({ seed: challenge.seed, bits: challenge.bits });
+    });
+  }
+
+  function call(method, path, extra) {
+    // Visitor mode: the cookie vq set with this page names the visitor; no X-User-Id.
+    var headers = cfg.visitor ? {} : { "X-User-Id": String(cfg.user) };
+    for (var k in extra || {}) headers[k] = extra[k];
+    return fetch(api + path, { method: method, headers: headers, cache: "no-store", credentials: "same-origin" })
       .then(function (r) {
         var date = Date.parse(r.headers.get("Date") || "");
         if (!isNaN(date)) skew = date - Date.now();
@@ -122,8 +161,8 @@
     say(b.paused ? T.paused : T.waiting);
   }
 
-  function run(entered) {
-    var request = entered ? call("GET", "/entries/me") : call("POST", "/entries");
+  function run(entered, proof) {
+    var request = entered ? call("GET", "/entries/me") : call("POST", "/entries", proof);
     return request.then(function (r) {
       if (r.status === 503 && r.body && (r.body.code === "OVERLOADED" || r.body.code === "QUEUE_UNAVAILABLE")) {
         // Busy, or holding everyone while its Redis is back: retry when told, spread out.
@@ -138,8 +177,17 @@
         return pause((r.retryAfter || 5) * 1000).then(function () { return run(false); });
       }
       if (r.status === 404) { say(T.reentering); return run(false); }
+      // A solution refused (expired, the difficulty raised meanwhile): a new challenge.
+      if (r.status === 403 && r.body.code === "POW_REFUSED") return run(false);
       if (r.status !== 200) { state("ERROR", null); say(r.body.detail || T.offline); return null; }
       var b = r.body;
+      if (b.status === "CHALLENGE") {
+        state("CHALLENGE", null);
+        say(T.checking.replace("{n}", "0"));
+        return solve(b.challenge).then(function (nonce) {
+          return run(false, { "X-Pow-Seed": b.challenge.seed, "X-Pow-Nonce": nonce });
+        });
+      }
       if (b.status === "ADMITTED" || b.status === "DIRECT_ADMITTED") { admitted(b); return null; }
       if (b.status === "WAITING") waiting(b);
       else if (b.status === "CLOSED") {

@@ -2,7 +2,9 @@
 # test-against-vq.sh VQ_BIN [SERVLET_JAR]: every verifier (Node, Python, Java) accepts a token
 # that the built `vq mint` signs and refuses it for another user, target and type; a token that
 # `vq mint --ttl 0` signs is expired; during a rotation a token signed with the previous key is
-# accepted (and refused once that key is dropped). Fresh random secrets each run.
+# accepted (and refused once that key is dropped); a token for a string user id (a UUID, one of
+# every allowed kind of character) is accepted for that id exactly, and refused for the id in
+# another case, with leading zeros or as a prefix. Fresh random secrets each run.
 set -euo pipefail
 cd "$(dirname "$0")"
 vq=$(realpath "$1")
@@ -34,7 +36,8 @@ expect() {
   for which in node python java; do
     got=$(verify "$which" "$@")
     local pattern="1 *$want*"
-    [ "$want" != valid ] || pattern="0 *"
+    # Valid: and the verdict names the user (no user id holds a glob character).
+    [ "$want" != valid ] || pattern="0 *$3*"
     # shellcheck disable=SC2053 # a glob on purpose
     if [[ $got == $pattern ]]; then
       echo "ok   $which: $what"
@@ -48,8 +51,13 @@ expect() {
 token=$(VQ_TOKEN_SECRET=$new "$vq" mint --target limited-drop:42 --user 7)
 expired=$(VQ_TOKEN_SECRET=$new "$vq" mint --target limited-drop:42 --user 7 --ttl 0)
 by_old=$(VQ_TOKEN_SECRET=$old "$vq" mint --target ticketing-event:9 --user 3)
+uuid=3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a
+for_uuid=$(VQ_TOKEN_SECRET=$new "$vq" mint --target limited-drop:42 --user "$uuid")
+odd='Ab9-_.:@+'
+for_odd=$(VQ_TOKEN_SECRET=$new "$vq" mint --target limited-drop:42 --user "$odd")
 # vq itself agrees on the tokens it signed (a sanity check of this script).
 VQ_TOKEN_SECRET=$new "$vq" verify "$token" --target limited-drop:42 --user 7 >/dev/null
+VQ_TOKEN_SECRET=$new "$vq" verify "$for_uuid" --target limited-drop:42 --user "$uuid" >/dev/null
 
 export VQ_TOKEN_SECRET=$new
 expect valid "vq mint's token" LIMITED_DROP 42 7 "$token"
@@ -58,6 +66,14 @@ expect wrong_target "vq mint's token, for another target" LIMITED_DROP 43 7 "$to
 expect wrong_type "vq mint's token, for another type" TICKETING_EVENT 42 7 "$token"
 expect expired "vq mint --ttl 0" LIMITED_DROP 42 7 "$expired"
 expect bad_signature "signed with a key the verifier does not hold" TICKETING_EVENT 9 3 "$by_old"
+expect wrong_user "vq mint's token for user 7, for user 007" LIMITED_DROP 42 007 "$token"
+expect no_user "vq mint's token, for a user id with a space" LIMITED_DROP 42 "7 8" "$token"
+expect valid "vq mint's token for a UUID user" LIMITED_DROP 42 "$uuid" "$for_uuid"
+expect wrong_user "vq mint's token for a UUID user, for it in upper case" LIMITED_DROP 42 "${uuid^^}" "$for_uuid"
+expect wrong_user "vq mint's token for a UUID user, for its prefix" LIMITED_DROP 42 "${uuid%-*}" "$for_uuid"
+expect wrong_user "vq mint's token for user 7, for a UUID user" LIMITED_DROP 42 "$uuid" "$token"
+expect valid "vq mint's token for user $odd" LIMITED_DROP 42 "$odd" "$for_odd"
+expect wrong_user "vq mint's token for user $odd, for Ab9" LIMITED_DROP 42 Ab9 "$for_odd"
 export VQ_TOKEN_SECRET_PREVIOUS=$old
 expect valid "signed with the previous key, during a rotation" TICKETING_EVENT 9 3 "$by_old"
 expect valid "signed with the current key, during a rotation" LIMITED_DROP 42 7 "$token"

@@ -23,6 +23,10 @@
 -- KEYS[13] queue:{T}:prequeue        ZSET pre-queued users until the opening
 -- KEYS[14] queue:{T}:opening         ZSET the frozen pre-queue until its order is written
 -- KEYS[15] queue:{T}:ledger          LIST admission ledger rows, newest first (LTRIM-capped)
+-- KEYS[16] queue:{T}:record          HASH the sale's record (optional, with ARGV[10]; see
+--                                    prelude.lua): t:<tick> admitted, admitted, wb:<bucket>,
+--                                    wc, ws, wmax (the waits as in KEYS[7]), tick_ms, and the
+--                                    scheduled close as an event
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
@@ -33,6 +37,7 @@
 -- ARGV[7] fence: the highest seq the instance has seen given
 -- ARGV[8] what the seq counter is raised to when Redis holds less than ARGV[7] (as in enter.lua)
 -- ARGV[9] fence: the last tick the instance saw advanced
+-- ARGV[10] record ttl seconds, with KEYS[16]
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced}: waits = the admitted
 -- users' waits in ms, comma-separated (for the Prometheus histogram), '' when none; fenced =
 -- bits 1 the seq counter, 2 the mark, 4 the last tick was raised to the instance's fence
@@ -70,6 +75,7 @@ if tick <= last then
   return {0, mark, tick, 0, batch, '', fenced}
 end
 local saleKey, ledger = KEYS[12], KEYS[15]
+local rec, recTtl = KEYS[16], tonumber(ARGV[10] or '0')
 local ledgerMax = tonumber(ARGV[5] or '10000')
 local function record(row)
   redis.call('LPUSH', ledger, row)
@@ -82,6 +88,9 @@ if saleKey then
   if s[2] and s[4] ~= '1' and now >= tonumber(s[2]) then
     redis.call('HSET', saleKey, 'closed', 1, 'close_source', 'schedule', 'closed_at', now)
     record('close|' .. now .. '|schedule|' .. (s[7] or ''))
+    if rec then
+      record_event(rec, recTtl, 'close|' .. now .. '|schedule|' .. (s[7] or ''))
+    end
     s[4] = '1'
   end
   if s[1] then
@@ -121,6 +130,8 @@ local before = mark
 local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, batch)
 local admitted = #front / 2
 local waits = {}
+-- Wait buckets -> users of this batch, written once per bucket (to the histogram and the record).
+local hist, sum, counted, longest = {}, 0, 0, -1
 if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
@@ -138,7 +149,7 @@ if admitted > 0 then
     local a, b, ms = string.match(r, '^(%d+)-(%d+):(%d+)$')
     from[i], to[i], at[i] = tonumber(a), tonumber(b), tonumber(ms)
   end
-  local sum, counted, k = 0, 0, 0
+  local k = 0
   for i = 2, #front, 2 do
     local seq = tonumber(front[i])
     while k < #from and from[k + 1] <= seq do
@@ -150,7 +161,8 @@ if admitted > 0 then
       local b
       if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
       elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
-      redis.call('HINCRBY', KEYS[7], 'b:' .. b, 1)
+      hist[b] = (hist[b] or 0) + 1
+      longest = math.max(longest, w)
       sum = sum + w
       counted = counted + 1
       waits[counted] = w
@@ -162,6 +174,9 @@ if admitted > 0 then
   if #keep > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. keep[2])
   end
+  for b, c in pairs(hist) do
+    redis.call('HINCRBY', KEYS[7], 'b:' .. b, c)
+  end
   redis.call('HINCRBY', KEYS[7], 'count', counted)
   redis.call('HINCRBY', KEYS[7], 'sum_ms', sum)
   redis.call('HINCRBY', KEYS[7], 'admitted', admitted)
@@ -169,6 +184,17 @@ if admitted > 0 then
 end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
 redis.call('LTRIM', KEYS[5], 0, 59)
+if rec and admitted > 0 then
+  local f = {'t:' .. tick, admitted, 'admitted', admitted, 'wc', counted, 'ws', sum}
+  for b, c in pairs(hist) do
+    f[#f + 1], f[#f + 2] = 'wb:' .. b, c
+  end
+  record_incr(rec, recTtl, f)
+  redis.call('HSET', rec, 'tick_ms', ARGV[2])
+  if longest > tonumber(redis.call('HGET', rec, 'wmax') or '-1') then
+    redis.call('HSET', rec, 'wmax', longest)
+  end
+end
 if ledger and admitted > 0 then
   record('admit|' .. now .. '|' .. before .. '|' .. mark .. '|' .. admitted .. '|' .. (ARGV[4] or ''))
 end

@@ -17,11 +17,13 @@
 --                                    score = the first new seq, member "<first>-<last>:<ms>"
 --                                    (the users of one call share `now`; admit.lua reads it)
 -- KEYS[7] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
--- KEYS[7+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
--- KEYS[8+n] queue:{T}:sale           HASH the sale (optional, with the next two; without them
+-- KEYS[8] queue:{T}:record           HASH the sale's record: a:<tick> arrivals (new seqs and
+--                                    pre-queued users) per tick of ARGV[6] (see prelude.lua)
+-- KEYS[8+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- KEYS[9+n] queue:{T}:sale           HASH the sale (optional, with the next two; without them
 --                                    the target is always open)
--- KEYS[9+n] queue:{T}:prequeue       ZSET pre-queued users, arrival ms -> user, until the opening
--- KEYS[10+n] queue:{T}:opening       ZSET the pre-queue frozen at the opening, until the pump has
+-- KEYS[10+n] queue:{T}:prequeue      ZSET pre-queued users, arrival ms -> user, until the opening
+-- KEYS[11+n] queue:{T}:opening       ZSET the pre-queue frozen at the opening, until the pump has
 --                                    given it its order (sale_place.lua)
 -- ARGV[1] max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key ttl seconds (sliding)
@@ -29,7 +31,9 @@
 -- ARGV[4] what the seq counter is raised to when Redis holds less than ARGV[3] (a lost write:
 --         ARGV[3] plus a margin for seqs other instances gave since this one last looked)
 -- ARGV[5] fence: the highest admission mark this instance has seen
--- ARGV[5+i] user i
+-- ARGV[6] tick length ms (the record's buckets)
+-- ARGV[7] record ttl seconds
+-- ARGV[7+i] user i
 -- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING   a = seq, b = users ahead still waiting
@@ -51,7 +55,7 @@
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
 -- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
 -- Users start after the U fixed arguments.
-local U = 5
+local U = 7
 local n = #ARGV - U
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
@@ -64,7 +68,7 @@ local last, seqRaised, markRaised
 last, seqRaised = fence(KEYS[3], tonumber(st[3] or '0'), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[2]))
 mark, markRaised = fence(KEYS[4], mark, tonumber(ARGV[5]), tonumber(ARGV[5]), tonumber(ARGV[2]))
 st[3] = tostring(last)
-local saleKey, preKey, openKey = KEYS[8 + n], KEYS[9 + n], KEYS[10 + n]
+local saleKey, preKey, openKey = KEYS[9 + n], KEYS[10 + n], KEYS[11 + n]
 local phase, sale = sale_phase(saleKey, now)
 if phase == P_OPENING and not sale[7] then
   -- The opening: freeze the pre-queue once; its users get seqs base+1 .. base+N.
@@ -89,7 +93,7 @@ if phase == P_PRE_QUEUE then
   prequeued = redis.call('ZCARD', preKey)
 end
 local preAdds = {}
-local toks = tokens_of(seqs, n, 7)
+local toks = tokens_of(seqs, n, 8)
 local ahead = ahead_counter(KEYS[7], mark)
 -- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
@@ -184,6 +188,12 @@ if #preAdds > 0 then
   for _, k in ipairs({preKey, KEYS[2]}) do
     redis.call('EXPIRE', k, ttl)
   end
+end
+-- The record counts arrivals per call, not per user: one HINCRBY for the whole batch, and
+-- the record's expiry moves with the tick's first arrivals only (once per tick, not per call).
+local arrived = nfresh + #preAdds / 2
+if arrived > 0 and redis.call('HINCRBY', KEYS[8], 'a:' .. math.floor(now / tonumber(ARGV[6])), arrived) == arrived then
+  redis.call('EXPIRE', KEYS[8], tonumber(ARGV[7]))
 end
 if saleKey then
   sale_tail(out, phase, sale)

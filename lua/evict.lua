@@ -8,9 +8,11 @@
 -- KEYS[5] queue:{T}:prequeue    ZSET pre-queued users (optional): stale ones leave it too; in
 --                               the frozen pre-queue they only lose their heartbeat, and
 --                               sale_place.lua records their seq as departed
+-- KEYS[6] queue:{T}:record      HASH the sale's record (optional, with ARGV[4]): evicted
 -- ARGV[1] heartbeat timeout ms
 -- ARGV[2] max users to evict in this call
 -- ARGV[3] key ttl seconds
+-- ARGV[4] record ttl seconds
 -- returns the number of users evicted
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[1])
@@ -43,4 +45,7 @@ for from = 1, #stale, 1000 do
 end
 redis.call('INCRBY', KEYS[3], #stale)
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+if KEYS[6] then
+  record_incr(KEYS[6], tonumber(ARGV[4]), {'evicted', #stale})
+end
 return #stale

@@ -8,13 +8,20 @@
 -- KEYS[4] queue:{T}:prequeue    ZSET pre-queued users (optional): a pre-queued user leaves it
 --                               (from the frozen pre-queue they leave by losing their
 --                               heartbeat: sale_place.lua then records their seq as departed)
+-- KEYS[5] queue:{T}:record      HASH the sale's record (optional, with KEYS[4] and ARGV[3]):
+--                               left (users who left the queue or the pre-queue)
 -- ARGV[1] user id
 -- ARGV[2] key ttl seconds
+-- ARGV[3] record ttl seconds
 -- returns 1 if the user was waiting, else 0
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+local prequeued = 0
 if KEYS[4] then
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  prequeued = redis.call('ZREM', KEYS[4], ARGV[1])
+end
+if KEYS[5] and (seq or prequeued == 1) then
+  record_incr(KEYS[5], tonumber(ARGV[3]), {'left', 1})
 end
 if not seq then
   return 0

@@ -128,3 +128,21 @@ local function sale_tail(out, phase, sale)
   out[nn + 1], out[nn + 2], out[nn + 3] = phase, tonumber(sale[1] or '0'), tonumber(sale[2] or '0')
   out[nn + 4], out[nn + 5] = sale[4] == '1' and 1 or 0, sale[6] or ''
 end
+
+-- The sale's record (queue:{T}:record, HASH; `domain::TargetRecord` reads it): counters per tick
+-- and totals, written by the script that sees each event and kept `queue.record_ttl_days`
+-- after its last write, so it outlives the queue keys. `fields` alternates field, increment.
+local function record_incr(rec, ttl, fields)
+  for i = 1, #fields, 2 do
+    redis.call('HINCRBY', rec, fields[i], fields[i + 1])
+  end
+  redis.call('EXPIRE', rec, ttl)
+end
+
+-- One of the sale's events in its record (a ledger row: schedule, open, pause, resume, close,
+-- clear) as field e:<n>: the ledger's admission rows push old rows out, the record keeps these.
+local function record_event(rec, ttl, row)
+  local n = redis.call('HINCRBY', rec, 'events', 1)
+  redis.call('HSET', rec, 'e:' .. n, row)
+  redis.call('EXPIRE', rec, ttl)
+end

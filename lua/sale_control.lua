@@ -6,38 +6,52 @@
 -- KEYS[2] queue:{T}:ledger     LIST ledger rows, newest first
 -- KEYS[3] queue:{T}:prequeue   ZSET pre-queued users (deleted by clear)
 -- KEYS[4] queue:{T}:opening    ZSET frozen pre-queue (deleted by clear)
+-- KEYS[5] queue:{T}:record     HASH the sale's record: the change as an event (prelude.lua)
 -- ARGV[1] pause | resume | close | clear
 -- ARGV[2] source: command | schedule | purchase-api
 -- ARGV[3] close message ('' otherwise)
 -- ARGV[4] key ttl seconds
 -- ARGV[5] ledger rows kept
--- returns 1 when the state changed, 0 when it already was so (nothing recorded)
+-- ARGV[6] record ttl seconds
+-- ARGV[7] clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
+--         (pre-queued before the opening, or being given their places at the opening)
+-- returns {1} when the state changed, {0} when it already was so (nothing recorded), and
+-- {2, phase, users} when a clear was refused: phase P_OPENING or P_PRE_QUEUE/P_SCHEDULED,
+-- users = those in the pre-queue (or the frozen one). The check and the clear are one step:
+-- no user pre-queues between them.
 local now = now_ms()
 local ttl = tonumber(ARGV[4])
 local action, source = ARGV[1], ARGV[2]
 local row
 if action == 'pause' then
   if redis.call('HGET', KEYS[1], 'paused') == '1' then
-    return 0
+    return {0}
   end
   redis.call('HSET', KEYS[1], 'paused', 1)
   row = 'pause|' .. now .. '|' .. source
 elseif action == 'resume' then
   if redis.call('HDEL', KEYS[1], 'paused') == 0 then
-    return 0
+    return {0}
   end
   -- When admission restarted: vq stats judges the rate from then on.
   redis.call('HSET', KEYS[1], 'resumed_at', now)
   row = 'resume|' .. now .. '|' .. source
 elseif action == 'close' then
   if redis.call('HGET', KEYS[1], 'closed') == '1' then
-    return 0
+    return {0}
   end
   redis.call('HSET', KEYS[1], 'closed', 1, 'close_source', source, 'closed_at', now, 'message', ARGV[3])
   row = 'close|' .. now .. '|' .. source .. '|' .. ARGV[3]
 elseif action == 'clear' then
+  if ARGV[7] ~= '1' then
+    local phase = sale_phase(KEYS[1], now)
+    local users = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
+    if phase == P_OPENING or ((phase == P_SCHEDULED or phase == P_PRE_QUEUE) and users > 0) then
+      return {2, phase, users}
+    end
+  end
   if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then
-    return 0
+    return {0}
   end
   row = 'clear|' .. now .. '|' .. source
 else
@@ -53,4 +67,5 @@ end
 redis.call('LPUSH', KEYS[2], row)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
 redis.call('EXPIRE', KEYS[2], ttl)
-return 1
+record_event(KEYS[5], tonumber(ARGV[6]), row)
+return {1}

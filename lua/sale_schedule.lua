@@ -6,6 +6,7 @@
 --
 -- KEYS[1] queue:{T}:sale     HASH opens_at, prequeue_from, closes_at (ms), seed, commitment (hex), ...
 -- KEYS[2] queue:{T}:ledger   LIST ledger rows, newest first: gets "schedule|ms|opens|prequeue|closes"
+-- KEYS[3] queue:{T}:record   HASH the sale's record: the schedule as an event (prelude.lua)
 -- ARGV[1] opens_at ms
 -- ARGV[2] prequeue_from ms, '' for none
 -- ARGV[3] closes_at ms, '' for none
@@ -13,6 +14,7 @@
 -- ARGV[5] commitment, lowercase hex SHA-256 of ARGV[4]'s bytes
 -- ARGV[6] expiry, epoch s (the last of the schedule's times plus the key ttl)
 -- ARGV[7] ledger rows kept
+-- ARGV[8] record ttl seconds
 -- returns {1, commitment} when scheduled, {0, frozen_at ms} when the pre-queue was frozen
 -- already (the opening happened: clear the sale first)
 local frozen = redis.call('HGET', KEYS[1], 'frozen_at')
@@ -35,7 +37,9 @@ for i, field in ipairs({'prequeue_from', 'closes_at'}) do
 end
 redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[6]))
 -- Every schedule written is in the ledger, so a changed opening is on record.
-redis.call('LPUSH', KEYS[2], 'schedule|' .. now_ms() .. '|' .. ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[3])
+local row = 'schedule|' .. now_ms() .. '|' .. ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[3]
+redis.call('LPUSH', KEYS[2], row)
+record_event(KEYS[3], tonumber(ARGV[8]), row)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[7]) - 1)
 if redis.call('TTL', KEYS[2]) < tonumber(ARGV[6]) - math.floor(now_ms() / 1000) then
   redis.call('EXPIREAT', KEYS[2], tonumber(ARGV[6]))

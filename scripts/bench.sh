@@ -69,6 +69,12 @@
 #       scripts take turns, ROUNDS times each, e.g.
 #         mkdir /tmp/old && git archive HEAD~1 lua | tar -x -C /tmp/old && scripts/bench.sh lua /tmp/old/lua lua
 #       (a directory's prelude.lua, when it has one, goes in front of each script, as vq sends it)
+#   [BITS=18] [RUNS=9] [USERS=200] scripts/bench.sh pow
+#       what the proof of work at entry (entry.pow_bits) costs at BITS: each solve of the
+#       waiting page's worker in headless chromium (RUNS page loads, each a new user; the
+#       ignored test browser::measure_pow_in_chromium) and of `vq loadgen` (USERS buyers
+#       arriving at 20/s against a release vq serve), with the medians: a buyer's wait and what
+#       a bot pays per place in CPU seconds on this machine.
 #
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release
 # (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
@@ -81,7 +87,7 @@ usage() { say "$*"; exit 2; }
 export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | starved | adaptive | wrk | pair | lua) shift ;;
+  sale | naive | starved | adaptive | wrk | pair | lua | pow) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -481,26 +487,25 @@ lua_scenario() {
   }
   # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
   # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
-  # `KEYS[k+i] …:token:{user i}`), and the ARGV vq sends before the users: scripts whose
-  # prelude reads Redis' clock (`now_ms`) take no time from the caller.
+  # `KEYS[k+i] …:token:{user i}`), and as many ARGV before the users as the header lists
+  # (`-- ARGV[k]`): capacity and key ttl, then zeros (no fence), then the tick and the record
+  # ttl where the script takes them; no sale.
   calls() { # script-file enter|status sha
-    local own_clock=0
-    if grep -qs 'function now_ms' "$(dirname "$1")/prelude.lua"; then own_clock=1; fi
-    python3 - "$1" "$2" "$3" "$n" "$b" "$own_clock" <<'EOF'
-import re, sys, time
+    python3 - "$1" "$2" "$3" "$n" "$b" <<'EOF'
+import re, sys
 path, op, sha, n, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-own_clock = sys.argv[6] == "1"
-names = {}
+names, fixed = {}, 0
 for line in open(path):
     m = re.match(r"--\s*KEYS\[(\d+)\]\s+queue:\{T\}:(\w+)", line)
     if m:
         names[int(m.group(1))] = m.group(2)
+    m = re.match(r"--\s*ARGV\[(\d+)\]", line)
+    if m:
+        fixed = max(fixed, int(m.group(1)))
 names = [names[k] for k in sorted(names)]
 p = "queue:{LIMITED_DROP:1}:"
-now = str(int(time.time() * 1000))
-head = ["100000000", "1800"] if op == "enter" else []
-if not own_clock:
-    head.append(now)
+known = {"enter": ["100000000", "1800", "0", "0", "0", "2000", "2592000"], "status": ["0", "1800"]}[op]
+head = (known + ["0"] * fixed)[:fixed]
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]
@@ -543,7 +548,43 @@ EOF
   echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}"
 }
 
+# ---- pow: what the proof of work costs a browser and a bot ------------------------------
+pow_scenario() {
+  use_work_dir
+  local bits="${BITS:-18}" runs="${RUNS:-9}" buyers="${USERS:-200}"
+  build_release --quiet --bins
+  window_start
+  echo "vq bench pow: $bits bits; chromium $(chromium --version 2>/dev/null | awk '{print $2}'), $runs page loads" >&2
+  POW_BITS=$bits POW_RUNS=$runs timed chromium-pow cargo nextest run --test it --run-ignored ignored-only \
+    measure_pow_in_chromium --no-capture
+  [ "$RC" = 0 ] || die "the chromium measurement failed: $(tail -20 "$WORK/chromium-pow.err")"
+  grep -h '^pow chromium' "$WORK/chromium-pow.out" "$WORK/chromium-pow.err" >&2 || true
+  start_redis
+  local port pid json="$WORK/pow.json"
+  port=$(free_port)
+  VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_ENTRY__POW_BITS="$bits" RUST_LOG=warn \
+    spawn vq target/release/vq serve --flag-on --listen "127.0.0.1:$port"
+  pid=$SPAWNED
+  wait_http "http://127.0.0.1:$port/healthz" 20 "$pid" || die "vq serve did not start: $(tail -5 "$WORK/vq.log")"
+  timed loadgen timeout --foreground --signal=INT --kill-after=10 $((buyers / 20 + 120)) \
+    target/release/vq loadgen --url "http://127.0.0.1:$port" --target limited-drop:1 --users "$buyers" \
+    --rate 20 --duration $((buyers / 20 + 5)) --quiet --json "$json"
+  stop_pid "$pid"; stop_pid "$REDIS_PID"
+  [ -s "$json" ] || die "loadgen wrote no report: $(tail -5 "$WORK/loadgen.err")"
+  local machine_now steal load
+  machine_now=$(window_end)
+  read -r steal load <<<"$machine_now"
+  python3 - "$json" "$bits" <<'EOF' >&2
+import json, sys
+p = json.load(open(sys.argv[1]))["proofOfWork"]
+print(f"pow loadgen: {p['solved']} solves at {sys.argv[2]} bits, {p['hashes']} hashes, "
+      f"median {p['p50Ms']:.0f} ms, P95 {p['p95Ms']:.0f} ms, {p['cpuSeconds'] / p['solved'] * 1000:.0f} ms of CPU per place")
+EOF
+  echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}" >&2
+}
+
 case "$scenario" in
+  pow) pow_scenario ;;
   sale) loadgen_scenario 1 "$@" ;;
   naive | starved) loadgen_scenario 0 "$@" ;;
   adaptive) adaptive_scenario "$@" ;;

@@ -39,7 +39,7 @@ if [ "${VQ_STORE:-redis}" = "redis" ]; then
   else
     install_missing redis-server || true
     command -v redis-server >/dev/null 2>&1 ||
-      die "no redis-server, and it could not be installed (see apt-get's error above: another apt may hold its lock; retry when it is done). Or point VQ_REDIS__URL at a Redis, or run VQ_STORE=memory $0 for the embedded single-instance store (no operator command reaches it: vq flag, sale, stats need Redis)"
+      die "no redis-server on this machine, and installing it failed (apt-get's error is above: another apt may hold its lock; retry when it is done). Nothing was started. Either point VQ_REDIS__URL at a running Redis, or run VQ_STORE=memory $0: the embedded single-instance store serves the queue API, the gate and the waiting page, but no operator command reaches it (vq flag, sale, stats, batch need Redis)"
     start_redis --maxmemory 512mb --maxmemory-policy noeviction
     export VQ_REDIS__URL="$REDIS_URL"
     say "started a private redis-server on 127.0.0.1:$REDIS_PORT (pid $REDIS_PID; stopped on exit)"

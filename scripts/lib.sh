@@ -26,6 +26,9 @@
 #   wait_http URL SECS [PID]        wait_until for an HTTP 2xx, failing early when PID ends
 #   stop_pid PID                    SIGTERM, then SIGKILL after 10 s; waits for it (and no
 #                                   longer stops it on exit)
+#   await_stopped PID...            waits up to 10 s for processes already sent SIGTERM (not
+#                                   children of this script) to end, SIGKILL to those left;
+#                                   says how many stopped
 #
 # Check the scripts with `shellcheck -x scripts/*.sh` (-x follows this file).
 #
@@ -122,6 +125,18 @@ stop_pid() { # pid
   while kill -0 "$1" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
   kill -KILL "$1" 2>/dev/null || true
   wait "$1" 2>/dev/null || true
+}
+
+await_stopped() {
+  local pid running=()
+  for _ in $(seq 100); do
+    running=()
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && running+=("$pid"); done
+    [ ${#running[@]} -eq 0 ] && { say "stopped $# processes"; return 0; }
+    sleep 0.1
+  done
+  say "still running after 10 s, killing: ${running[*]}"
+  kill -KILL "${running[@]}" 2>/dev/null || true
 }
 
 stop_started() {

@@ -169,14 +169,7 @@ down() {
     fi
     rm -f "$f"
   done
-  for _ in $(seq 100); do
-    local left=()
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
-    [ ${#left[@]} -eq 0 ] && { say "stopped ${#pids[@]} processes"; return 0; }
-    sleep 0.1
-  done
-  say "still running after 10 s, killing: ${left[*]}"
-  kill -KILL "${left[@]}" 2>/dev/null || true
+  await_stopped "${pids[@]}"
 }
 
 case "${1:-}" in

@@ -55,6 +55,53 @@ pub struct Settings {
     pub http: HttpSettings,
     pub targets: TargetsSettings,
     pub adaptive: AdaptiveSettings,
+    pub identity: IdentitySettings,
+    pub entry: EntrySettings,
+}
+
+/// Who a buyer is.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdentitySettings {
+    pub mode: IdentityMode,
+    /// How long a visitor keeps their id (the cookie's `Max-Age`), in seconds.
+    pub visitor_ttl_s: u64,
+    /// The visitor cookie's `Secure` attribute: browsers then send it over HTTPS only (and to
+    /// `localhost`/`127.0.0.1`). Off only for trials over plain HTTP on another host.
+    pub cookie_secure: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdentityMode {
+    /// `X-User-Id`, set by the authenticating proxy in front of vq.
+    Header,
+    /// Anonymous visitors: vq names each one with a random id, signed, in a cookie (or the
+    /// `X-Visitor-Token` header, for apps without cookies); `X-User-Id` is refused.
+    Visitor,
+}
+
+/// What entering costs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EntrySettings {
+    /// Proof of work at entry: a new user solves a challenge of this many leading zero bits
+    /// of SHA-256 before getting a place (0: off). `vq pow set` changes it at runtime.
+    pub pow_bits: u8,
+    /// How long a challenge can be solved and used, in seconds.
+    pub pow_ttl_s: u64,
+}
+
+impl Default for IdentitySettings {
+    fn default() -> Self {
+        Self { mode: IdentityMode::Header, visitor_ttl_s: 86_400, cookie_secure: true }
+    }
+}
+
+impl Default for EntrySettings {
+    fn default() -> Self {
+        Self { pow_bits: 0, pow_ttl_s: 120 }
+    }
 }
 
 /// The targets declared in configuration: a queue answers only for declared targets (these,
@@ -152,6 +199,9 @@ pub struct QueueSettings {
     pub heartbeat_timeout_s: u64,
     pub max_evict_per_tick: u64,
     pub key_ttl_s: u64,
+    /// Days a target's sale record (`queue:{T}:record`, what `vq sale report` reads) is kept
+    /// after its last write: long after the queue keys (`key_ttl_s`) are gone.
+    pub record_ttl_days: u64,
     /// Answer waiting users' polls from this instance's copy of the admission mark, with
     /// their heartbeats sent to Redis in one call per target every quarter tick (Redis store).
     pub local_polls: bool,
@@ -343,6 +393,8 @@ impl Default for Settings {
             http: HttpSettings::default(),
             targets: TargetsSettings::default(),
             adaptive: AdaptiveSettings::default(),
+            identity: IdentitySettings::default(),
+            entry: EntrySettings::default(),
         }
     }
 }
@@ -362,6 +414,7 @@ impl Default for QueueSettings {
             heartbeat_timeout_s: 60,
             max_evict_per_tick: 1_000_000,
             key_ttl_s: 1800,
+            record_ttl_days: 30,
             local_polls: true,
             on_store_failure: OnStoreFailure::Open,
             max_targets: 1000,
@@ -436,6 +489,9 @@ impl Default for LogSettings {
 /// Batch sizes vq accepts, in `queue.batch_size` and `vq batch set`: beyond this one tick's
 /// admission would be a single Redis call of unbounded length.
 pub const BATCH_SIZE: RangeInclusive<u64> = 1..=100_000;
+/// Proof-of-work difficulties vq accepts, in `entry.pow_bits` and `vq pow set`: at 32 bits a
+/// browser needs hours.
+pub const POW_BITS: RangeInclusive<u64> = 0..=32;
 /// Token lifetimes vq accepts, in `token.ttl_s` and `vq mint --ttl`.
 pub const TOKEN_TTL_S: RangeInclusive<u64> = 1..=86_400;
 /// Under 10 ms a healthy Redis on another host times out; over 10 s a dead one holds requests.
@@ -553,7 +609,7 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 25] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 29] = [
             ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
@@ -572,7 +628,11 @@ impl Settings {
             ("queue.heartbeat_timeout_s", q.heartbeat_timeout_s, 1..=86_400),
             ("queue.max_evict_per_tick", q.max_evict_per_tick, 1..=MAX_EVICT_PER_TICK),
             ("queue.key_ttl_s", q.key_ttl_s, 60..=604_800),
+            ("queue.record_ttl_days", q.record_ttl_days, 1..=3650),
             ("token.ttl_s", self.token.ttl_s, TOKEN_TTL_S),
+            ("identity.visitor_ttl_s", self.identity.visitor_ttl_s, 60..=31_536_000),
+            ("entry.pow_bits", u64::from(self.entry.pow_bits), POW_BITS),
+            ("entry.pow_ttl_s", self.entry.pow_ttl_s, 10..=3_600),
             ("flag.refresh_ms", self.flag.refresh_ms, 1..=1000),
             ("gate.timeout_ms", g.timeout_ms, 100..=600_000),
             ("gate.pace_max_ticks", g.pace_max_ticks, 0..=60),
@@ -759,6 +819,8 @@ impl Settings {
                 .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,
+            record_ttl_s: self.queue.record_ttl_days * 86_400,
+            tick_ms: self.queue.tick_ms,
         }
     }
 
@@ -954,6 +1016,23 @@ mod tests {
             assert!(err.to_string().contains("threads (VQ_THREADS) must be between 0 and 1024"), "{err}");
             jail.set_env("VQ_THREADS", "two");
             assert!(Settings::load(None, &Overrides::default()).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_record_is_kept_record_ttl_days_and_the_store_gets_it_in_seconds() {
+        Jail::expect_with(|jail| {
+            let s = Settings::load(None, &Overrides::default()).unwrap();
+            assert_eq!((s.queue.record_ttl_days, s.limits().record_ttl_s), (30, 30 * 86_400));
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "2");
+            assert_eq!(Settings::load(None, &Overrides::default()).unwrap().limits().record_ttl_s, 2 * 86_400);
+            jail.set_env("VQ_QUEUE__RECORD_TTL_DAYS", "0");
+            let err = Settings::load(None, &Overrides::default()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "queue.record_ttl_days (VQ_QUEUE__RECORD_TTL_DAYS) must be between 1 and 3650, got 0"
+            );
             Ok(())
         });
     }

@@ -27,6 +27,7 @@ pub const TARGET_ADMISSION_RATE: &str = "virtual_queue_target_admission_rate";
 pub const ADMITTED_TOTAL: &str = "virtual_queue_admitted_total";
 pub const EVICTED_TOTAL: &str = "virtual_queue_evicted_total";
 pub const TOKENS_TOTAL: &str = "virtual_queue_tokens_total";
+pub const POW_TOTAL: &str = "virtual_queue_pow_total";
 pub const WAIT_SECONDS: &str = "virtual_queue_wait_seconds";
 pub const BYPASS_ATTEMPTS_TOTAL: &str = "virtual_queue_bypass_attempts_total";
 pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
@@ -81,6 +82,10 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(QUEUE_CAPACITY, "queue.max_capacity: waiting users beyond which enter answers 429");
     describe_counter!(TOKENS_TOTAL, "Entry tokens by event: issued (through the queue), consumed, expired");
+    describe_counter!(
+        POW_TOTAL,
+        "Proof of work at entry by outcome: challenged (a challenge handed out), solved (a solution let a user in), refused"
+    );
     describe_histogram!(WAIT_SECONDS, metrics::Unit::Seconds, "Wait from entry to admission of admitted users");
     describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
     describe_counter!(REDIS_DEGRADED_TOTAL, "Requests answered fail-open because Redis failed");
@@ -116,6 +121,9 @@ fn describe() {
 fn register_at_zero() {
     for event in TOKEN_EVENTS {
         counter!(TOKENS_TOTAL, "event" => event).absolute(0);
+    }
+    for outcome in ["challenged", "solved", "refused"] {
+        counter!(POW_TOTAL, "outcome" => outcome).absolute(0);
     }
     counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
     counter!(REDIS_DEGRADED_TOTAL).absolute(0);
@@ -359,6 +367,11 @@ pub fn token_expired() {
 }
 
 /// The gate refused a purchase request (no, forged, expired, foreign or used token).
+/// A proof-of-work step: `challenged`, `solved` or `refused`.
+pub fn pow(outcome: &'static str) {
+    counter!(POW_TOTAL, "outcome" => outcome).increment(1);
+}
+
 pub fn bypass_attempt() {
     counter!(BYPASS_ATTEMPTS_TOTAL).increment(1);
 }

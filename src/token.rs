@@ -1,5 +1,6 @@
 //! Entry tokens: `base64url(payload) "." base64url(HMAC-SHA256(secret, payload))`, no padding,
-//! payload `TYPE|id|user|expiresAtEpochSec`. Pure: the caller passes the time.
+//! payload `TYPE|id|user|expiresAtEpochSec`, the user id as the shop sent it (its characters
+//! never include `|`, see [`crate::domain::is_user_id_byte`]). Pure: the caller passes the time.
 //!
 //! The format is a public contract: gates written in other languages verify it.
 
@@ -10,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::domain::{QueueTarget, QueueTargetType, UserId};
+use crate::domain::{QueueTarget, QueueTargetType, USER_ID_RULE, UserId};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -92,6 +93,20 @@ impl Secret {
         HmacSha256::new_from_slice(key).expect("hmac accepts keys of any length")
     }
 
+    /// HMAC-SHA256 of `payload` with the current key. Every signed thing vq hands out starts
+    /// its payload its own way (a token with its type in upper case, others with `vq-…|`),
+    /// so no signature made for one is valid for another.
+    pub(crate) fn sign(&self, payload: &[u8]) -> [u8; 32] {
+        let mut mac = Self::mac(&self.current);
+        mac.update(payload);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether one of the keys signed `payload` with `sig` (constant time).
+    pub(crate) fn signed(&self, payload: &[u8], sig: &[u8]) -> bool {
+        self.key_of(payload, sig).is_some()
+    }
+
     /// Which key signed `payload` with `sig` (each compared in constant time), if any.
     fn key_of(&self, payload: &[u8], sig: &[u8]) -> Option<KeyUsed> {
         let keys = [(KeyUsed::Current, Some(&self.current)), (KeyUsed::Previous, self.previous.as_ref())];
@@ -135,7 +150,7 @@ pub enum SecretError {
 }
 
 /// What a token says, once decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenClaims {
     pub target: QueueTarget,
     pub user: UserId,
@@ -147,7 +162,7 @@ pub struct TokenClaims {
 pub enum TokenError {
     #[error("no entry token: send the X-Entry-Token header")]
     Missing,
-    #[error("X-User-Id is missing or not a positive integer")]
+    #[error("X-User-Id is missing or not a user id: {USER_ID_RULE}")]
     NoUser,
     #[error("the entry token is malformed: {0}")]
     Malformed(&'static str),
@@ -174,9 +189,9 @@ pub struct EntryToken {
 
 /// Signs a token for `user` on `target`, valid until `now + ttl_s`. No Redis involved: this is
 /// both the first step of `issueIfAbsent` and the whole of `mintStateless`.
-pub fn mint(secret: &Secret, target: QueueTarget, user: UserId, now: u64, ttl_s: u64) -> EntryToken {
+pub fn mint(secret: &Secret, target: QueueTarget, user: &UserId, now: u64, ttl_s: u64) -> EntryToken {
     let expires_at = now + ttl_s;
-    let payload = format!("{}|{}|{}|{}", target.kind.as_str(), target.id, user.0, expires_at);
+    let payload = format!("{}|{}|{}|{}", target.kind.as_str(), target.id, user, expires_at);
     let mut mac = Secret::mac(&secret.current);
     mac.update(payload.as_bytes());
     let sig = mac.finalize().into_bytes();
@@ -221,7 +236,7 @@ pub fn verify(
     secret: &Secret,
     raw: &str,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
 ) -> Result<TokenClaims, TokenError> {
     let claims = verify_signature(secret, raw)?;
@@ -234,7 +249,7 @@ pub fn verify(
     if claims.target != target {
         return Err(TokenError::WrongTarget { expected: target, actual: claims.target });
     }
-    if claims.user != user {
+    if claims.user != *user {
         return Err(TokenError::WrongUser);
     }
     Ok(claims)
@@ -253,7 +268,7 @@ mod tests {
 
     #[test]
     fn payload_has_the_public_format() {
-        let t = mint(&secret(), target(), UserId(7), 1_767_225_300, 300);
+        let t = mint(&secret(), target(), &UserId::from(7), 1_767_225_300, 300);
         let (p, _) = t.raw.split_once('.').unwrap();
         assert_eq!(URL_SAFE_NO_PAD.decode(p).unwrap(), b"LIMITED_DROP|42|7|1767225600");
         assert!(!t.raw.contains('='));
@@ -262,28 +277,28 @@ mod tests {
 
     #[test]
     fn valid_token_verifies() {
-        let t = mint(&secret(), target(), UserId(7), 1000, 300);
-        let c = verify(&secret(), &t.raw, target(), UserId(7), 1299).unwrap();
-        assert_eq!(c.user, UserId(7));
+        let t = mint(&secret(), target(), &UserId::from(7), 1000, 300);
+        let c = verify(&secret(), &t.raw, target(), &UserId::from(7), 1299).unwrap();
+        assert_eq!(c.user, UserId::from(7));
     }
 
     #[test]
     fn each_failure_says_why() {
         let s = secret();
-        let t = mint(&s, target(), UserId(7), 1000, 300).raw;
-        assert_eq!(verify(&s, &t, target(), UserId(7), 1300), Err(TokenError::Expired { at: 1300 }));
-        assert_eq!(verify(&s, &t, target(), UserId(8), 1000), Err(TokenError::WrongUser));
+        let t = mint(&s, target(), &UserId::from(7), 1000, 300).raw;
+        assert_eq!(verify(&s, &t, target(), &UserId::from(7), 1300), Err(TokenError::Expired { at: 1300 }));
+        assert_eq!(verify(&s, &t, target(), &UserId::from(8), 1000), Err(TokenError::WrongUser));
         let other: QueueTarget = "LIMITED_DROP:43".parse().unwrap();
-        assert!(matches!(verify(&s, &t, other, UserId(7), 1000), Err(TokenError::WrongTarget { .. })));
+        assert!(matches!(verify(&s, &t, other, &UserId::from(7), 1000), Err(TokenError::WrongTarget { .. })));
         let event: QueueTarget = "TICKETING_EVENT:42".parse().unwrap();
-        assert!(matches!(verify(&s, &t, event, UserId(7), 1000), Err(TokenError::WrongType { .. })));
+        assert!(matches!(verify(&s, &t, event, &UserId::from(7), 1000), Err(TokenError::WrongType { .. })));
         let other_secret = Secret::new(b"abcdefghijklmnopqrstuvwxyz012345".to_vec()).unwrap();
-        assert_eq!(verify(&other_secret, &t, target(), UserId(7), 1000), Err(TokenError::BadSignature));
-        assert!(matches!(verify(&s, "garbage", target(), UserId(7), 1000), Err(TokenError::Malformed(_))));
+        assert_eq!(verify(&other_secret, &t, target(), &UserId::from(7), 1000), Err(TokenError::BadSignature));
+        assert!(matches!(verify(&s, "garbage", target(), &UserId::from(7), 1000), Err(TokenError::Malformed(_))));
         // Tampered payload: same signature, user changed.
         let (_, sig) = t.split_once('.').unwrap();
         let forged = format!("{}.{sig}", URL_SAFE_NO_PAD.encode("LIMITED_DROP|42|8|1300"));
-        assert_eq!(verify(&s, &forged, target(), UserId(8), 1000), Err(TokenError::BadSignature));
+        assert_eq!(verify(&s, &forged, target(), &UserId::from(8), 1000), Err(TokenError::BadSignature));
     }
 
     #[test]
@@ -317,14 +332,14 @@ mod tests {
         let old = Secret::new(b"old-secret-0123456789abcdefghijkl".to_vec()).unwrap();
         let keys = secret().with_previous(old.clone()).unwrap();
         assert_eq!(format!("{keys:?}"), "Secret(***, previous ***)");
-        let by_old = mint(&old, target(), UserId(7), 1000, 300).raw;
-        let by_new = mint(&keys, target(), UserId(7), 1000, 300).raw;
-        assert_eq!(by_new, mint(&secret(), target(), UserId(7), 1000, 300).raw, "the current key signs");
+        let by_old = mint(&old, target(), &UserId::from(7), 1000, 300).raw;
+        let by_new = mint(&keys, target(), &UserId::from(7), 1000, 300).raw;
+        assert_eq!(by_new, mint(&secret(), target(), &UserId::from(7), 1000, 300).raw, "the current key signs");
         assert_eq!(verify_signature_with_key(&keys, &by_old).unwrap().1, KeyUsed::Previous);
         assert_eq!(verify_signature_with_key(&keys, &by_new).unwrap().1, KeyUsed::Current);
-        assert!(verify(&keys, &by_old, target(), UserId(7), 1299).is_ok());
-        assert_eq!(verify(&keys, &by_old, target(), UserId(7), 1300), Err(TokenError::Expired { at: 1300 }));
-        assert_eq!(verify(&secret(), &by_old, target(), UserId(7), 1000), Err(TokenError::BadSignature));
+        assert!(verify(&keys, &by_old, target(), &UserId::from(7), 1299).is_ok());
+        assert_eq!(verify(&keys, &by_old, target(), &UserId::from(7), 1300), Err(TokenError::Expired { at: 1300 }));
+        assert_eq!(verify(&secret(), &by_old, target(), &UserId::from(7), 1000), Err(TokenError::BadSignature));
         assert_eq!(secret().with_previous(secret()).unwrap_err(), SecretError::PreviousIsCurrent);
     }
 }

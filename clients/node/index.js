@@ -13,6 +13,11 @@ import { readFileSync } from 'node:fs';
 const TYPE_NAME = /^[A-Z][A-Z0-9]*(_[A-Z0-9]+)*$/;
 const TYPE_SLUG = /^[a-z][a-z0-9]*(-[a-z0-9]+)*$/;
 const MAX_TYPE_LEN = 32;
+// A user id as vq takes it (src/domain/target.rs, is_user_id_byte): 1 to 128 characters, each an
+// ASCII letter, a digit or one of - _ . : @ +, compared exactly as sent (no normalising: `007`
+// and `7` are two users). None of them is `|`, so the payload's four fields stay unambiguous.
+const USER_ID = /^[A-Za-z0-9._:@+-]{1,128}$/;
+const NO_USER = 'X-User-Id is missing or not a user id: expected 1 to 128 characters, each a letter, a digit or one of - _ . : @ +';
 const U64_MAX = (1n << 64n) - 1n;
 const MIN_SECRET_LEN = 32;
 const MIN_DISTINCT_BYTES = 8;
@@ -42,6 +47,19 @@ function parsePositive(s) {
   if (typeof s !== 'string' || !/^[0-9]+$/.test(s)) return null;
   const n = BigInt(s);
   return n > 0n && n <= U64_MAX ? n : null;
+}
+
+/**
+ * The expected user id as the caller gives it: a string as is; a safe integer or a BigInt as its
+ * decimal digits (String(n)), a convenience for shops with integer ids. Null when it is not a
+ * user id (an unsafe integer is refused too: its digits may not be the id the caller meant).
+ */
+function expectedUser(user) {
+  let s;
+  if (typeof user === 'string') s = user;
+  else if (typeof user === 'bigint' || (typeof user === 'number' && Number.isSafeInteger(user))) s = String(user);
+  else return null;
+  return USER_ID.test(s) ? s : null;
 }
 
 function decodeB64url(s) {
@@ -79,11 +97,10 @@ function decodeToken(raw) {
   if (type.length > MAX_TYPE_LEN || !TYPE_NAME.test(type)) throw new Malformed('bad target type');
   const targetId = parsePositive(id);
   if (targetId === null) throw new Malformed('bad target id');
-  const userId = parsePositive(user);
-  if (userId === null) throw new Malformed('bad user id');
+  if (!USER_ID.test(user)) throw new Malformed('bad user id');
   // The expiry is any u64 as Rust parses it: a leading + is accepted.
   if (!/^\+?[0-9]+$/.test(exp) || BigInt(exp) > U64_MAX) throw new Malformed('bad expiry');
-  const claims = { type, id: targetId, user: userId, expiresAt: BigInt(exp) };
+  const claims = { type, id: targetId, user, expiresAt: BigInt(exp) };
   return { claims, payload, sig };
 }
 
@@ -140,16 +157,18 @@ export class Verifier {
    *
    * @param {string} type the target type's name, LIMITED_DROP (or its slug, limited-drop)
    * @param {string|number|bigint} id the target id the request is for; invalid ids throw TypeError
-   * @param {string|number|bigint|undefined} user the buyer's id (X-User-Id)
+   * @param {string|number|bigint|undefined} user the buyer's id (X-User-Id): 1 to 128 characters,
+   *        each an ASCII letter, a digit or one of - _ . : @ +, compared exactly; a safe integer or
+   *        a BigInt stands for its decimal digits. Anything else: no_user
    * @param {string|undefined} token the X-Entry-Token
    * @param {number} [nowSec] epoch seconds (default: now)
-   * @returns {{valid: true, key: 'current'|'previous', claims: {type, id: bigint, user: bigint, expiresAt: bigint}}
+   * @returns {{valid: true, key: 'current'|'previous', claims: {type: string, id: bigint, user: string, expiresAt: bigint}}
    *          | {valid: false, reason: string, detail: string}}
    */
   verify(type, id, user, token, nowSec = Math.floor(Date.now() / 1000)) {
     const target = expectedTarget(type, id);
-    const userId = parsePositive(user === undefined || user === null ? '' : String(user));
-    if (userId === null || (typeof user === 'number' && !Number.isSafeInteger(user))) return refuse('no_user', 'X-User-Id is missing or not a positive integer');
+    const userId = expectedUser(user);
+    if (userId === null) return refuse('no_user', NO_USER);
     if (typeof token !== 'string' || token === '') return refuse('missing', 'no entry token: send the X-Entry-Token header');
     let decoded;
     try {

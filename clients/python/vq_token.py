@@ -29,6 +29,13 @@ __all__ = ["Verifier", "Verdict", "Claims", "SecretError", "WSGIGate", "ASGIGate
 _TYPE_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\Z", re.ASCII)
 _TYPE_SLUG = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\Z", re.ASCII)
 _MAX_TYPE_LEN = 32
+# A user id as vq takes it (src/domain/target.rs, is_user_id_byte): 1 to 128 characters, each an
+# ASCII letter, a digit or one of - _ . : @ +, compared exactly as sent (no normalising: "007" and
+# "7" are two users). None of them is "|", so the payload's four fields stay unambiguous. The
+# class is spelt out (no \w), so no non-ASCII letter or digit matches; fullmatch, so no newline.
+_USER_ID = re.compile(r"[A-Za-z0-9._:@+-]{1,128}")
+_NO_USER = ("X-User-Id is missing or not a user id: expected 1 to 128 characters, each a letter, a digit or one of "
+            "- _ . : @ +")
 _U64_MAX = (1 << 64) - 1
 _MIN_SECRET_LEN = 32
 _MIN_DISTINCT_BYTES = 8
@@ -74,6 +81,19 @@ def _positive(s: object) -> Optional[int]:
     return n if n else None
 
 
+def _user_id(user: object) -> Optional[str]:
+    """The expected user id as the caller gives it: a str as is, an int as its decimal digits
+    (``str(n)``, a convenience for shops with integer ids); None when it is not a user id."""
+    if isinstance(user, int) and not isinstance(user, bool):
+        try:
+            user = str(user)
+        except ValueError:  # past sys.get_int_max_str_digits(): far past 128 characters anyway
+            return None
+    if not isinstance(user, str) or not _USER_ID.fullmatch(user):
+        return None
+    return user
+
+
 def _u64(digits: str) -> Optional[int]:
     """ASCII digits as a u64, None past it. Leading zeros may be many (Rust takes them), and
     int() refuses strings over 4300 digits, so they go first."""
@@ -99,7 +119,7 @@ def _b64url(s: str) -> Optional[bytes]:
 class Claims:
     type: str
     id: int
-    user: int
+    user: str  # the user id as the token holds it (any vq user id: "7", a UUID, …)
     expires_at: int
 
 
@@ -148,14 +168,13 @@ def _decode(raw: str) -> tuple[Claims, bytes, bytes]:
     target_n = _positive(target_id)
     if target_n is None:
         raise _Malformed("bad target id")
-    user_n = _positive(user)
-    if user_n is None:
+    if not _USER_ID.fullmatch(user):
         raise _Malformed("bad user id")
     # Any u64 as Rust parses it: a leading + is accepted.
     expires_at = _u64(exp.removeprefix("+")) if _EXPIRY.fullmatch(exp) else None
     if expires_at is None:
         raise _Malformed("bad expiry")
-    return Claims(kind, target_n, user_n, expires_at), payload, sig
+    return Claims(kind, target_n, user, expires_at), payload, sig
 
 
 def _refuse(reason: str, detail: str) -> Verdict:
@@ -203,8 +222,10 @@ class Verifier:
         one of the keys (constant time), unexpired, for this type, target id and user.
 
         ``type``: the target type's name, LIMITED_DROP (or its slug, limited-drop); ``id``: the target id the request
-        is for (not one: ValueError, the caller's error); ``user``: the buyer's id (X-User-Id);
-        ``now``: epoch seconds (default: the clock, as vq reads it)."""
+        is for (not one: ValueError, the caller's error); ``user``: the buyer's id (X-User-Id), 1 to
+        128 characters, each an ASCII letter, a digit or one of ``- _ . : @ +``, compared exactly
+        (an int stands for its decimal digits; anything else is ``no_user``); ``now``: epoch
+        seconds (default: the clock, as vq reads it)."""
         if not isinstance(type, str) or len(type) > _MAX_TYPE_LEN or not (
                 _TYPE_NAME.match(type) or _TYPE_SLUG.match(type)):
             raise ValueError(f"`{type}` is not a target type: expected a slug such as limited-drop or its name, "
@@ -213,9 +234,9 @@ class Verifier:
         target_id = _positive(id)
         if target_id is None:
             raise ValueError(f"`{id}` is not a positive 64-bit integer id")
-        user_id = _positive("" if user is None else user)
+        user_id = _user_id(user)
         if user_id is None:
-            return _refuse("no_user", "X-User-Id is missing or not a positive integer")
+            return _refuse("no_user", _NO_USER)
         if not token:
             return _refuse("missing", "no entry token: send the X-Entry-Token header")
         try:
@@ -328,7 +349,8 @@ class ASGIGate:
 
 def main(argv=None) -> int:
     """``python -m vq_token TYPE ID USER TOKEN``: the verdict as JSON, keys from the environment
-    as vq reads them; exit 0 valid, 1 invalid, 2 usage."""
+    as vq reads them; exit 0 valid, 1 invalid, 2 usage. USER is the user id as X-User-Id gives it
+    (a string: a UUID, user_8f3k or 7 alike)."""
     import sys
     from dataclasses import asdict
 

@@ -114,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Writes the change, then waits up to [`CONFIRM_WITHIN`] for every instance that was live
 /// (or became live) to acknowledge it, and prints who did.
-async fn change_and_confirm(
+pub(super) async fn change_and_confirm(
     store: &AnyStore,
     change: FlagChange,
     live: Vec<FlagAck>,

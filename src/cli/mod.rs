@@ -5,6 +5,7 @@ mod batch;
 mod config_error;
 mod flag;
 mod loadgen;
+mod pow;
 mod pump;
 mod sale;
 mod serve;
@@ -42,6 +43,8 @@ enum Command {
     Verify(token::VerifyArgs),
     /// Show or set the batch size at runtime, globally or per target
     Batch(batch::Args),
+    /// Show or set the proof-of-work difficulty at entry, at runtime
+    Pow(pow::Args),
     /// Simulate a flash sale against a running vq serve and report
     Loadgen(loadgen::Args),
     /// A target's sale: schedule, pre-queue, pause, close, ledger
@@ -75,75 +78,35 @@ impl ConfigArg {
     }
 }
 
-/// Log output that never fails nor blocks: each line goes into a bounded queue that one
-/// thread writes to stderr; a line that does not fit (stderr stalled) or cannot be written
-/// (stderr closed, a log collector that died) is dropped. Writing directly would block every
-/// thread that logs behind a stalled reader, and tracing's fmt layer reports a failed write with
-/// `eprintln!`, which panics on a closed stderr in whatever task was logging — a request
-/// handler or the signal handler.
-struct LossyStderr;
-
-/// Lines waiting for the writer thread.
+/// Log output that never fails nor blocks: tracing-appender's non-blocking writer, lossy,
+/// queues each line for one thread that writes it to stderr; a line that does not fit (stderr
+/// stalled) is dropped, and the thread ignores a failed write (stderr closed, a log collector
+/// that died). Writing directly would block every thread that logs behind a stalled reader,
+/// and tracing's fmt layer reports a failed write with `eprintln!`, which panics on a closed
+/// stderr in whatever task was logging — a request handler or the signal handler.
 const LOG_QUEUE_LINES: usize = 10_000;
 
-struct LogQueue {
-    lines: std::sync::mpsc::SyncSender<Vec<u8>>,
-    /// Lines queued and lines handled (written or dropped), so [`flush_logs`] can wait.
-    queued: std::sync::atomic::AtomicU64,
-    handled: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
+/// The log writer's guard: dropped before the process exits, it writes what is queued (for
+/// about a second at most).
+static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> = std::sync::Mutex::new(None);
 
-static LOG_QUEUE: std::sync::OnceLock<LogQueue> = std::sync::OnceLock::new();
-
-fn log_queue() -> &'static LogQueue {
-    LOG_QUEUE.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(LOG_QUEUE_LINES);
-        let handled = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let done = handled.clone();
-        let spawned = std::thread::Builder::new().name("vq-log".into()).spawn(move || {
-            let mut err = std::io::stderr();
-            for line in rx {
-                let _ = std::io::Write::write_all(&mut err, &line);
-                done.fetch_add(1, std::sync::atomic::Ordering::Release);
-            }
-        });
-        if spawned.is_err() {
-            eprintln!("warning: cannot start the log writer thread: logs are dropped");
-        }
-        LogQueue { lines: tx, queued: std::sync::atomic::AtomicU64::new(0), handled }
-    })
-}
-
-impl std::io::Write for LossyStderr {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let q = log_queue();
-        if q.lines.try_send(buf.to_vec()).is_ok() {
-            q.queued.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Waits (at most `within`) until the queued log lines are written, so the last lines before
-/// an exit are not lost.
-fn flush_logs(within: std::time::Duration) {
-    let Some(q) = LOG_QUEUE.get() else { return };
-    let deadline = std::time::Instant::now() + within;
-    let queued = q.queued.load(std::sync::atomic::Ordering::Acquire);
-    while q.handled.load(std::sync::atomic::Ordering::Acquire) < queued && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+/// Writes the queued log lines, so the last lines before an exit are not lost.
+fn flush_logs() {
+    let guard = LOG_GUARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    drop(guard);
 }
 
 fn init_tracing(format: &LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| LossyStderr).with_ansi(ansi);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .thread_name("vq-log")
+        .finish(std::io::stderr());
+    *LOG_GUARD.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(guard);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(ansi);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
@@ -207,11 +170,12 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Mint(a) => token::mint(a),
         Command::Verify(a) => token::verify(a),
         Command::Batch(a) => batch::run(a),
+        Command::Pow(a) => pow::run(a),
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),
     };
-    flush_logs(std::time::Duration::from_secs(2));
+    flush_logs();
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -1,7 +1,10 @@
-//! `vq sale schedule | show | pause | resume | close | clear | ledger`: a target's sale
-//! lifecycle, changed at runtime. Every instance reads the sale from Redis in its scripts, so
-//! a change applies at the next enter, poll or tick.
+//! `vq sale schedule | show | pause | resume | close | clear | ledger | report`: a target's
+//! sale lifecycle, changed at runtime, and its report afterwards. Every instance reads the
+//! sale from Redis in its scripts, so a change applies at the next enter, poll or tick.
 
+mod report;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Subcommand;
@@ -13,15 +16,15 @@ use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
 use crate::domain::{
-    LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleSchedule, SaleSource, format_instant, ledger_admitted,
+    LedgerEntry, QueueTarget, SaleControl, SaleReport, SaleSchedule, SaleSource, format_instant, ledger_admitted,
     parse_instant,
 };
 use crate::service::{DEFAULT_CLOSE_MESSAGE, now_epoch_ms};
-use crate::store::{AnyStore, QueueStore, SaleView, ScheduleOutcome};
+use crate::store::{AnyStore, ClearOutcome, QueueStore, SaleView, ScheduleOutcome};
 
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  vq sale schedule limited-drop:42 --opens-at 2026-12-24T10:00:00Z --prequeue-from 2026-12-24T09:30:00Z\n  vq sale show limited-drop:42 --json        # seedCommitment now, seed and prequeued from the opening\n  vq sale pause limited-drop:42\n  vq sale resume limited-drop:42\n  vq sale close limited-drop:42 --message \"Sold out\"\n  vq sale ledger limited-drop:42\n  vq sale clear limited-drop:42              # back to always open; refused while users are pre-queued
+    after_help = "Examples:\n  vq sale schedule limited-drop:42 --opens-at 2026-12-24T10:00:00Z --prequeue-from 2026-12-24T09:30:00Z\n  vq sale show limited-drop:42 --json        # seedCommitment now, seed and prequeued from the opening\n  vq sale pause limited-drop:42\n  vq sale resume limited-drop:42\n  vq sale close limited-drop:42 --message \"Sold out\"\n  vq sale ledger limited-drop:42\n  vq sale report limited-drop:42 --html report.html   # after the sale, for queue.record_ttl_days\n  vq sale clear limited-drop:42              # back to always open; refused while users are pre-queued
   vq sale pause --target limited-drop:42     # --target, as vq flag, batch and stats take it"
 )]
 pub struct Args {
@@ -127,6 +130,22 @@ enum Action {
         /// Print JSON
         #[arg(long)]
         json: bool,
+    },
+    /// The sale's report from the target's record, which outlives the queue keys
+    /// (queue.record_ttl_days): arrivals, admissions, waits, abandonment, evictions, tokens,
+    /// purchases and the purchase API's answers per tick, the opening, pauses and closes
+    Report {
+        #[command(flatten)]
+        target: TargetArg,
+        /// Print the report as JSON (the source of the other forms)
+        #[arg(long, group = "form")]
+        json: bool,
+        /// Print the series per tick as CSV
+        #[arg(long, group = "form")]
+        csv: bool,
+        /// Write one self-contained HTML file with charts
+        #[arg(long, group = "form", value_name = "FILE")]
+        html: Option<PathBuf>,
     },
 }
 
@@ -239,7 +258,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             | Action::Resume { target: t }
             | Action::Close { target: t, .. }
             | Action::Clear { target: t, .. }
-            | Action::Ledger { target: t, .. } => super::target::require_declared(&store, &settings, t.get()).await?,
+            | Action::Ledger { target: t, .. }
+            | Action::Report { target: t, .. } => super::target::require_declared(&store, &settings, t.get()).await?,
         }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at, no_prequeue, no_close } => {
@@ -335,10 +355,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             Action::Clear { target, force } => {
                 let target = target.get();
-                if !force {
-                    refuse_to_drop_prequeued(&store, target).await?;
+                match store.clear_sale(target, force).await.map_err(|e| fail("clear", target, e))? {
+                    ClearOutcome::Cleared => println!("sale of {target} cleared (always open)"),
+                    ClearOutcome::NoSale => println!("sale of {target} had no sale: nothing changed"),
+                    ClearOutcome::Refused { opening, prequeued } => refused_clear(target, opening, prequeued)?,
                 }
-                control(&store, target, SaleControl::Clear, "cleared (always open)", "had no sale").await?;
+            }
+            Action::Report { target, json, csv, html } => {
+                let target = target.get();
+                let record = store.target_record(target).await.map_err(|e| fail("read the record of", target, e))?;
+                let Some(record) = record else {
+                    anyhow::bail!(
+                        "{target} has no record: nothing was counted for it in the last {} days (queue.record_ttl_days; \
+                         the record expires that long after its last write), or nobody ever entered its queue",
+                        settings.queue.record_ttl_days
+                    );
+                };
+                let token_ttl_ms = settings.token.ttl_s * 1000;
+                let report =
+                    SaleReport::build(&target.to_string(), &record, store.now_ms(), settings.queue.tick_ms, token_ttl_ms);
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else if csv {
+                    print!("{}", report::csv(&report));
+                } else if let Some(path) = html {
+                    std::fs::write(&path, report::html(&report))
+                        .map_err(|e| anyhow::anyhow!("cannot write the report to {}: {e}", path.display()))?;
+                    println!("report of {target} written to {}", path.display());
+                } else {
+                    print!("{}", report::text(&report));
+                }
             }
             Action::Ledger { target, json } => {
                 let target = target.get();
@@ -363,30 +409,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `vq sale clear` without `--force`: refused while clearing would drop pre-queued users (they
-/// get NOT_IN_QUEUE and the next user to enter is first), that is while the pre-queue holds
-/// users or the opening is giving them their places. Checked just before the clear, not in
-/// the same script: a user who pre-queues between the two is dropped as with `--force`.
-async fn refuse_to_drop_prequeued(store: &AnyStore, target: QueueTarget) -> anyhow::Result<()> {
-    let snap = store.snapshot(target).await.map_err(|e| anyhow::anyhow!("cannot read the sale of {target}: {e}"))?;
-    let Some(view) = &snap.sale else { return Ok(()) };
-    let n = snap.prequeued;
+/// `vq sale clear` without `--force`, refused by the store (the check and the clear are one
+/// script): clearing would drop pre-queued users (they get NOT_IN_QUEUE and the next user to
+/// enter is first), or those the opening is giving their places.
+fn refused_clear(target: QueueTarget, opening: bool, n: u64) -> anyhow::Result<()> {
     let users = if n == 1 { "1 user".to_owned() } else { format!("{n} users") };
     let instead = format!(
         "`vq sale close {target}` tells them the sale is closed instead; `vq sale clear {target} --force` clears anyway"
     );
-    match view.record.phase_at(view.now_ms) {
-        SalePhase::Opening => anyhow::bail!(
+    if opening {
+        anyhow::bail!(
             "refused: the sale of {target} is opening (its pre-queue of {users} is being given its order); clearing now \
              drops them: {users} would lose their place (NOT_IN_QUEUE). Wait until `vq sale show {target}` says open, \
              or {instead}"
-        ),
-        SalePhase::Scheduled | SalePhase::PreQueue if n > 0 => anyhow::bail!(
-            "refused: the pre-queue of {target} holds {users}; clearing the sale drops them: {users} would lose their \
-             place (NOT_IN_QUEUE) and the next user to enter would be first. {instead}"
-        ),
-        _ => Ok(()),
+        )
     }
+    anyhow::bail!(
+        "refused: the pre-queue of {target} holds {users}; clearing the sale drops them: {users} would lose their \
+         place (NOT_IN_QUEUE) and the next user to enter would be first. {instead}"
+    )
 }
 
 /// The declared targets that are active or have a sale scheduled (before anyone entered),

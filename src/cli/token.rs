@@ -28,13 +28,13 @@ pub struct MintArgs {
 pub fn mint(a: MintArgs) -> anyhow::Result<ExitCode> {
     let secret = secret_from_env()?;
     let now = now_epoch_ms() / 1000;
-    let t = token::mint(&secret, a.target, a.user, now, a.ttl);
+    let t = token::mint(&secret, a.target, &a.user, now, a.ttl);
     if a.json {
         println!(
             "{}",
             serde_json::json!({
                 "token": t.raw, "targetType": a.target.kind.as_str(), "targetId": a.target.id,
-                "userId": a.user.0, "expiresAt": t.expires_at, "expiresAtIso": format_instant(t.expires_at * 1000),
+                "userId": a.user.as_str(), "expiresAt": t.expires_at, "expiresAtIso": format_instant(t.expires_at * 1000),
             })
         );
     } else {
@@ -91,7 +91,7 @@ pub fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
                 (t != claims.target).then_some(TokenError::WrongTarget { expected: t, actual: claims.target })
             }
         })
-        .or_else(|| (a.user.is_some_and(|u| u != claims.user)).then_some(TokenError::WrongUser));
+        .or_else(|| (a.user.as_ref().is_some_and(|u| *u != claims.user)).then_some(TokenError::WrongUser));
     Ok(report(&a, Some(claims), verdict, checked, key))
 }
 
@@ -116,7 +116,7 @@ fn report(
         if let Some(c) = claims {
             v["targetType"] = c.target.kind.as_str().into();
             v["targetId"] = c.target.id.into();
-            v["userId"] = c.user.0.into();
+            v["userId"] = c.user.as_str().into();
             v["expiresAt"] = c.expires_at.into();
             v["expiresAtIso"] = format_instant(c.expires_at * 1000).into();
         }
@@ -125,7 +125,7 @@ fn report(
         }
         println!("{v}");
     } else {
-        if let Some(c) = claims {
+        if let Some(c) = &claims {
             println!("target:  {}", c.target);
             println!("user:    {}", c.user);
             println!("expires: {} ({})", format_instant(c.expires_at * 1000), c.expires_at);

@@ -23,6 +23,8 @@ pub struct FlagState {
     pub overrides: BTreeMap<QueueTarget, TargetOverride>,
     /// Bumped by every change, so instances can say which change they applied.
     pub version: u64,
+    /// The proof-of-work difficulty set at runtime (`vq pow set`), over `entry.pow_bits`.
+    pub pow_bits: Option<u8>,
 }
 
 /// One operator change to the flag (`vq flag on | off | clear`).
@@ -37,6 +39,8 @@ pub enum FlagChange {
     Target(QueueTarget, TargetOverride),
     /// Removes a per-target override: the target follows the global setting again.
     ClearTarget(QueueTarget),
+    /// The proof-of-work difficulty at entry (`None`: back to `entry.pow_bits`).
+    Pow(Option<u8>),
 }
 
 /// The hash fields one change writes.
@@ -60,15 +64,20 @@ impl FlagChange {
             }
             FlagChange::Target(t, o) => FlagFields { set: vec![FlagState::override_field(t, o)], ..Default::default() },
             FlagChange::ClearTarget(t) => FlagFields { delete: vec![override_key(t)], ..Default::default() },
+            FlagChange::Pow(Some(bits)) => {
+                FlagFields { set: vec![("pow_bits".into(), bits.to_string())], ..Default::default() }
+            }
+            FlagChange::Pow(None) => FlagFields { delete: vec!["pow_bits".into()], ..Default::default() },
         }
     }
 }
 
-/// The stable bucket of a user, 0–99: FNV-1a over the decimal user id. Every instance and
+/// The stable bucket of a user, 0–99: FNV-1a over the user id's characters (for an integer
+/// id, its decimal digits). Every instance and
 /// every language computes the same bucket for the same user.
-pub fn user_bucket(user: UserId) -> u8 {
+pub fn user_bucket(user: &UserId) -> u8 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in user.0.to_string().bytes() {
+    for b in user.as_str().bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -77,7 +86,7 @@ pub fn user_bucket(user: UserId) -> u8 {
 
 impl FlagState {
     /// Whether this user goes through the queue (and the gate) for this target.
-    pub fn applies(&self, target: QueueTarget, user: UserId) -> bool {
+    pub fn applies(&self, target: QueueTarget, user: &UserId) -> bool {
         let percent = match self.overrides.get(&target) {
             Some(TargetOverride::Off) => return false,
             Some(TargetOverride::On { percent }) => *percent,
@@ -124,6 +133,7 @@ impl FlagState {
             percent: fields.get("percent").and_then(|v| v.parse::<u8>().ok()).map_or(100, |p| p.min(100)),
             version: fields.get("version").and_then(|v| v.parse().ok()).unwrap_or(0),
             overrides: BTreeMap::new(),
+            pow_bits: fields.get("pow_bits").and_then(|v| v.parse::<u8>().ok()).map(|b| b.min(32)),
         };
         for (k, v) in fields {
             let Some(target) = k.strip_prefix("target:").and_then(|t| t.parse().ok()) else {
@@ -169,28 +179,28 @@ mod tests {
 
     #[test]
     fn off_by_default() {
-        assert!(!FlagState::default().applies(t(1), UserId(1)));
+        assert!(!FlagState::default().applies(t(1), &UserId::from(1)));
     }
 
     #[test]
     fn canary_takes_about_the_given_share_of_users() {
         let f = FlagState { enabled: true, percent: 50, ..Default::default() };
-        let inside = (1..=10_000).filter(|u| f.applies(t(1), UserId(*u))).count();
+        let inside = (1..=10_000).filter(|u| f.applies(t(1), &UserId::from(*u))).count();
         assert!((4_500..=5_500).contains(&inside), "{inside}");
         let all = FlagState { enabled: true, percent: 100, ..Default::default() };
-        assert!((1..=1000).all(|u| all.applies(t(1), UserId(u))));
+        assert!((1..=1000).all(|u| all.applies(t(1), &UserId::from(u))));
     }
 
     #[test]
     fn target_override_wins_over_global() {
         let mut f = FlagState { enabled: true, percent: 100, ..Default::default() };
         f.overrides.insert(t(2), TargetOverride::Off);
-        assert!(f.applies(t(1), UserId(5)));
-        assert!(!f.applies(t(2), UserId(5)));
+        assert!(f.applies(t(1), &UserId::from(5)));
+        assert!(!f.applies(t(2), &UserId::from(5)));
         let mut g = FlagState::default();
         g.overrides.insert(t(3), TargetOverride::On { percent: 100 });
-        assert!(g.applies(t(3), UserId(5)));
-        assert!(!g.applies(t(1), UserId(5)));
+        assert!(g.applies(t(3), &UserId::from(5)));
+        assert!(!g.applies(t(1), &UserId::from(5)));
     }
 
     #[test]
@@ -226,7 +236,7 @@ mod tests {
         // Pinned values (FNV-1a 64 of the decimal id, mod 100, computed independently):
         // changing the hash would move users in and out of a running canary.
         let users = [1, 2, 3, 4, 5, 42, 1_000_000, u64::MAX];
-        let buckets: Vec<u8> = users.iter().map(|u| user_bucket(UserId(*u))).collect();
+        let buckets: Vec<u8> = users.iter().map(|u| user_bucket(&UserId::from(*u))).collect();
         assert_eq!(buckets, [68, 1, 90, 35, 24, 91, 96, 60]);
     }
 }

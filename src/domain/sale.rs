@@ -281,19 +281,19 @@ pub fn seed_commitment(seed: &[u8]) -> String {
     hex(&Sha256::digest(seed))
 }
 
-/// The opening order: users sorted by HMAC-SHA256(seed, decimal user id), ascending as
+/// The opening order: users sorted by HMAC-SHA256(seed, user id as sent), ascending as
 /// unsigned big-endian bytes (ties, which need a collision, by user id).
 pub fn opening_order(seed: &[u8], users: &[UserId]) -> Vec<UserId> {
     let mut keyed: Vec<([u8; 32], UserId)> = users
         .iter()
-        .map(|&u| {
+        .map(|u| {
             let mut mac = Hmac::<Sha256>::new_from_slice(seed).expect("hmac accepts keys of any length");
-            mac.update(u.0.to_string().as_bytes());
-            (mac.finalize().into_bytes().into(), u)
+            mac.update(u.as_str().as_bytes());
+            (mac.finalize().into_bytes().into(), u.clone())
         })
         .collect();
     keyed.sort_unstable();
-    keyed.dedup_by_key(|(_, u)| *u);
+    keyed.dedup_by(|a, b| a.1 == b.1);
     keyed.into_iter().map(|(_, u)| u).collect()
 }
 
@@ -503,15 +503,15 @@ mod tests {
     #[test]
     fn opening_order_sorts_by_hmac() {
         let seed = [7u8; 32];
-        let users: Vec<UserId> = (1..=50).map(UserId).collect();
+        let users: Vec<UserId> = (1..=50).map(UserId::from).collect();
         let order = opening_order(&seed, &users);
         assert_eq!(order.len(), 50);
-        let mac = |u: UserId| {
+        let mac = |u: &UserId| {
             let mut m = Hmac::<Sha256>::new_from_slice(&seed).unwrap();
-            m.update(u.0.to_string().as_bytes());
+            m.update(u.as_str().as_bytes());
             m.finalize().into_bytes().to_vec()
         };
-        assert!(order.windows(2).all(|w| mac(w[0]) < mac(w[1])));
+        assert!(order.windows(2).all(|w| mac(&w[0]) < mac(&w[1])));
         assert_ne!(order, users, "the order is not the arrival order");
         let mut reversed = users.clone();
         reversed.reverse();

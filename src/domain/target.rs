@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Why a target, type or user id could not be parsed; the text is shown to API callers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,6 +18,21 @@ pub enum ParseError {
     BadTarget(String),
     #[error("`{0}` is not a range of targets: expected TYPE:FIRST-LAST, e.g. limited-drop:1000-1999")]
     BadRange(String),
+    #[error("{0} is not a user id: {USER_ID_RULE}")]
+    BadUser(String),
+}
+
+/// The longest user id vq takes, in characters (each one byte: the set is ASCII).
+pub const MAX_USER_ID_LEN: usize = 128;
+
+/// What a user id is, as API callers are told.
+pub const USER_ID_RULE: &str = "expected 1 to 128 characters, each a letter, a digit or one of - _ . : @ +";
+
+/// Whether `b` may appear in a user id: none of the others can be mistaken for a separator
+/// anywhere a user id is written (`|` in the token payload, `{`/`}` in Redis Cluster hash
+/// tags, `,` and whitespace in lists, `%`/`/` in URLs and file names).
+pub fn is_user_id_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@' | b'+')
 }
 
 /// The longest type slug (and name) vq takes.
@@ -205,21 +221,45 @@ impl FromStr for QueueTarget {
     }
 }
 
-/// A buyer, identified by the `X-User-Id` header the apps already send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UserId(pub u64);
+/// A buyer, identified by the `X-User-Id` header the apps already send: a shop's own id
+/// (an integer, a UUID, a string), taken as is. Two ids are the same user only when they are
+/// the same characters: `007` and `7` are two users.
+///
+/// Shared, not copied: an id travels from the header through the coalescer, the caches and
+/// the token; clones bump a count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UserId(Arc<str>);
+
+impl UserId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 impl FromStr for UserId {
     type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        parse_positive(s).map(UserId)
+        if (1..=MAX_USER_ID_LEN).contains(&s.len()) && s.bytes().all(is_user_id_byte) {
+            Ok(UserId(s.into()))
+        } else {
+            let shown: String = s.chars().take(40).collect();
+            let more = if s.chars().count() > 40 { "…" } else { "" };
+            Err(ParseError::BadUser(format!("{:?}{more}", shown)))
+        }
+    }
+}
+
+/// Numbered users (loadgen's buyers, tests): `7` is the id `"7"`.
+impl From<u64> for UserId {
+    fn from(n: u64) -> Self {
+        UserId(n.to_string().into())
     }
 }
 
 impl fmt::Display for UserId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        f.write_str(&self.0)
     }
 }
 
@@ -277,10 +317,31 @@ mod tests {
     }
 
     #[test]
-    fn user_id_must_be_positive_integer() {
-        assert_eq!("7".parse::<UserId>().unwrap(), UserId(7));
-        for bad in ["0", "-7", "x", " 7", ""] {
-            assert!(bad.parse::<UserId>().is_err(), "{bad}");
+    fn a_user_id_is_any_safe_string_taken_as_is() {
+        assert_eq!("7".parse::<UserId>().unwrap(), UserId::from(7));
+        assert_ne!("007".parse::<UserId>().unwrap(), UserId::from(7), "never normalised");
+        let longest = "a".repeat(MAX_USER_ID_LEN);
+        for good in [
+            "0",
+            "-7",
+            "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a",
+            "user_8f3k",
+            "a.b+shop@example.com",
+            "tenant:42",
+            longest.as_str(),
+        ] {
+            assert_eq!(good.parse::<UserId>().unwrap().as_str(), good);
         }
+        let too_long = "a".repeat(MAX_USER_ID_LEN + 1);
+        for bad in ["", " 7", "7 ", "a|b", "a{b}", "a,b", "a/b", "a%20b", "é", "a\nb", "a\"b", too_long.as_str()] {
+            assert!(bad.parse::<UserId>().is_err(), "{bad:?}");
+        }
+        // Every printable ASCII character outside the set is refused, alone and inside an id.
+        for b in (0u8..=127).filter(|b| !is_user_id_byte(*b)) {
+            let c = char::from(b);
+            assert!(format!("a{c}b").parse::<UserId>().is_err(), "{c:?}");
+        }
+        let e = "a|b".parse::<UserId>().unwrap_err().to_string();
+        assert!(e.contains("\"a|b\"") && e.contains("1 to 128"), "{e}");
     }
 }

@@ -102,7 +102,8 @@ impl Cors {
 
 /// The identity headers (lower-case, as written), which the gate and the purchase API must
 /// read alike.
-const IDENTITY_HEADERS: [(&str, &str); 2] = [("x-user-id", "X-User-Id"), ("x-entry-token", "X-Entry-Token")];
+const IDENTITY_HEADERS: [(&str, &str); 3] =
+    [("x-user-id", "X-User-Id"), ("x-entry-token", "X-Entry-Token"), ("x-visitor-token", "X-Visitor-Token")];
 
 /// Why this request's identity headers could be read one way by vq and another by a server
 /// behind it, if they could; such a request is refused on every route (400; 403 on
@@ -198,7 +199,9 @@ async fn edge(state: &Edge, req: Request, next: Next) -> Response {
             h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
             h.insert(
                 header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static("X-User-Id, X-Entry-Token, Content-Type"),
+                HeaderValue::from_static(
+                    "X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, Content-Type",
+                ),
             );
             h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
             r

@@ -37,6 +37,7 @@ pub enum ErrorCode {
     UpstreamTimeout,
     NotFound,
     MethodNotAllowed,
+    PowRefused,
 }
 
 impl ErrorCode {
@@ -56,6 +57,7 @@ impl ErrorCode {
             Self::UpstreamTimeout => "UPSTREAM_TIMEOUT",
             Self::NotFound => "NOT_FOUND",
             Self::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            Self::PowRefused => "POW_REFUSED",
         }
     }
 
@@ -75,6 +77,7 @@ impl ErrorCode {
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PowRefused => StatusCode::FORBIDDEN,
         }
     }
 }

@@ -13,14 +13,15 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
 use super::edge::RouteLabel;
 use super::error::OVERLOADED_RETRY_AFTER_S;
 use super::forward::Upstream;
 use super::{ApiError, ErrorCode, SharedState};
-use crate::config::{GateSettings, SettingError};
+use crate::config::{GateSettings, IdentityMode, SettingError};
+use crate::domain::UserId;
 use crate::gate::{CanonicalPath, GateRoutes};
 use crate::service::{ClaimMode, GateDenial, GatePass, Pace};
 
@@ -54,6 +55,15 @@ impl Gate {
         let text = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
         let message: String = text.chars().take(CLOSE_MESSAGE_MAX).collect();
         Some(if message.is_empty() { crate::service::DEFAULT_CLOSE_MESSAGE.to_owned() } else { message })
+    }
+}
+
+/// The buyer of a gated request: `X-User-Id`, or in visitor mode the visitor the cookie or
+/// `X-Visitor-Token` names (none, or a forged one: nobody, refused as without a user id).
+fn gate_user(headers: &HeaderMap, st: &SharedState) -> Option<UserId> {
+    match st.service.settings().identity.mode {
+        IdentityMode::Header => header_str(headers, "x-user-id").and_then(|u| u.parse().ok()),
+        IdentityMode::Visitor => super::extract::visitor_of(headers, st.service.secret()).map(|(id, _)| id),
     }
 }
 
@@ -102,7 +112,15 @@ pub async fn proxy(State(st): State<SharedState>, req: Request) -> Response {
 }
 
 /// The gate's decision on a canonical path, then the purchase API's answer.
-async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, body: Body) -> Response {
+async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPath, body: Body) -> Response {
+    let buyer = gate_user(&parts.headers, st);
+    if st.service.settings().identity.mode == IdentityMode::Visitor {
+        // The purchase API learns the visitor from vq, never from the client.
+        parts.headers.remove("x-user-id");
+        if let Some(id) = buyer.as_ref().and_then(|u| HeaderValue::from_str(u.as_str()).ok()) {
+            parts.headers.insert("x-user-id", id);
+        }
+    }
     let mut paced_target = None;
     let mut route_target = None;
     let claim = match st.gate.routes.match_path(&path) {
@@ -113,9 +131,8 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
         Some(Err(e)) => return ApiError::invalid(e.to_string()).into_response(),
         Some(Ok(target)) => {
             route_target = Some(target);
-            let user = header_str(&parts.headers, "x-user-id").and_then(|u| u.parse().ok());
             let token = header_str(&parts.headers, "x-entry-token");
-            match st.service.gate_check(target, user, token, ClaimMode::Claim).await {
+            match st.service.gate_check(target, buyer, token, ClaimMode::Claim).await {
                 Ok(GatePass::FlagOff) => None,
                 Ok(GatePass::Verified { claim }) => {
                     paced_target = Some(target);
@@ -144,7 +161,11 @@ async fn gate_and_forward(st: &SharedState, parts: Parts, path: CanonicalPath, b
         .into_response();
     };
     let sent = std::time::Instant::now();
+    let sent_tick = st.service.purchase_tick();
     let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
+    if let Some(target) = paced_target {
+        st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
+    }
     if let Some(target) = route_target {
         // For the adaptive outflow: failed (5xx, 429, timed out, not reached) and backing off
         // (503, 429, Retry-After).
@@ -243,10 +264,16 @@ pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: He
         Some(Err(e)) => return refuse(format!("invalid target id in the original URI: {e}")),
         Some(Ok(t)) => t,
     };
-    let user = header_str(&headers, "x-user-id").and_then(|u| u.parse().ok());
+    let user = gate_user(&headers, &st);
     let token = header_str(&headers, "x-entry-token");
+    let visitor = (st.service.settings().identity.mode == IdentityMode::Visitor).then(|| user.clone()).flatten();
     match st.service.gate_check(target, user, token, ClaimMode::CheckOnly).await {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        // In visitor mode the proxy takes the visitor's id from here for the purchase API
+        // (nginx: `auth_request_set $vq_user_id $upstream_http_x_user_id`).
+        Ok(_) => match visitor.and_then(|id| HeaderValue::from_str(id.as_str()).ok()) {
+            Some(id) => (StatusCode::NO_CONTENT, [("x-user-id", id)]).into_response(),
+            None => StatusCode::NO_CONTENT.into_response(),
+        },
         // nginx passes only 401 and 403 on to the buyer (anything else becomes a 500), so an
         // overloaded check is a 403 that says so and when to retry.
         Err(e @ GateDenial::Overloaded) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())

@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
 
-use super::{ApiError, SharedState, TargetPath};
-use crate::config::PageSettings;
-use crate::domain::UserId;
+use super::{ApiError, SharedState, TargetPath, User};
+use crate::config::{IdentityMode, PageSettings};
+use crate::domain::{USER_ID_RULE, UserId};
 
 const DEFAULT_TEMPLATE: &str = include_str!("../../assets/waiting-room.html");
 const SCRIPT: &str = include_str!("../../assets/waiting-room.js");
@@ -79,6 +79,7 @@ fn texts(lang: Lang) -> serde_json::Value {
             "eta": "estimated wait",
             "noscript": "This page needs JavaScript to hold your place in the queue.",
             "entering": "Joining the queue…",
+            "checking": "Checking this browser before giving it a place… {n}%",
             "waiting": "Keep this page open: it moves on by itself when it is your turn.",
             "etaUnderMinute": "under a minute",
             "etaMinutes": "about {n} min",
@@ -102,6 +103,7 @@ fn texts(lang: Lang) -> serde_json::Value {
             "eta": "예상 대기 시간",
             "noscript": "대기 순서를 유지하려면 JavaScript가 필요합니다.",
             "entering": "대기열에 들어가는 중…",
+            "checking": "순번을 드리기 전에 브라우저를 확인하는 중… {n}%",
             "waiting": "이 페이지를 열어 두세요. 차례가 되면 자동으로 이동합니다.",
             "etaUnderMinute": "1분 이내",
             "etaMinutes": "약 {n}분",
@@ -131,7 +133,8 @@ fn html_escape(s: &str) -> String {
 fn user(headers: &HeaderMap, query: &HashMap<String, String>, settings: &PageSettings) -> Result<UserId, ApiError> {
     match headers.get("x-user-id") {
         Some(v) => {
-            let text = v.to_str().map_err(|_| ApiError::invalid("X-User-Id is not text"))?;
+            let text =
+                v.to_str().map_err(|_| ApiError::invalid(format!("X-User-Id is not a user id: {USER_ID_RULE}")))?;
             text.parse().map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
         }
         None => match query.get("user") {
@@ -153,13 +156,18 @@ pub async fn waiting_room(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let page = &st.page;
-    let user = user(&headers, &query, &page.settings)?;
+    let user = match st.service.settings().identity.mode {
+        IdentityMode::Header => User { id: user(&headers, &query, &page.settings)?, visitor: None },
+        IdentityMode::Visitor => User::visitor(&headers, &st)?,
+    };
     let lang = language(&headers);
     let text = texts(lang);
     let config = json!({
         "type": &*target.kind.slug(),
         "id": target.id,
-        "user": user.0,
+        "user": user.id.as_str(),
+        // Visitor mode: the page sends no X-User-Id; its cookie names the visitor.
+        "visitor": user.visitor.is_some(),
         "returnUrl": page.settings.return_url,
         "embedOrigin": page.settings.embed_origin,
         "text": text,
@@ -180,13 +188,13 @@ pub async fn waiting_room(
     let mut resp = Html(html).into_response();
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::VARY, HeaderValue::from_static("Accept-Language, X-User-Id"));
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Language, X-User-Id, Cookie"));
     h.insert(header::HeaderName::from_static("x-content-type-options"), HeaderValue::from_static("nosniff"));
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("default-src 'none'; script-src 'unsafe-inline' blob:; worker-src blob:; style-src 'unsafe-inline'; connect-src 'self'"),
     );
-    Ok(resp)
+    Ok(user.set_cookie(st.service.settings(), resp))
 }
 
 #[cfg(test)]

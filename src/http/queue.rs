@@ -2,13 +2,13 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::{format_instant, poll_after_seconds};
-use crate::service::{QueueStats, QueueStatus};
+use crate::service::{EntryCheck, QueueStats, QueueStatus};
 use crate::store::QueueStore;
 
 /// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
@@ -40,6 +40,21 @@ pub struct StatusBody {
     /// Present (true) while the sale is paused: nobody is admitted until it resumes.
     #[serde(skip_serializing_if = "Option::is_none")]
     paused: Option<bool>,
+    /// `identity.mode = "visitor"`: who the visitor is, for apps that keep no cookies (sent
+    /// back as `X-Visitor-Token`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    visitor_token: Option<String>,
+    /// CHALLENGE: the proof of work to solve before entering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    challenge: Option<ChallengeBody>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ChallengeBody {
+    seed: String,
+    bits: u8,
+    expires_at: String,
 }
 
 impl StatusBody {
@@ -56,6 +71,8 @@ impl StatusBody {
             prequeue_opens_at: None,
             message: None,
             paused: None,
+            visitor_token: None,
+            challenge: None,
         }
     }
 }
@@ -94,7 +111,7 @@ impl From<QueueStatus> for StatusBody {
 
 /// The answer to enter and poll: a waiting user is told when to poll next, in the body and
 /// as `Retry-After`.
-fn answer(st: &AppState, status: QueueStatus) -> Response {
+fn answer(st: &AppState, user: &User, status: QueueStatus) -> Response {
     let q = &st.service.settings().queue;
     let poll_after = match &status {
         QueueStatus::Waiting { eta_seconds, .. } => {
@@ -112,6 +129,7 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
     };
     let mut body = StatusBody::from(status);
     body.poll_after_seconds = poll_after;
+    body.visitor_token = user.visitor.as_ref().map(|(token, _)| token.clone());
     let mut resp = Json(body).into_response();
     if let Some(s) = poll_after {
         resp.headers_mut().insert(header::RETRY_AFTER, s.into());
@@ -119,25 +137,59 @@ fn answer(st: &AppState, status: QueueStatus) -> Response {
     resp
 }
 
+/// `X-Pow-Seed` and `X-Pow-Nonce`: a solution when both are there (either alone is not one,
+/// and is ignored); a nonce of another form than 1 to 64 letters and digits is a 400. The
+/// rest is [`crate::pow::check`]'s.
+fn pow_solution(headers: &HeaderMap) -> Result<Option<(&str, &str)>, ApiError> {
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{0}"));
+    let nonce = text("x-pow-nonce");
+    if nonce.is_some_and(|n| n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric())) {
+        return Err(ApiError::invalid("X-Pow-Nonce: expected 1 to 64 letters and digits"));
+    }
+    Ok(text("x-pow-seed").zip(nonce))
+}
+
+/// An enter. With proof of work on, a new user first gets a challenge (`status` CHALLENGE, no
+/// place) and enters with its solution in `X-Pow-Seed` and `X-Pow-Nonce`.
 pub async fn enter(
     State(st): State<SharedState>,
     TargetPath(t): TargetPath,
-    User(u): User,
-) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.enter(t, u).await?))
+    user: User,
+    headers: HeaderMap,
+) -> Response {
+    let solution = match pow_solution(&headers) {
+        Ok(s) => s,
+        Err(e) => return user.set_cookie(st.service.settings(), e.into_response()),
+    };
+    let resp = match st.service.entry_check(t, &user.id, solution).await {
+        EntryCheck::Proceed => match st.service.enter(t, &user.id).await {
+            Ok(status) => answer(&st, &user, status),
+            Err(e) => ApiError::from(e).into_response(),
+        },
+        EntryCheck::Challenge(c) => {
+            let mut body = StatusBody::sale("CHALLENGE");
+            body.eta_seconds = None;
+            body.visitor_token = user.visitor.as_ref().map(|(token, _)| token.clone());
+            let expires_at = format_instant(c.expires_at * 1000);
+            body.challenge = Some(ChallengeBody { seed: c.seed, bits: c.bits, expires_at });
+            Json(body).into_response()
+        }
+        EntryCheck::Refused(e) => ApiError::new(ErrorCode::PowRefused, e.to_string()).into_response(),
+    };
+    user.set_cookie(st.service.settings(), resp)
 }
 
-pub async fn poll(
-    State(st): State<SharedState>,
-    TargetPath(t): TargetPath,
-    User(u): User,
-) -> Result<Response, ApiError> {
-    Ok(answer(&st, st.service.status(t, u).await?))
+pub async fn poll(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
+    let resp = match st.service.status(t, &user.id).await {
+        Ok(status) => answer(&st, &user, status),
+        Err(e) => ApiError::from(e).into_response(),
+    };
+    user.set_cookie(st.service.settings(), resp)
 }
 
-pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, User(u): User) -> StatusCode {
-    st.service.leave(t, u).await;
-    StatusCode::NO_CONTENT
+pub async fn leave(State(st): State<SharedState>, TargetPath(t): TargetPath, user: User) -> Response {
+    st.service.leave(t, &user.id).await;
+    user.set_cookie(st.service.settings(), StatusCode::NO_CONTENT.into_response())
 }
 
 pub async fn stats(State(st): State<SharedState>, TargetPath(t): TargetPath) -> Result<Json<QueueStats>, ApiError> {

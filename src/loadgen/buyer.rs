@@ -33,6 +33,16 @@ struct StatusReply<'a> {
     poll_after_seconds: Option<u64>,
     #[serde(default)]
     position: Option<u64>,
+    #[serde(default, borrow)]
+    challenge: Option<ChallengeReply<'a>>,
+}
+
+/// A proof-of-work challenge (status CHALLENGE).
+#[derive(Deserialize)]
+struct ChallengeReply<'a> {
+    #[serde(borrow)]
+    seed: Cow<'a, str>,
+    bits: u8,
 }
 
 fn parse_reply(body: &[u8]) -> Option<StatusReply<'_>> {
@@ -88,17 +98,36 @@ impl Ctx {
         token: Option<&str>,
         scheduled: Instant,
     ) -> Answer {
+        self.send_with(kind, method, path, user, token, None, scheduled).await
+    }
+
+    /// [`Self::send`], with a proof of work's solution (seed, nonce).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn send_with(
+        &self,
+        kind: Kind,
+        method: &str,
+        path: &str,
+        user: u64,
+        token: Option<&str>,
+        solution: Option<(&str, &str)>,
+        scheduled: Instant,
+    ) -> Answer {
         let stats = &self.rec.kinds[kind as usize];
         let mut digits = itoa_buf();
         let user = format_u64(user, &mut digits);
-        let with_token;
-        let headers: &[(&str, &str)] = match token {
-            Some(t) => {
-                with_token = [("x-user-id", user), ("x-entry-token", t)];
-                &with_token
-            }
-            None => &[("x-user-id", user)][..],
-        };
+        let mut all = [("x-user-id", user), ("", ""), ("", "")];
+        let mut n = 1;
+        if let Some(t) = token {
+            all[n] = ("x-entry-token", t);
+            n += 1;
+        }
+        if let Some((seed, nonce)) = solution {
+            all[n] = ("x-pow-seed", seed);
+            all[n + 1] = ("x-pow-nonce", nonce);
+            n += 2;
+        }
+        let headers = &all[..n];
         if self.pool.all_busy() {
             self.rec.waited_for_slot.fetch_add(1, Ordering::Relaxed);
         }
@@ -193,9 +222,38 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
     let mut rng = Rng(ctx.opts.seed ^ idx.wrapping_mul(0xD6E8_FEB8_6659_FD93));
     let abandon_after = (rng.unit() < ctx.opts.abandon).then(|| rng.next() % 3);
     let mut at = scheduled;
+    let mut solution: Option<(String, String)> = None;
     let body = loop {
-        match ctx.send(Kind::Enter, "POST", &ctx.enter_path, user, None, at).await {
-            Answer::Http(200, body) => break body,
+        let proof = solution.as_ref().map(|(s, n)| (s.as_str(), n.as_str()));
+        match ctx.send_with(Kind::Enter, "POST", &ctx.enter_path, user, None, proof, at).await {
+            Answer::Http(200, body) => match parse_reply(&body).and_then(|r| r.challenge) {
+                // Proof of work: solve off the runtime's threads (a browser solves in a
+                // worker), then enter again with the solution.
+                Some(c) if solution.is_none() => {
+                    let (seed, bits) = (c.seed.into_owned(), c.bits);
+                    let started = std::time::Instant::now();
+                    let solved = tokio::task::spawn_blocking(move || {
+                        let (nonce, tries) = crate::pow::solve(&seed, bits);
+                        (seed, nonce, tries)
+                    })
+                    .await;
+                    let Ok((seed, nonce, tries)) = solved else { return };
+                    ctx.rec.pow_solved.fetch_add(1, Ordering::Relaxed);
+                    ctx.rec.pow_hashes.fetch_add(tries, Ordering::Relaxed);
+                    if let Ok(mut h) = ctx.rec.pow_us.lock() {
+                        h.saturating_record(started.elapsed().as_micros().max(1) as u64);
+                    }
+                    solution = Some((seed, nonce));
+                    at = Instant::now();
+                }
+                Some(_) => return,
+                None => break body,
+            },
+            // A solution refused (the difficulty raised meanwhile): a new challenge.
+            Answer::Http(403, _) if solution.is_some() && Instant::now() < ctx.deadline => {
+                solution = None;
+                at = Instant::now();
+            }
             Answer::Http(429, _) => {
                 ctx.rec.queue_full.fetch_add(1, Ordering::Relaxed);
                 return;

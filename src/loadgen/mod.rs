@@ -40,8 +40,8 @@ pub use self::opening::rank_correlation;
 use self::opening::{opening_figures, schedule_opening};
 use self::recorder::{KINDS, Kind, Recorder, ShardedHistogram};
 pub use self::report::{
-    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, Report, TimelinePoint, WaitSummary,
-    check_bounds, client_limit,
+    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, PowFigures, Report, TimelinePoint,
+    WaitSummary, check_bounds, client_limit,
 };
 pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};
@@ -385,7 +385,20 @@ fn build_report(
         eta_error_seconds: eta,
         redis_bytes_per_waiting_user: redis_bytes,
         opening: o.opening_in.map(|_| opening_figures(r)),
+        proof_of_work: pow_figures(r),
     }
+}
+
+fn pow_figures(r: &Recorder) -> Option<PowFigures> {
+    let solved = r.pow_solved.load(Ordering::Relaxed);
+    let h = r.pow_us.lock().ok()?;
+    (solved > 0).then(|| PowFigures {
+        solved,
+        hashes: r.pow_hashes.load(Ordering::Relaxed),
+        p50_ms: h.value_at_quantile(0.5) as f64 / 1000.0,
+        p95_ms: h.value_at_quantile(0.95) as f64 / 1000.0,
+        cpu_seconds: h.mean() * h.len() as f64 / 1e6,
+    })
 }
 
 /// Runs one short round per batch size on the same target, setting the target's runtime

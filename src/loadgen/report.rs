@@ -223,6 +223,23 @@ pub struct Report {
     /// With `--opening-in`: the shuffle's effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opening: Option<OpeningFigures>,
+    /// What the proof of work at entry cost the simulated buyers (when vq asked for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof_of_work: Option<PowFigures>,
+}
+
+/// The proof of work the buyers solved: what one place cost a client of this machine's cores.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PowFigures {
+    pub solved: u64,
+    /// Hashes tried, over every solve.
+    pub hashes: u64,
+    /// One solve's time on one core, ms.
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    /// Every solve's time together: the CPU one place costs, times the places.
+    pub cpu_seconds: f64,
 }
 
 /// One second of a run with `--sink`: the batch the server admitted with (its stats answer)

@@ -51,7 +51,7 @@ impl QueueService {
     }
 
     /// Whether this user goes through the queue (and the gate) for this target.
-    pub fn queue_applies(&self, target: QueueTarget, user: UserId) -> bool {
+    pub fn queue_applies(&self, target: QueueTarget, user: &UserId) -> bool {
         self.flag().applies(target, user)
     }
 

@@ -78,7 +78,7 @@ impl QueueService {
             return Err(GateDenial::UnknownTarget(target));
         }
         let flag = self.flag();
-        let applies = match user {
+        let applies = match &user {
             Some(u) => flag.applies(target, u),
             None => flag.may_apply(target),
         };
@@ -105,20 +105,25 @@ impl QueueService {
         let user = user.ok_or(TokenError::NoUser)?;
         let raw = token.filter(|t| !t.is_empty()).ok_or(TokenError::Missing)?;
         let now = self.now_s();
-        let claims = token::verify(&self.secret, raw, target, user, now)?;
+        let claims = token::verify(&self.secret, raw, target, &user, now)?;
         if self.store.silent(Some(target)) {
             // Redis is down: HMAC and expiry still hold; one-time use waits for Redis.
             self.degraded.record_skipped();
             return Ok(GatePass::Verified { claim: None });
         }
         let outcome = match mode {
-            ClaimMode::CheckOnly => match self.bounded(target, self.store.token_used(target, user, raw)).await {
-                Ok(true) => return Err(TokenError::AlreadyUsed.into()),
-                Ok(false) => GatePass::Verified { claim: None },
-                Err(e) => return self.unchecked(target, &e),
-            },
+            ClaimMode::CheckOnly => {
+                match self.bounded(target, self.store.token_used(target, user.clone(), raw)).await {
+                    Ok(true) => return Err(TokenError::AlreadyUsed.into()),
+                    Ok(false) => GatePass::Verified { claim: None },
+                    Err(e) => return self.unchecked(target, &e),
+                }
+            }
             ClaimMode::Claim => {
-                match self.bounded(target, self.store.claim_token(target, user, raw, claims.expires_at - now)).await {
+                match self
+                    .bounded(target, self.store.claim_token(target, user.clone(), raw, claims.expires_at - now))
+                    .await
+                {
                     Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed.into()),
                     Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
                         claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),

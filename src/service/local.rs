@@ -78,13 +78,13 @@ impl LocalPolls {
     pub(super) fn answer(
         &self,
         target: QueueTarget,
-        user: UserId,
+        user: &UserId,
         batch: impl Fn(Option<u64>) -> u64,
     ) -> Option<Waiting> {
         let t = self.target(target)?;
         let seq = {
             let mut seqs = t.seqs.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = seqs.get_mut(&user)?;
+            let entry = seqs.get_mut(user)?;
             entry.1 = self.now_s();
             entry.0
         };
@@ -99,26 +99,26 @@ impl LocalPolls {
             }
             Waiting { seq, mark: v.mark, ahead: v.ahead(seq), batch_override: v.batch_override, paused: v.paused }
         };
-        t.polled.lock().unwrap_or_else(|e| e.into_inner()).push(user);
+        t.polled.lock().unwrap_or_else(|e| e.into_inner()).push(user.clone());
         Some(w)
     }
 
     /// Remembers a waiting user's seq, from an answer of Redis.
-    pub(super) fn learn(&self, target: QueueTarget, user: UserId, seq: u64) {
+    pub(super) fn learn(&self, target: QueueTarget, user: &UserId, seq: u64) {
         let t = match self.target(target) {
             Some(t) => t,
             None => self.targets.write().unwrap_or_else(|e| e.into_inner()).entry(target).or_default().clone(),
         };
         let mut seqs = t.seqs.lock().unwrap_or_else(|e| e.into_inner());
-        if seqs.len() < self.max_users || seqs.contains_key(&user) {
-            seqs.insert(user, (seq, self.now_s()));
+        if seqs.len() < self.max_users || seqs.contains_key(user) {
+            seqs.insert(user.clone(), (seq, self.now_s()));
         }
     }
 
     /// The user is not waiting any more (admitted, left, unknown to Redis).
-    pub(super) fn forget(&self, target: QueueTarget, user: UserId) {
+    pub(super) fn forget(&self, target: QueueTarget, user: &UserId) {
         if let Some(t) = self.target(target) {
-            t.seqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&user);
+            t.seqs.lock().unwrap_or_else(|e| e.into_inner()).remove(user);
         }
     }
 
@@ -161,14 +161,14 @@ impl LocalPolls {
 
 impl QueueService {
     /// A waiting user's place from this instance's copy, when it may answer (module doc).
-    pub(super) fn local_answer(&self, target: QueueTarget, user: UserId) -> Option<Waiting> {
+    pub(super) fn local_answer(&self, target: QueueTarget, user: &UserId) -> Option<Waiting> {
         let w = self.local.as_ref()?.answer(target, user, |o| self.most_per_tick(target, o))?;
         crate::metrics::poll_answered_locally();
         Some(w)
     }
 
     /// What Redis said of a user: waiting with this seq, or not waiting (`None`).
-    pub(super) fn local_learn(&self, target: QueueTarget, user: UserId, seq: Option<u64>) {
+    pub(super) fn local_learn(&self, target: QueueTarget, user: &UserId, seq: Option<u64>) {
         if let Some(local) = &self.local {
             match seq {
                 Some(seq) => local.learn(target, user, seq),
@@ -205,7 +205,7 @@ mod tests {
     fn synced_at(mark: u64, departed: Vec<u64>) -> LocalPolls {
         let l = LocalPolls::new(2000, 100, 60);
         for (u, seq) in [(1, 5), (2, 50), (3, 500)] {
-            l.learn(target(), UserId(u), seq);
+            l.learn(target(), &UserId::from(u), seq);
         }
         l.synced(target(), TargetView { mark, batch_override: None, departed, ..TargetView::default() }, &[]);
         l
@@ -215,31 +215,31 @@ mod tests {
     fn users_near_the_front_and_unknown_users_ask_redis() {
         let l = synced_at(10, vec![]);
         let batch = |_: Option<u64>| 20;
-        assert_eq!(l.answer(target(), UserId(1), batch), None, "seq 5 is admitted");
-        assert_eq!(l.answer(target(), UserId(2), batch), None, "seq 50 is within two batches of mark 10");
-        assert_eq!(l.answer(target(), UserId(9), batch), None, "never seen");
-        let w = l.answer(target(), UserId(3), batch).expect("seq 500 is far back");
+        assert_eq!(l.answer(target(), &UserId::from(1), batch), None, "seq 5 is admitted");
+        assert_eq!(l.answer(target(), &UserId::from(2), batch), None, "seq 50 is within two batches of mark 10");
+        assert_eq!(l.answer(target(), &UserId::from(9), batch), None, "never seen");
+        let w = l.answer(target(), &UserId::from(3), batch).expect("seq 500 is far back");
         assert_eq!((w.seq, w.mark, w.ahead), (500, 10, 489));
     }
 
     #[test]
     fn departed_seqs_between_mark_and_user_are_not_counted_ahead() {
         let l = synced_at(10, vec![11, 300, 499, 500, 900]);
-        let w = l.answer(target(), UserId(3), |_| 20).expect("far back");
+        let w = l.answer(target(), &UserId::from(3), |_| 20).expect("far back");
         assert_eq!(w.ahead, 489 - 3);
     }
 
     #[test]
     fn a_failed_sync_or_a_gone_user_sends_polls_to_redis_again() {
         let l = synced_at(10, vec![]);
-        assert!(l.answer(target(), UserId(3), |_| 20).is_some());
+        assert!(l.answer(target(), &UserId::from(3), |_| 20).is_some());
         let polled = l.take_polled();
-        assert_eq!(polled, vec![(target(), vec![UserId(3)])]);
-        l.sync_failed(target(), vec![UserId(3)]);
-        assert_eq!(l.answer(target(), UserId(3), |_| 20), None);
-        assert_eq!(l.take_polled(), vec![(target(), vec![UserId(3)])], "the heartbeat is sent again");
+        assert_eq!(polled, vec![(target(), vec![UserId::from(3)])]);
+        l.sync_failed(target(), vec![UserId::from(3)]);
+        assert_eq!(l.answer(target(), &UserId::from(3), |_| 20), None);
+        assert_eq!(l.take_polled(), vec![(target(), vec![UserId::from(3)])], "the heartbeat is sent again");
         let view = TargetView { mark: 10, ..TargetView::default() };
-        l.synced(target(), view, &[UserId(3)]);
-        assert_eq!(l.answer(target(), UserId(3), |_| 20), None, "gone: Redis answers (404 or token)");
+        l.synced(target(), view, &[UserId::from(3)]);
+        assert_eq!(l.answer(target(), &UserId::from(3), |_| 20), None, "gone: Redis answers (404 or token)");
     }
 }

@@ -6,13 +6,17 @@
 //!
 //! One file per job: this one holds the service and the queue's enter/poll/leave;
 //! `flag.rs` the flag as this instance applies it, `gate.rs` the gate's decision and pacing,
-//! `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping.
+//! `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping, `local.rs`
+//! polls answered from this instance's copy of the mark, `tokens.rs` the tokens handed out
+//! here, `targets.rs` the declared targets, `outflow.rs` the gate's observations for the
+//! adaptive outflow, `pow.rs` the proof of work at entry.
 
 mod degraded;
 mod flag;
 mod gate;
 mod local;
 mod outflow;
+mod pow;
 mod stats;
 mod targets;
 mod tokens;
@@ -29,6 +33,7 @@ pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::outflow::OutflowBatches;
+pub use self::pow::EntryCheck;
 pub use self::stats::{QueueStats, read_target_stats, unpinned_batch};
 use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
@@ -158,6 +163,11 @@ impl QueueService {
         }
     }
 
+    /// The keys that sign tokens, visitor tokens and challenges.
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -212,17 +222,17 @@ impl QueueService {
         self.store.now_ms() / 1000
     }
 
-    fn candidate(&self, target: QueueTarget, user: UserId) -> EntryToken {
+    fn candidate(&self, target: QueueTarget, user: &UserId) -> EntryToken {
         token::mint(&self.secret, target, user, self.now_s(), self.settings.token.ttl_s)
     }
 
-    fn direct(&self, target: QueueTarget, user: UserId) -> QueueStatus {
+    fn direct(&self, target: QueueTarget, user: &UserId) -> QueueStatus {
         QueueStatus::DirectAdmitted(self.candidate(target, user))
     }
 
     /// A user's queue token, read back from the store (its expiry is in its payload), and
     /// remembered: from now on it is this user's answer here (`tokens.rs`).
-    fn stored_token(&self, target: QueueTarget, user: UserId, raw: String) -> QueueStatus {
+    fn stored_token(&self, target: QueueTarget, user: &UserId, raw: String) -> QueueStatus {
         let expires_at = token::decode(&raw).map_or(0, |(c, _, _)| c.expires_at);
         let token = EntryToken { raw, expires_at };
         self.issued.remember(target, user, &token, self.now_s());
@@ -238,14 +248,14 @@ impl QueueService {
     async fn count_issue(
         &self,
         target: QueueTarget,
-        user: UserId,
+        user: &UserId,
         raw: String,
         minted: &OnceLock<EntryToken>,
     ) -> String {
         if minted.get().is_some_and(|c| c.raw == raw) {
             crate::metrics::token_issued();
             if self.settings.queue.max_queues_per_user > 0
-                && let Err(e) = self.bounded(target, self.store.release_queues(user, &[target])).await
+                && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
             {
                 self.degraded.record("release", target, &e);
             }
@@ -284,7 +294,7 @@ impl QueueService {
     /// Answered without asking the store: DIRECT_ADMITTED when the queue is off for this user
     /// and target, ADMITTED with the token this instance handed the user before, or
     /// DIRECT_ADMITTED when the store's liveness probe finds Redis down or stalled (fail-open).
-    fn bypass_store(&self, target: QueueTarget, user: UserId) -> Option<Result<QueueStatus, QueueError>> {
+    fn bypass_store(&self, target: QueueTarget, user: &UserId) -> Option<Result<QueueStatus, QueueError>> {
         if !self.queue_applies(target, user) {
             return Some(Ok(self.direct(target, user)));
         }
@@ -302,14 +312,14 @@ impl QueueService {
 
     /// The answer while Redis is down (`queue.on_store_failure`): DIRECT_ADMITTED (open), or
     /// 503 QUEUE_UNAVAILABLE (closed).
-    fn store_down(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+    fn store_down(&self, target: QueueTarget, user: &UserId) -> Result<QueueStatus, QueueError> {
         match self.settings.queue.on_store_failure {
             OnStoreFailure::Open => Ok(self.direct(target, user)),
             OnStoreFailure::Closed => Err(QueueError::Unavailable),
         }
     }
 
-    pub async fn enter(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+    pub async fn enter(&self, target: QueueTarget, user: &UserId) -> Result<QueueStatus, QueueError> {
         if let Some(answer) = self.bypass_store(target, user) {
             return answer;
         }
@@ -321,7 +331,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(target, self.store.enter(target, user, &candidate)).await {
+        match self.bounded(target, self.store.enter(target, user.clone(), &candidate)).await {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
@@ -347,7 +357,7 @@ impl QueueService {
         }
     }
 
-    pub async fn status(&self, target: QueueTarget, user: UserId) -> Result<QueueStatus, QueueError> {
+    pub async fn status(&self, target: QueueTarget, user: &UserId) -> Result<QueueStatus, QueueError> {
         if let Some(answer) = self.bypass_store(target, user) {
             // Held while Redis is down: a place the copy knows is still the best answer.
             return match (answer, self.local_answer(target, user)) {
@@ -360,7 +370,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(target, self.store.status(target, user, &candidate)).await {
+        match self.bounded(target, self.store.status(target, user.clone(), &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 Ok(self.waiting(target, w))
@@ -385,12 +395,12 @@ impl QueueService {
     /// Counts `target` among the queues `user` waits in, within `queue.max_queues_per_user`
     /// (0: no limit). At the limit, the targets counted where the user no longer holds a
     /// place (admitted, evicted, a sale closed) are dropped and the count is tried again.
-    async fn hold_queue(&self, target: QueueTarget, user: UserId) -> Result<(), Hold> {
+    async fn hold_queue(&self, target: QueueTarget, user: &UserId) -> Result<(), Hold> {
         let max = self.settings.queue.max_queues_per_user;
         if max == 0 || self.local_answer(target, user).is_some() {
             return Ok(());
         }
-        let hold = || self.bounded(target, self.store.hold_queue(user, target, max));
+        let hold = || self.bounded(target, self.store.hold_queue(user.clone(), target, max));
         let held = hold().await.map_err(Hold::Store)?;
         if held.is_empty() {
             return Ok(());
@@ -400,7 +410,7 @@ impl QueueService {
         let mut gone = Vec::new();
         for &(t, age_ms) in &held {
             let settled = age_ms > HOLD_SETTLED.as_millis() as u64;
-            if settled && !self.bounded(target, self.store.holds_place(t, user)).await.map_err(Hold::Store)? {
+            if settled && !self.bounded(target, self.store.holds_place(t, user.clone())).await.map_err(Hold::Store)? {
                 gone.push(t);
             }
         }
@@ -408,7 +418,7 @@ impl QueueService {
         if gone.is_empty() {
             return Err(Hold::TooMany(names(held)));
         }
-        self.bounded(target, self.store.release_queues(user, &gone)).await.map_err(Hold::Store)?;
+        self.bounded(target, self.store.release_queues(user.clone(), &gone)).await.map_err(Hold::Store)?;
         match hold().await.map_err(Hold::Store)? {
             held if held.is_empty() => Ok(()),
             held => Err(Hold::TooMany(names(held))),
@@ -416,17 +426,17 @@ impl QueueService {
     }
 
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.
-    pub async fn leave(&self, target: QueueTarget, user: UserId) {
+    pub async fn leave(&self, target: QueueTarget, user: &UserId) {
         self.local_learn(target, user, None);
         if self.store.silent(Some(target)) {
             self.degraded.record_skipped();
             return;
         }
-        if let Err(e) = self.bounded(target, self.store.leave(target, user)).await {
+        if let Err(e) = self.bounded(target, self.store.leave(target, user.clone())).await {
             self.degraded.record("leave", target, &e);
         }
         if self.settings.queue.max_queues_per_user > 0
-            && let Err(e) = self.bounded(target, self.store.release_queues(user, &[target])).await
+            && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
         {
             self.degraded.record("leave", target, &e);
         }
@@ -436,7 +446,13 @@ impl QueueService {
     /// behind): 503, the user keeps their place and retries. Otherwise fail-open: DIRECT_ADMITTED
     /// with a stateless token (but not for a write Redis refused for lack of memory); when the call may still run late in Redis (a stall), the user is
     /// taken out of the queue behind it, so they do not also hold a place.
-    fn failed(&self, what: &str, target: QueueTarget, user: UserId, e: &StoreError) -> Result<QueueStatus, QueueError> {
+    fn failed(
+        &self,
+        what: &str,
+        target: QueueTarget,
+        user: &UserId,
+        e: &StoreError,
+    ) -> Result<QueueStatus, QueueError> {
         self.degraded.record(what, target, e);
         if matches!(e, StoreError::Busy) {
             return Err(QueueError::Overloaded);
@@ -452,7 +468,7 @@ impl QueueService {
             return Err(QueueError::Unavailable);
         }
         if e.is_timeout() {
-            let store = self.store.clone();
+            let (store, user) = (self.store.clone(), user.clone());
             // Sent after the late call on the same connection, so Redis runs it after that call.
             tokio::spawn(async move {
                 let _ = store.leave(target, user).await;

@@ -1,13 +1,15 @@
 //! What the gate tells the adaptive outflow (`queue.outflow = "adaptive"`): each forwarded
 //! purchase's latency and outcome, counted per control interval in the store, where the pump
-//! that claims the interval reads every instance's observations together (pump.rs).
+//! that claims the interval reads every instance's observations together (pump.rs); and what
+//! it tells the target's record (`vq sale report`): each forwarded purchase and the purchase
+//! API's answer, per tick.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::QueueService;
-use crate::domain::{QueueTarget, latency_bucket};
+use crate::domain::{AnswerClass, QueueTarget, latency_bucket};
 use crate::store::QueueStore;
 
 /// The adaptive batch of each target as this instance's pump last chose or read it
@@ -29,6 +31,24 @@ impl QueueService {
     /// The adaptive batches this instance's pump publishes for the ETA.
     pub fn outflow_batches(&self) -> Arc<OutflowBatches> {
         self.outflow_batches.clone()
+    }
+
+    /// The tick (Redis' clock) a purchase forwarded now is counted in, in the target's record.
+    pub fn purchase_tick(&self) -> u64 {
+        self.store.now_ms() / self.settings.queue.tick_ms.max(1)
+    }
+
+    /// Counts one forwarded purchase and the purchase API's answer (`None`: none came) in the
+    /// target's record, whatever the outflow. Off the response path, like the observation: a
+    /// failed count is a purchase missing from `vq sale report`, logged.
+    pub fn record_purchase(&self, target: QueueTarget, tick: u64, status: Option<u16>) {
+        let answer = status.map_or(AnswerClass::Unreached, AnswerClass::of_status);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.record_purchase(target, tick, answer).await {
+                tracing::debug!(target_queue = %target, error = %e, "a purchase was not counted in the record");
+            }
+        });
     }
 
     /// Counts one purchase the gate forwarded for `target`: how long it took, whether it

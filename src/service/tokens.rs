@@ -35,21 +35,22 @@ impl IssuedTokens {
     }
 
     /// The user's token, if this instance handed them one that is still valid at `now_s`.
-    pub(super) fn get(&self, target: QueueTarget, user: UserId, now_s: u64) -> Option<EntryToken> {
+    pub(super) fn get(&self, target: QueueTarget, user: &UserId, now_s: u64) -> Option<EntryToken> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.tokens.get(&(target, user)).filter(|t| t.expires_at > now_s).cloned()
+        inner.tokens.get(&(target, user.clone())).filter(|t| t.expires_at > now_s).cloned()
     }
 
     /// Remembers the token a user was just told; forgets the oldest beyond the bound and the
     /// expired ones at the front.
-    pub(super) fn remember(&self, target: QueueTarget, user: UserId, token: &EntryToken, now_s: u64) {
+    pub(super) fn remember(&self, target: QueueTarget, user: &UserId, token: &EntryToken, now_s: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Inner { tokens, order } = &mut *inner;
-        if tokens.get(&(target, user)).is_some_and(|t| t.raw == token.raw) {
+        let key = (target, user.clone());
+        if tokens.get(&key).is_some_and(|t| t.raw == token.raw) {
             return;
         }
-        if tokens.insert((target, user), token.clone()).is_none() {
-            order.push_back((target, user));
+        if tokens.insert(key.clone(), token.clone()).is_none() {
+            order.push_back(key);
         }
         while let Some(oldest) = order.front() {
             let expired = tokens.get(oldest).is_none_or(|t| t.expires_at <= now_s);
@@ -78,22 +79,22 @@ mod tests {
     #[test]
     fn a_remembered_token_is_answered_until_it_expires() {
         let t = IssuedTokens::new(10);
-        t.remember(target(), UserId(1), &token("a", 100), 50);
-        assert_eq!(t.get(target(), UserId(1), 99).map(|t| t.raw), Some("a".to_owned()));
-        assert_eq!(t.get(target(), UserId(1), 100), None, "expired");
-        assert_eq!(t.get(target(), UserId(2), 50), None, "never handed out");
+        t.remember(target(), &UserId::from(1), &token("a", 100), 50);
+        assert_eq!(t.get(target(), &UserId::from(1), 99).map(|t| t.raw), Some("a".to_owned()));
+        assert_eq!(t.get(target(), &UserId::from(1), 100), None, "expired");
+        assert_eq!(t.get(target(), &UserId::from(2), 50), None, "never handed out");
     }
 
     #[test]
     fn the_oldest_and_the_expired_are_forgotten_first() {
         let t = IssuedTokens::new(2);
         for u in 1..=3 {
-            t.remember(target(), UserId(u), &token(&u.to_string(), 100 + u), 50);
+            t.remember(target(), &UserId::from(u), &token(&u.to_string(), 100 + u), 50);
         }
-        assert_eq!(t.get(target(), UserId(1), 50), None, "beyond the bound");
-        assert!(t.get(target(), UserId(3), 50).is_some());
-        t.remember(target(), UserId(4), &token("4", 200), 102);
-        assert_eq!(t.get(target(), UserId(2), 50), None, "expired at the front");
-        assert!(t.get(target(), UserId(4), 150).is_some());
+        assert_eq!(t.get(target(), &UserId::from(1), 50), None, "beyond the bound");
+        assert!(t.get(target(), &UserId::from(3), 50).is_some());
+        t.remember(target(), &UserId::from(4), &token("4", 200), 102);
+        assert_eq!(t.get(target(), &UserId::from(2), 50), None, "expired at the front");
+        assert!(t.get(target(), &UserId::from(4), 150).is_some());
     }
 }

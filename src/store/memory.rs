@@ -14,13 +14,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, BatchChange, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim,
-    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
-    StoreLimits, TargetSnapshot, TokenClaim, TokensEnded, Waiting,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
+    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
+    StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded, Waiting,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule, UserId,
-    WaitHistogram,
+    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule,
+    TargetRecord, UserId, WaitHistogram,
 };
 
 use crate::clock::now_epoch_ms as now_ms;
@@ -51,10 +51,10 @@ struct QueueKeys {
 }
 
 impl QueueKeys {
-    fn remove(&mut self, user: UserId) -> bool {
-        self.heartbeat.remove(&user);
-        self.entered_at.remove(&user);
-        match self.seq_of.remove(&user) {
+    fn remove(&mut self, user: &UserId) -> bool {
+        self.heartbeat.remove(user);
+        self.entered_at.remove(user);
+        match self.seq_of.remove(user) {
             Some(seq) => {
                 self.waiting.remove(&seq);
                 true
@@ -86,6 +86,8 @@ struct TargetState {
     unused: HashMap<UserId, u64>,
     /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
     used: HashMap<UserId, HashMap<String, u64>>,
+    /// Proof-of-work challenges used, until their expiry (ms): `queue:{T}:pow:{id}`.
+    spent: HashMap<String, u64>,
     lock: Option<(String, u64)>,
     batch_override: Option<u64>,
     /// (tick, users admitted), newest first, and when the list expires (ms).
@@ -123,16 +125,17 @@ impl TargetState {
             && self.batch_override.is_none()
             && self.tokens.values().all(|(_, exp)| *exp <= now)
             && self.used.values().flat_map(HashMap::values).all(|exp| *exp <= now)
+            && self.spent.values().all(|until| *until <= now)
             && self.lock.as_ref().is_none_or(|(_, until)| *until <= now)
             && self.admissions.1 <= now
             && self.capacity.is_none_or(|(_, until)| until <= now)
     }
 
-    fn live_token(&mut self, user: UserId, now: u64) -> Option<String> {
-        match self.tokens.get(&user) {
+    fn live_token(&mut self, user: &UserId, now: u64) -> Option<String> {
+        match self.tokens.get(user) {
             Some((t, exp)) if *exp > now => Some(t.strip_prefix("used:").unwrap_or(t).to_owned()),
             Some(_) => {
-                self.tokens.remove(&user);
+                self.tokens.remove(user);
                 None
             }
             None => None,
@@ -140,17 +143,17 @@ impl TargetState {
     }
 
     /// The shared tail of enter and status for a user holding `seq`.
-    fn position(&mut self, user: UserId, seq: u64, candidate: &dyn Candidate, token_ttl_s: u64, now: u64) -> Place {
+    fn position(&mut self, user: &UserId, seq: u64, candidate: &dyn Candidate, token_ttl_s: u64, now: u64) -> Place {
         let q = &mut self.queue;
         if seq <= q.mark {
             let token = candidate.token();
-            self.tokens.insert(user, (token.clone(), now + token_ttl_s * 1000));
-            self.unused.insert(user, now + token_ttl_s * 1000);
+            self.tokens.insert(user.clone(), (token.clone(), now + token_ttl_s * 1000));
+            self.unused.insert(user.clone(), now + token_ttl_s * 1000);
             q.tokens_issued += 1;
             q.remove(user);
             return Place::Admitted(token);
         }
-        q.heartbeat.insert(user, now);
+        q.heartbeat.insert(user.clone(), now);
         Place::Waiting(Waiting {
             seq,
             mark: q.mark,
@@ -178,6 +181,11 @@ struct Inner {
     /// The targets each user is counted in, with when (ms), and when that expires (ms):
     /// `queue:user:{u}:queues`.
     user_queues: HashMap<UserId, (BTreeMap<QueueTarget, u64>, u64)>,
+    /// Each target's record (`queue:{T}:record`) and when it expires (ms).
+    records: HashMap<QueueTarget, (TargetRecord, u64)>,
+    /// The record's lifetime after a write (ms) and the width of its ticks.
+    record_ttl_ms: u64,
+    tick_ms: u64,
 }
 
 impl Inner {
@@ -193,6 +201,30 @@ impl Inner {
         let t = self.targets.get_mut(&target)?;
         t.expire(now);
         Some(t)
+    }
+
+    /// The target's record for a write, which keeps it `record_ttl_ms` longer (a new one if
+    /// it expired), as every script's write to `queue:{T}:record` does.
+    fn record(&mut self, target: QueueTarget, now: u64) -> &mut TargetRecord {
+        let until = now + self.record_ttl_ms;
+        let (r, expires) = self.records.entry(target).or_default();
+        if *expires <= now {
+            *r = TargetRecord::default();
+        }
+        *expires = until;
+        r
+    }
+
+    /// A user given a token: counted in the record as `issue.lua` does.
+    fn record_issue(&mut self, target: QueueTarget, now: u64) {
+        let r = self.record(target, now);
+        r.tokens_issued += 1;
+        r.last_issue_ms = Some(now);
+    }
+
+    /// The tick of the record's per-tick counts at `now`.
+    fn record_tick(&self, now: u64) -> u64 {
+        now / self.tick_ms.max(1)
     }
 
     /// The acknowledgements still alive, by instance, decoded from what `flag_ack.lua` stores.
@@ -219,7 +251,8 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     pub fn new(limits: StoreLimits) -> Self {
-        Self { inner: Arc::default(), limits }
+        let inner = Inner { record_ttl_ms: limits.record_ttl_s * 1000, tick_ms: limits.tick_ms, ..Inner::default() };
+        Self { inner: Arc::new(Mutex::new(inner)), limits }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -258,11 +291,12 @@ impl QueueStore for MemoryStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
+        let user = &user;
         let now = now_ms();
         let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
-        if !t.queue.seq_of.contains_key(&user)
+        if !t.queue.seq_of.contains_key(user)
             && let Some(token) = t.live_token(user, now)
         {
             return Ok(EnterOutcome::Admitted(token));
@@ -273,7 +307,7 @@ impl QueueStore for MemoryStore {
         }
         let paused = sale::paused(&inner, target);
         let t = inner.target(target, now);
-        let seq = match t.queue.seq_of.get(&user) {
+        let seq = match t.queue.seq_of.get(user) {
             Some(seq) => *seq,
             None => {
                 if let Some(token) = t.live_token(user, now) {
@@ -284,18 +318,25 @@ impl QueueStore for MemoryStore {
                     return Ok(EnterOutcome::Full);
                 }
                 q.seq += 1;
-                q.waiting.insert(q.seq, user);
-                q.seq_of.insert(user, q.seq);
-                q.entered_at.insert(user, now);
+                q.waiting.insert(q.seq, user.clone());
+                q.seq_of.insert(user.clone(), q.seq);
+                q.entered_at.insert(user.clone(), now);
                 if q.seq % 64 == 1 {
                     q.expires_at = Some(now + ttl_ms);
                 }
-                q.seq
+                let seq = q.seq;
+                let tick = inner.record_tick(now);
+                *inner.record(target, now).arrivals.entry(tick).or_default() += 1;
+                seq
             }
         };
+        let t = inner.target(target, now);
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
             Place::Waiting(w) => EnterOutcome::Waiting(Waiting { paused, ..w }),
-            Place::Admitted(token) => EnterOutcome::Admitted(token),
+            Place::Admitted(token) => {
+                inner.record_issue(target, now);
+                EnterOutcome::Admitted(token)
+            }
         })
     }
 
@@ -305,10 +346,11 @@ impl QueueStore for MemoryStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
+        let user = &user;
         let now = now_ms();
         let mut inner = self.lock();
         if let Some(t) = inner.existing(target, now)
-            && !t.queue.seq_of.contains_key(&user)
+            && !t.queue.seq_of.contains_key(user)
             && let Some(token) = t.live_token(user, now)
         {
             return Ok(StatusOutcome::Admitted(token));
@@ -321,7 +363,7 @@ impl QueueStore for MemoryStore {
         let Some(t) = inner.existing(target, now) else {
             return Ok(StatusOutcome::NotInQueue);
         };
-        let Some(seq) = t.queue.seq_of.get(&user).copied() else {
+        let Some(seq) = t.queue.seq_of.get(user).copied() else {
             return Ok(match t.live_token(user, now) {
                 Some(token) => StatusOutcome::Admitted(token),
                 None => StatusOutcome::NotInQueue,
@@ -329,14 +371,22 @@ impl QueueStore for MemoryStore {
         };
         Ok(match t.position(user, seq, candidate, self.limits.token_ttl_s, now) {
             Place::Waiting(w) => StatusOutcome::Waiting(Waiting { paused, ..w }),
-            Place::Admitted(token) => StatusOutcome::Admitted(token),
+            Place::Admitted(token) => {
+                inner.record_issue(target, now);
+                StatusOutcome::Admitted(token)
+            }
         })
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let now = now_ms();
         let mut inner = self.lock();
-        sale::forget_prequeued(&mut inner, target, user);
-        Ok(inner.existing(target, now_ms()).is_some_and(|t| t.queue.remove(user)))
+        let prequeued = sale::forget_prequeued(&mut inner, target, &user);
+        let waiting = inner.existing(target, now).is_some_and(|t| t.queue.remove(&user));
+        if waiting || prequeued {
+            inner.record(target, now).left += 1;
+        }
+        Ok(waiting)
     }
 
     async fn observe_purchase(
@@ -463,7 +513,7 @@ impl QueueStore for MemoryStore {
         let now = now_ms();
         let mut inner = self.lock();
         let waiting = inner.existing(target, now).is_some_and(|t| t.queue.seq_of.contains_key(&user));
-        Ok(waiting || sale::holds_prequeued(&inner, target, user))
+        Ok(waiting || sale::holds_prequeued(&inner, target, &user))
     }
 
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
@@ -497,14 +547,16 @@ impl QueueStore for MemoryStore {
         let q = &mut t.queue;
         let before = q.mark;
         let front: Vec<(u64, UserId)> =
-            q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, *u)).collect();
+            q.waiting.range(q.mark + 1..).take(batch as usize).map(|(s, u)| (*s, u.clone())).collect();
         if let Some((last, _)) = front.last() {
             q.mark = *last;
         }
+        let mut waits = Vec::with_capacity(front.len());
         for (_, user) in &front {
             if let Some(at) = q.entered_at.remove(user) {
                 q.waits.record(now.saturating_sub(at));
                 crate::metrics::wait_observed(now.saturating_sub(at));
+                waits.push(now.saturating_sub(at));
             }
         }
         let admitted = front.len() as u64;
@@ -523,6 +575,14 @@ impl QueueStore for MemoryStore {
         admissions.truncate(60);
         *until = now + ttl_ms;
         if admitted > 0 {
+            let r = inner.record(target, now);
+            r.tick_ms = Some(tick_ms.max(1));
+            *r.admissions.entry(tick).or_default() += admitted;
+            r.admitted += admitted;
+            for w in waits {
+                r.waits.record(w);
+                r.wait_max_ms = r.wait_max_ms.max(Some(w));
+            }
             let step = LedgerEntry::Admission {
                 at_ms: now,
                 mark_before: before,
@@ -544,15 +604,18 @@ impl QueueStore for MemoryStore {
         };
         let q = &mut t.queue;
         let mut stale: Vec<(u64, UserId)> =
-            q.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, *u)).collect();
+            q.heartbeat.iter().filter(|(_, hb)| **hb < cutoff).map(|(u, hb)| (*hb, u.clone())).collect();
         stale.sort_unstable();
         stale.truncate(max as usize);
         for (_, user) in &stale {
-            q.remove(*user);
+            q.remove(user);
         }
         q.evicted += stale.len() as u64;
         for (_, user) in &stale {
-            sale::forget_prequeued(&mut inner, target, *user);
+            sale::forget_prequeued(&mut inner, target, user);
+        }
+        if !stale.is_empty() {
+            inner.record(target, now).evicted += stale.len() as u64;
         }
         Ok(stale.len() as u64)
     }
@@ -687,7 +750,7 @@ impl QueueStore for MemoryStore {
         let t = inner.target(target, now);
         let used = format!("used:{token}");
         let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
-        let spent = t.used.entry(user).or_default();
+        let spent = t.used.entry(user.clone()).or_default();
         spent.retain(|_, exp| *exp > now);
         if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
             return Ok(TokenClaim::AlreadyUsed);
@@ -732,8 +795,9 @@ impl QueueStore for MemoryStore {
         user: UserId,
         through_queue: bool,
     ) -> Result<(), StoreError> {
+        let now = now_ms();
         let mut inner = self.lock();
-        let t = inner.target(target, now_ms());
+        let t = inner.target(target, now);
         let q = &mut t.queue;
         if through_queue {
             q.tokens_used += 1;
@@ -741,7 +805,25 @@ impl QueueStore for MemoryStore {
         } else {
             q.direct_tokens_used += 1;
         }
+        let r = inner.record(target, now);
+        if through_queue {
+            r.tokens_used += 1;
+        } else {
+            r.direct_tokens_used += 1;
+        }
         Ok(())
+    }
+
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let spent = &mut inner.target(target, now).spent;
+        spent.retain(|_, until| *until > now);
+        if spent.contains_key(id) {
+            return Ok(false);
+        }
+        spent.insert(id.to_owned(), until_ms);
+        Ok(true)
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
@@ -824,6 +906,22 @@ impl QueueStore for MemoryStore {
         Ok(sale::control(&mut self.lock(), target, control, now_ms()))
     }
 
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        Ok(sale::clear(&mut self.lock(), target, force, now_ms()))
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.records.get(&target).filter(|(_, until)| *until > now_ms()).map(|(r, _)| r.clone()))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, now_ms());
+        r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
     async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         // The embedded store writes the opening order in the step that freezes the pre-queue.
         Ok(None)
@@ -852,11 +950,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_forgotten_target_is_dropped_once_nothing_of_it_lives() {
-        let s =
-            MemoryStore::new(StoreLimits { max_capacity: 5, type_capacity: Vec::new(), key_ttl_s: 1, token_ttl_s: 1 });
+        let s = MemoryStore::new(StoreLimits {
+            max_capacity: 5,
+            type_capacity: Vec::new(),
+            key_ttl_s: 1,
+            token_ttl_s: 1,
+            record_ttl_s: 1,
+            tick_ms: 1000,
+        });
         let t: QueueTarget = "limited-drop:1".parse().expect("target");
         s.register_active(t).await.expect("register");
-        s.claim_token(t, UserId(1), "A", 1).await.expect("claim");
+        s.claim_token(t, UserId::from(1), "A", 1).await.expect("claim");
         assert!(s.forget_if_expired(t).await.expect("forget"), "no queue, nothing keeps it active");
         assert_eq!(s.lock().targets.len(), 1, "the used mark outlives the queue");
         // The pump no longer asks about `t`, only about the targets still active.

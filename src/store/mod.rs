@@ -20,8 +20,8 @@ pub use self::memory::MemoryStore;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 
 use crate::domain::{
-    FlagChange, FlagState, LedgerEntry, Observations, QueueTarget, QueueTargetType, SaleControl, SaleRecord,
-    SaleSchedule, UserId, WaitHistogram,
+    AnswerClass, FlagChange, FlagState, LedgerEntry, Observations, QueueTarget, QueueTargetType, SaleControl,
+    SaleRecord, SaleSchedule, TargetRecord, UserId, WaitHistogram,
 };
 
 /// What the store needs to know of the configuration.
@@ -35,6 +35,10 @@ pub struct StoreLimits {
     pub key_ttl_s: u64,
     /// Lifetime of the stored token key (= the token's own lifetime).
     pub token_ttl_s: u64,
+    /// Expiry of a target's sale record after its last write (`queue.record_ttl_days`).
+    pub record_ttl_s: u64,
+    /// The tick, the width of the record's per-tick buckets (arrivals are counted by enter).
+    pub tick_ms: u64,
 }
 
 impl StoreLimits {
@@ -200,6 +204,21 @@ pub enum StatusOutcome {
     PreQueue(SaleNotice),
     /// The sale closed before the user was admitted.
     Closed(SaleNotice),
+}
+
+/// What `vq sale clear` did. Without `force` the check and the clear are one atomic step:
+/// nobody pre-queues between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClearOutcome {
+    Cleared,
+    /// The target had no sale.
+    NoSale,
+    /// Refused: clearing would drop these users, pre-queued (`opening` false) or being given
+    /// their places at the opening (`opening` true).
+    Refused {
+        opening: bool,
+        prequeued: u64,
+    },
 }
 
 /// What scheduling a sale did.
@@ -558,6 +577,30 @@ pub trait QueueStore: Send + Sync + 'static {
         last: bool,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Clears the sale (as `SaleControl::Clear`), unless `force` is false and it would drop
+    /// users: pre-queued ones before the opening, or those the opening is placing. One step.
+    fn clear_sale(
+        &self,
+        target: QueueTarget,
+        force: bool,
+    ) -> impl Future<Output = Result<ClearOutcome, StoreError>> + Send;
+
+    /// The target's record (`queue:{T}:record`), which outlives its queue keys by
+    /// `queue.record_ttl_days`; `None` when there is none (never written, or expired).
+    fn target_record(
+        &self,
+        target: QueueTarget,
+    ) -> impl Future<Output = Result<Option<TargetRecord>, StoreError>> + Send;
+
+    /// Counts one purchase the gate forwarded in `tick` and the purchase API's answer, in the
+    /// target's record.
+    fn record_purchase(
+        &self,
+        target: QueueTarget,
+        tick: u64,
+        answer: AnswerClass,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// The admission ledger, newest first.
     fn sale_ledger(&self, target: QueueTarget) -> impl Future<Output = Result<Vec<LedgerEntry>, StoreError>> + Send;
 
@@ -665,6 +708,15 @@ pub trait QueueStore: Send + Sync + 'static {
     /// Counts the tokens issued through the queue that expired unused since the last call
     /// (no-shows) into `tokens_expired`; returns how many.
     fn expire_tokens(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Marks `id` (a proof of work's challenge) used at `target` until `until_ms` (epoch ms,
+    /// Redis' clock): true the first time, false while the mark lives.
+    fn spend_once(
+        &self,
+        target: QueueTarget,
+        id: &str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Whether this token was already used (read-only, for `/gate/verify`).
     fn token_used(
@@ -801,6 +853,15 @@ impl QueueStore for AnyStore {
     async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         delegate!(self, s => s.sale_targets())
     }
+    async fn clear_sale(&self, t: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        delegate!(self, s => s.clear_sale(t, force))
+    }
+    async fn target_record(&self, t: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        delegate!(self, s => s.target_record(t))
+    }
+    async fn record_purchase(&self, t: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        delegate!(self, s => s.record_purchase(t, tick, answer))
+    }
     async fn pending_opening(&self, t: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         delegate!(self, s => s.pending_opening(t))
     }
@@ -884,6 +945,9 @@ impl QueueStore for AnyStore {
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))
+    }
+    async fn spend_once(&self, t: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        delegate!(self, s => s.spend_once(t, id, until_ms))
     }
     async fn pace_purchase(
         &self,

@@ -59,9 +59,20 @@ fn mint_then_verify_explains_each_outcome() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        (v["targetType"].as_str(), v["targetId"].as_u64(), v["userId"].as_u64()),
-        (Some("LIMITED_DROP"), Some(42), Some(7))
+        (v["targetType"].as_str(), v["targetId"].as_u64(), v["userId"].as_str()),
+        (Some("LIMITED_DROP"), Some(42), Some("7"))
     );
+    // Any shop's id: a UUID is minted and verified as sent; another case is another user.
+    let uuid = "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a";
+    let out = vq(&["mint", "--target", "limited-drop:42", "--user", uuid, "--json"], &env);
+    let minted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(minted["userId"], uuid);
+    let by_uuid = minted["token"].as_str().unwrap();
+    assert_eq!(vq(&["verify", by_uuid, "--user", uuid], &env).status.code(), Some(0));
+    assert_eq!(vq(&["verify", by_uuid, "--user", &uuid.to_uppercase()], &env).status.code(), Some(1));
+    let bad = vq(&["mint", "--target", "limited-drop:42", "--user", "a|b"], &env);
+    assert_eq!(bad.status.code(), Some(2), "clap refuses the id");
+    assert!(text(&bad.stderr).contains("1 to 128 characters"), "{}", text(&bad.stderr));
     let token = v["token"].as_str().unwrap();
 
     let ok = vq(&["verify", token, "--target", "limited-drop:42", "--user", "7"], &env);
@@ -94,7 +105,7 @@ fn mint_then_verify_explains_each_outcome() {
     assert_eq!(unchecked.status.code(), Some(1), "no secret: not proven valid");
     let v: serde_json::Value = serde_json::from_slice(&unchecked.stdout).unwrap();
     assert_eq!(v["signatureChecked"], false);
-    assert_eq!(v["userId"], 7, "still decoded");
+    assert_eq!(v["userId"], "7", "still decoded");
 
     let usage = vq(&["verify"], &env);
     assert_eq!(usage.status.code(), Some(2));

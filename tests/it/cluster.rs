@@ -67,9 +67,16 @@ async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_g
     let app = spawn_app(s, true).await;
     cluster_flag_on(&cluster).await;
 
+    // Users named as shops name them: integers, UUIDs, strings (each id is a Redis key of its
+    // own for the per-user queue count, and a member in the target's slot).
+    let id = |u: u64| match u % 3 {
+        0 => u.to_string(),
+        1 => format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}"),
+        _ => format!("buyer_{u}@shop.example"),
+    };
     for (t, _) in &targets {
         for u in 1..=users {
-            let v = app.json(app.enter(&api_path(*t), u).await).await;
+            let v = app.json(app.enter(&api_path(*t), id(u)).await).await;
             assert_eq!(v["status"], "WAITING", "{t} user {u}: {v}");
             assert_eq!(v["position"], u, "{t}: positions in order");
         }
@@ -85,7 +92,7 @@ async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_g
                 if tokens.contains_key(&(t.to_string(), u)) {
                     continue;
                 }
-                let v = app.json(app.poll(&api_path(*t), u).await).await;
+                let v = app.json(app.poll(&api_path(*t), id(u)).await).await;
                 if v["status"] == "ADMITTED" {
                     tokens.insert((t.to_string(), u), v["entryToken"].as_str().unwrap().to_owned());
                 } else {
@@ -121,7 +128,7 @@ async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_g
         let own = &tokens[&(t.to_string(), 1)];
         let foreign = &tokens[&(other.to_string(), 1)];
         let post = |token: Option<&str>| {
-            let mut r = app.client.post(&path).header("X-User-Id", "1");
+            let mut r = app.client.post(&path).header("X-User-Id", id(1));
             if let Some(tok) = token {
                 r = r.header("X-Entry-Token", tok);
             }
@@ -146,15 +153,21 @@ async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
     let targets = targets_on_every_node(&cluster).await;
     let store = open_store(&cluster_settings(&cluster));
     for (t, _) in &targets {
-        assert!(matches!(store.enter(*t, UserId(1), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 1));
+        assert!(
+            matches!(store.enter(*t, UserId::from(1), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 1)
+        );
     }
     for port in &cluster.ports {
         let mut c = cluster.node_conn(*port).await;
         let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.unwrap();
     }
     for (t, _) in &targets {
-        assert!(matches!(store.enter(*t, UserId(2), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2));
-        assert!(matches!(store.status(*t, UserId(1), &"tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1));
+        assert!(
+            matches!(store.enter(*t, UserId::from(2), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2)
+        );
+        assert!(
+            matches!(store.status(*t, UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1)
+        );
     }
     // Each node now holds the scripts of the targets it serves.
     for (_, node) in &targets {

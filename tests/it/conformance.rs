@@ -6,6 +6,7 @@ mod expiry;
 mod gate;
 mod operator;
 mod queue;
+mod record;
 mod sale;
 
 use std::time::{Duration, Instant};
@@ -63,10 +64,10 @@ fn seq(o: EnterOutcome) -> u64 {
 #[tokio::test]
 async fn enter_is_idempotent_and_numbers_in_order() {
     with_both(async |s, _| {
-        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 1);
-        assert_eq!(seq(s.enter(t(), UserId(8), &"tok").await.unwrap()), 2);
-        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 1, "same user keeps the seq");
-        match s.enter(t(), UserId(9), &"tok").await.unwrap() {
+        assert_eq!(seq(s.enter(t(), UserId::from(7), &"tok").await.unwrap()), 1);
+        assert_eq!(seq(s.enter(t(), UserId::from(8), &"tok").await.unwrap()), 2);
+        assert_eq!(seq(s.enter(t(), UserId::from(7), &"tok").await.unwrap()), 1, "same user keeps the seq");
+        match s.enter(t(), UserId::from(9), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.ahead, w.mark), (2, 0)),
             o => panic!("{o:?}"),
         }
@@ -78,12 +79,12 @@ async fn enter_is_idempotent_and_numbers_in_order() {
 async fn full_queue_refuses_new_users_but_not_waiting_ones() {
     with_both(async |s, _| {
         for u in 1..=5 {
-            seq(s.enter(t(), UserId(u), &"tok").await.unwrap());
+            seq(s.enter(t(), UserId::from(u), &"tok").await.unwrap());
         }
-        assert_eq!(s.enter(t(), UserId(6), &"tok").await.unwrap(), EnterOutcome::Full);
-        assert_eq!(seq(s.enter(t(), UserId(3), &"tok").await.unwrap()), 3);
-        assert!(s.leave(t(), UserId(1)).await.unwrap());
-        assert_eq!(seq(s.enter(t(), UserId(6), &"tok").await.unwrap()), 6, "a leaver frees a place");
+        assert_eq!(s.enter(t(), UserId::from(6), &"tok").await.unwrap(), EnterOutcome::Full);
+        assert_eq!(seq(s.enter(t(), UserId::from(3), &"tok").await.unwrap()), 3);
+        assert!(s.leave(t(), UserId::from(1)).await.unwrap());
+        assert_eq!(seq(s.enter(t(), UserId::from(6), &"tok").await.unwrap()), 6, "a leaver frees a place");
     })
     .await;
 }
@@ -92,9 +93,9 @@ async fn full_queue_refuses_new_users_but_not_waiting_ones() {
 async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
     with_both(async |s, tick_ms| {
         for u in 1..=5 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        assert!(s.leave(t(), UserId(2)).await.unwrap());
+        assert!(s.leave(t(), UserId::from(2)).await.unwrap());
         next_tick(tick_ms).await;
         let a = s.admit(t(), 2, tick_ms).await.unwrap();
         assert!(a.advanced);
@@ -103,7 +104,7 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
         assert!(!again.advanced, "a second call in the same tick admits nobody");
         assert_eq!(again.mark, 3);
         // User 4 has nobody waiting ahead now, but is not admitted before the next tick.
-        match s.status(t(), UserId(4), &"tok4").await.unwrap() {
+        match s.status(t(), UserId::from(4), &"tok4").await.unwrap() {
             StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead, w.mark), (4, 0, 3)),
             o => panic!("{o:?}"),
         }
@@ -123,17 +124,17 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
 #[tokio::test]
 async fn admitted_user_gets_one_token_and_leaves_the_queue() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), &"first").await.unwrap();
-        s.enter(t(), UserId(2), &"first").await.unwrap();
+        s.enter(t(), UserId::from(1), &"first").await.unwrap();
+        s.enter(t(), UserId::from(2), &"first").await.unwrap();
         next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
-        assert_eq!(s.status(t(), UserId(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
-        assert_eq!(s.status(t(), UserId(1), &"other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
-        assert_eq!(s.enter(t(), UserId(1), &"other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
+        assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.status(t(), UserId::from(1), &"other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert_eq!(s.enter(t(), UserId::from(1), &"other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.waiting, 1, "user 2 still waits; user 1 left the queue");
         assert_eq!(snap.tokens_issued, 1, "one token, however often it is read");
-        assert_eq!(s.status(t(), UserId(3), &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.status(t(), UserId::from(3), &"x").await.unwrap(), StatusOutcome::NotInQueue);
     })
     .await;
 }
@@ -142,16 +143,16 @@ async fn admitted_user_gets_one_token_and_leaves_the_queue() {
 async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
     with_both(async |s, tick_ms| {
         for u in 1..=4 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.status(t(), UserId(4), &"tok").await.unwrap();
+        s.status(t(), UserId::from(4), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 2).await.unwrap(), 2, "bounded per call");
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 0, "user 4 polled recently");
-        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
-        // An evicted user re-enters at the back with a new seq (FR-8).
-        assert_eq!(seq(s.enter(t(), UserId(1), &"tok").await.unwrap()), 5);
+        assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        // An evicted user re-enters at the back with a new seq.
+        assert_eq!(seq(s.enter(t(), UserId::from(1), &"tok").await.unwrap()), 5);
         next_tick(tick_ms).await;
         let a = s.admit(t(), 10, tick_ms).await.unwrap();
         assert_eq!(a.admitted, 2, "evicted users use no admission slot");
@@ -190,7 +191,7 @@ async fn flag_and_batch_size_round_trip() {
         assert_eq!(s.global_batch_size().await.unwrap(), Some(7));
         s.set_batch_size(Some(t()), Some(1)).await.unwrap();
         for u in 1..=3 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         next_tick(tick_ms).await;
         let a = s.admit(t(), 100, tick_ms).await.unwrap();
@@ -209,7 +210,7 @@ async fn active_targets_are_registered_and_listed() {
         let mut active = s.active_targets().await.unwrap();
         active.sort();
         assert_eq!(active, vec![t(), other]);
-        s.enter(t(), UserId(1), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         assert!(!s.forget_if_expired(t()).await.unwrap(), "live target stays");
         assert!(s.forget_if_expired(other).await.unwrap(), "target without keys goes");
         assert_eq!(s.active_targets().await.unwrap(), vec![t()]);
@@ -220,25 +221,25 @@ async fn active_targets_are_registered_and_listed() {
 #[tokio::test]
 async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
     with_both(async |s, tick_ms| {
-        let ahead = async |u: u64| match s.status(t(), UserId(u), &"tok").await.unwrap() {
+        let ahead = async |u: u64| match s.status(t(), UserId::from(u), &"tok").await.unwrap() {
             StatusOutcome::Waiting(w) => w.ahead,
             o => panic!("user {u}: {o:?}"),
         };
         for u in 1..=5 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        assert!(s.leave(t(), UserId(2)).await.unwrap());
+        assert!(s.leave(t(), UserId::from(2)).await.unwrap());
         assert_eq!(ahead(5).await, 3, "1, 3 and 4: the leaver is not ahead");
         tokio::time::sleep(Duration::from_millis(300)).await;
         for u in [1, 4, 5] {
-            s.status(t(), UserId(u), &"tok").await.unwrap();
+            s.status(t(), UserId::from(u), &"tok").await.unwrap();
         }
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1, "user 3 stopped polling");
         assert_eq!(ahead(5).await, 2, "1 and 4");
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
         assert_eq!(ahead(5).await, 1, "only 4: 1 is admitted");
-        match s.enter(t(), UserId(6), &"tok").await.unwrap() {
+        match s.enter(t(), UserId::from(6), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (6, 2), "4 and 5 wait before a newcomer"),
             o => panic!("{o:?}"),
         }
@@ -246,7 +247,7 @@ async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 4, "the next live user, past the departed");
         assert_eq!(ahead(5).await, 0);
         assert_eq!(ahead(6).await, 1);
-        match s.enter(t(), UserId(7), &"tok").await.unwrap() {
+        match s.enter(t(), UserId::from(7), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (7, 2), "5 and 6"),
             o => panic!("{o:?}"),
         }
@@ -267,7 +268,7 @@ async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
         for round in 0..2 {
             let s = s.clone();
             tasks.push(tokio::spawn(async move {
-                match s.enter(t(), UserId(u), &format!("e{u}-{round}").as_str()).await.unwrap() {
+                match s.enter(t(), UserId::from(u), &format!("e{u}-{round}").as_str()).await.unwrap() {
                     EnterOutcome::Waiting(w) => (u, w.seq, w.ahead),
                     o => panic!("user {u}: {o:?}"),
                 }
@@ -292,7 +293,7 @@ async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
         for round in 0..2 {
             let s = s.clone();
             tasks.push(tokio::spawn(async move {
-                (u, s.status(t(), UserId(u), &format!("p{u}-{round}").as_str()).await.unwrap())
+                (u, s.status(t(), UserId::from(u), &format!("p{u}-{round}").as_str()).await.unwrap())
             }));
         }
     }
@@ -332,7 +333,7 @@ async fn redis_store_with_9000_waiting() -> (RedisServer, AnyStore) {
         let mut tasks = Vec::new();
         for &u in wave {
             let s = s.clone();
-            tasks.push(tokio::spawn(async move { s.enter(t(), UserId(u), &"tok").await.unwrap() }));
+            tasks.push(tokio::spawn(async move { s.enter(t(), UserId::from(u), &"tok").await.unwrap() }));
         }
         for task in tasks {
             task.await.unwrap();
@@ -350,7 +351,7 @@ async fn eviction_with_a_large_bound_removes_every_stale_user() {
     assert_eq!(s.evict(t(), 200, 20_000).await.unwrap(), 9000);
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!((snap.waiting, snap.evicted), (0, 9000));
-    match s.enter(t(), UserId(1), &"tok").await.unwrap() {
+    match s.enter(t(), UserId::from(1), &"tok").await.unwrap() {
         EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (9001, 0), "the evicted are not ahead"),
         o => panic!("{o:?}"),
     }
@@ -375,12 +376,13 @@ async fn a_large_batch_is_admitted_in_one_tick() {
 async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() {
     let redis = RedisServer::spawn();
     let s = open_store(&test_settings(Some(&redis)));
+    let began = Instant::now();
     for u in 1..=3 {
-        s.enter(t(), UserId(u), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(u), &"tok").await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     for u in 4..=5 {
-        s.enter(t(), UserId(u), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(u), &"tok").await.unwrap();
     }
     // Seq 6 given the way a vq without entry times did.
     let mut c = redis.conn().await;
@@ -401,7 +403,8 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     assert_eq!((a.admitted, a.mark), (3, 6));
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!(snap.waits.count, 5, "seq 6 has no entry time");
-    assert!(snap.waits.sum_ms < 5 * 3000, "each wait is under 3 s: {:?}", snap.waits);
+    let most = began.elapsed().as_millis() as u64;
+    assert!(snap.waits.sum_ms <= 5 * most, "no wait is longer than the test: {:?}, {most} ms", snap.waits);
     assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
 }
 
@@ -411,19 +414,19 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
 async fn every_used_token_stays_used_and_a_release_gives_back_only_its_own() {
     use vq::store::TokenClaim;
     with_both(async |s, _| {
-        let (u, ttl) = (UserId(7), 300);
+        let (u, ttl) = (UserId::from(7), 300);
         let claimed = |c: TokenClaim| matches!(c, TokenClaim::Claimed { .. });
-        assert!(claimed(s.claim_token(t(), u, "A", ttl).await.unwrap()));
-        let b = s.claim_token(t(), u, "B", ttl).await.unwrap();
+        assert!(claimed(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap()));
+        let b = s.claim_token(t(), u.clone(), "B", ttl).await.unwrap();
         let TokenClaim::Claimed { previous } = b else { panic!("B: {b:?}") };
-        assert_eq!(s.claim_token(t(), u, "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
-        assert!(s.token_used(t(), u, "A").await.unwrap());
-        s.release_token(t(), u, "B", previous).await.unwrap();
-        assert!(!s.token_used(t(), u, "B").await.unwrap());
-        assert_eq!(s.claim_token(t(), u, "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed, "A stays used");
-        assert!(claimed(s.claim_token(t(), u, "B", ttl).await.unwrap()));
-        assert_eq!(s.claim_token(t(), u, "B", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
-        assert!(claimed(s.claim_token(t(), UserId(8), "A", ttl).await.unwrap()), "per user");
+        assert_eq!(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(s.token_used(t(), u.clone(), "A").await.unwrap());
+        s.release_token(t(), u.clone(), "B", previous).await.unwrap();
+        assert!(!s.token_used(t(), u.clone(), "B").await.unwrap());
+        assert_eq!(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed, "A stays used");
+        assert!(claimed(s.claim_token(t(), u.clone(), "B", ttl).await.unwrap()));
+        assert_eq!(s.claim_token(t(), u.clone(), "B", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(claimed(s.claim_token(t(), UserId::from(8), "A", ttl).await.unwrap()), "per user");
     })
     .await;
 }

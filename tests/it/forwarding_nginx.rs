@@ -4,7 +4,7 @@
 
 use crate::forwarding::{BAD_BODIES, framed, rerouting_headers, rerouting_seen};
 use crate::rig::{Nginx, Rig, Seen, auth_request_conf, send_bytes, send_raw, token, vq_conf};
-use crate::support::free_port;
+use crate::support::{free_port, secret};
 
 const CONFIGS: [&str; 2] = ["vq.conf", "auth-request.conf"];
 
@@ -109,7 +109,7 @@ async fn the_waiting_page_answers_through_both_nginx_configs() {
         let me = [("X-Authenticated-User", "7")];
         let (status, text) = send_raw(&nginx.addr(), "GET", "/waiting-room/limited-drop/1", &me).await;
         assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
-        assert!(text.contains("text/html") && text.contains("\"user\":7"), "{name}: vq's page: {text}");
+        assert!(text.contains("text/html") && text.contains("\"user\":\"7\""), "{name}: vq's page: {text}");
         // What the page loads: its script and styles are inline; it calls the queue API.
         let (status, text) = send_raw(&nginx.addr(), "POST", "/virtual-queues/limited-drop/1/entries", &me).await;
         assert_eq!(status, 200, "{name}: {text}");
@@ -118,4 +118,65 @@ async fn the_waiting_page_answers_through_both_nginx_configs() {
     }
     let seen = rig.recorder.take();
     assert!(seen.is_empty(), "the purchase API got the page's requests: {seen:#?}");
+}
+
+/// Visitor mode behind either shipped config, set up as docs/deploy.md says (the AUTH LAYER
+/// left empty; `auth-request.conf` taking the visitor's id from the check): a visitor enters
+/// without any identity from nginx, buys with their cookie, and the purchase API learns the
+/// visitor's id whatever the client claims; another visitor's cookie does not buy.
+#[tokio::test]
+async fn visitors_enter_and_buy_through_both_nginx_configs() {
+    let rig = Rig::start_with(|s| {
+        s.gate.pace = false;
+        s.identity.mode = vq::config::IdentityMode::Visitor;
+    })
+    .await;
+    for name in CONFIGS {
+        let port = free_port();
+        let site = match name {
+            "vq.conf" => vq_conf(rig.vq(), port, false),
+            // The shipped line for visitor mode, uncommented.
+            _ => auth_request_conf(rig.vq(), &rig.backend, port, false).replace(
+                "# auth_request_set $vq_user_id $upstream_http_x_user_id;",
+                "auth_request_set $vq_user_id $upstream_http_x_user_id;",
+            ),
+        };
+        let nginx = Nginx::start(site, port).await;
+        let enter = |cookie: Option<String>| {
+            let addr = nginx.addr();
+            async move {
+                let headers: Vec<(&str, &str)> = cookie.as_deref().map(|c| vec![("Cookie", c)]).unwrap_or_default();
+                send_raw(&addr, "POST", "/virtual-queues/limited-drop/1/entries", &headers).await
+            }
+        };
+        let (status, text) = enter(None).await;
+        assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
+        let visitor_token = text
+            .lines()
+            .find_map(|l| l.strip_prefix("set-cookie: vq_visitor=")?.split(';').next())
+            .unwrap_or_else(|| panic!("{name}: no visitor cookie: {text}"))
+            .to_owned();
+        let (_, other) = enter(None).await;
+        let other_token = other.lines().find_map(|l| l.strip_prefix("set-cookie: vq_visitor=")?.split(';').next());
+        let visitor = visitor_token.rsplit_once('.').unwrap().0.to_owned();
+        let now = vq::service::now_epoch_ms() / 1000;
+        let entry =
+            vq::token::mint(&secret(), "LIMITED_DROP:1".parse().unwrap(), &visitor.parse().unwrap(), now, 300).raw;
+
+        let buy = |cookie: String| {
+            let addr = nginx.addr();
+            let entry = entry.clone();
+            async move {
+                let h = [("Cookie", cookie.as_str()), ("X-Entry-Token", entry.as_str()), ("X-User-Id", "someone-else")];
+                send_raw(&addr, "POST", "/limited-drops/1/orders", &h).await
+            }
+        };
+        let (status, text) = buy(format!("vq_visitor={}", other_token.unwrap())).await;
+        assert_eq!(status, 403, "{name}: another visitor's cookie: {text}");
+        let (status, text) = buy(format!("vq_visitor={visitor_token}")).await;
+        assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
+        let seen = rig.recorder.take();
+        assert_eq!(seen.len(), 1, "{name}: {seen:#?}");
+        assert_eq!(seen[0].all("x-user-id"), [visitor.as_str()], "{name}: the purchase API hears of the visitor");
+    }
 }

@@ -48,7 +48,7 @@ fn now() -> u64 {
 }
 
 fn token_for(target: QueueTarget, user: u64) -> String {
-    mint(&secret(), target, UserId(user), now(), 300).raw
+    mint(&secret(), target, &UserId::from(user), now(), 300).raw
 }
 
 async fn gated_app(redis: &RedisServer) -> TestApp {
@@ -86,12 +86,12 @@ async fn gate_refuses_each_kind_of_bad_token_with_its_reason() {
     let good = token_for(target(), 7);
     assert_denied(purchase(&app, Some(7), None).await, "no entry token").await;
     assert_denied(purchase(&app, Some(7), Some("garbage")).await, "malformed").await;
-    let forged = mint(&Secret::new(vec![b'z'; 40]).unwrap(), target(), UserId(7), now(), 300).raw;
+    let forged = mint(&Secret::new(vec![b'z'; 40]).unwrap(), target(), &UserId::from(7), now(), 300).raw;
     assert_denied(purchase(&app, Some(7), Some(&forged)).await, "signature").await;
     let (_, sig) = good.split_once('.').unwrap();
     let tampered = format!("{}.{sig}", base64_url(&format!("LIMITED_DROP|42|7|{}", now() + 9999)));
     assert_denied(purchase(&app, Some(7), Some(&tampered)).await, "signature").await;
-    let expired = mint(&secret(), target(), UserId(7), now() - 400, 300).raw;
+    let expired = mint(&secret(), target(), &UserId::from(7), now() - 400, 300).raw;
     assert_denied(purchase(&app, Some(7), Some(&expired)).await, "expired").await;
     assert_denied(purchase(&app, Some(8), Some(&good)).await, "another user").await;
     let other_drop = token_for("LIMITED_DROP:43".parse().unwrap(), 7);

@@ -408,6 +408,35 @@ async fn purchases_refused_for_want_of_an_upstream_are_explained() {
     assert!(stderr.contains("gate.upstream (VQ_GATE__UPSTREAM)"), "{stderr}");
 }
 
+/// With proof of work on, loadgen's buyers solve the challenge as a page does, enter with the
+/// solution, and the report says what the work cost.
+#[tokio::test]
+async fn loadgen_solves_the_proof_of_work_and_reports_its_cost() {
+    let redis = RedisServer::spawn();
+    let mut env = serve_env();
+    env.push(("VQ_ENTRY__POW_BITS", "10".to_owned()));
+    let server = VqProcess::serve(&redis, &env).await;
+    flag_on(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let mut args = loadgen_args(&server.addr, json.to_str().unwrap(), &[]);
+    let users = args.iter().position(|a| *a == "--users").unwrap() + 1;
+    args[users] = "60";
+    let out = vq(&redis, &args);
+    assert!(out.status.success(), "loadgen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let r = read_json(&json);
+    let pow = &r["proofOfWork"];
+    assert_eq!(pow["solved"], 60, "every buyer solved one challenge: {r:#}");
+    assert!(pow["hashes"].as_u64().unwrap() >= 60, "{pow}");
+    assert!(pow["p50Ms"].is_number() && pow["cpuSeconds"].is_number(), "{pow}");
+    assert_eq!(r["entered"], 60, "every solution entered: {r:#}");
+    assert_eq!(r["statusCounts"].get("403"), None, "no solution refused: {r:#}");
+    let mut c = redis.conn().await;
+    let waiting: u64 = c.zcard("queue:{LIMITED_DROP:7}:waiting").await.unwrap();
+    let admitted: u64 = r["admitted"].as_u64().unwrap();
+    assert!(waiting + admitted <= 60, "no place without a solution: {waiting} + {admitted}");
+}
+
 #[tokio::test]
 async fn a_sink_with_a_capacity_refuses_what_would_wait_too_long_with_retry_after() {
     let model = vq::loadgen::SinkModel { capacity: Some("10".parse().unwrap()), max_wait: Duration::from_millis(300) };

@@ -44,8 +44,8 @@ async fn alternating_two_valid_tokens_buys_once_with_each() {
     let app = gated_app(&redis).await;
     let now = vq::service::now_epoch_ms() / 1000;
     // Two distinct valid tokens of user 7 (minted a second apart), and one of user 8.
-    let a = mint(&secret(), target(), UserId(7), now, 300).raw;
-    let b = mint(&secret(), target(), UserId(7), now - 1, 300).raw;
+    let a = mint(&secret(), target(), &UserId::from(7), now, 300).raw;
+    let b = mint(&secret(), target(), &UserId::from(7), now - 1, 300).raw;
     assert_ne!(a, b);
     let mut forwarded = 0;
     let mut statuses = Vec::new();
@@ -57,7 +57,7 @@ async fn alternating_two_valid_tokens_buys_once_with_each() {
     assert_eq!(forwarded, 2, "each token buys once: {statuses:?}");
     assert_eq!(statuses[2..], [403, 403, 403, 403], "{statuses:?}");
     // Another user's token is not affected by user 7's.
-    let c = mint(&secret(), target(), UserId(8), now, 300).raw;
+    let c = mint(&secret(), target(), &UserId::from(8), now, 300).raw;
     assert_eq!(purchase(&app, 8, &c).await, 200);
 }
 
@@ -67,8 +67,8 @@ async fn a_failed_purchase_gives_back_its_token_and_no_other() {
     let redis = RedisServer::spawn();
     let app = gated_app(&redis).await;
     let now = vq::service::now_epoch_ms() / 1000;
-    let a = mint(&secret(), target(), UserId(7), now, 300).raw;
-    let b = mint(&secret(), target(), UserId(7), now - 1, 300).raw;
+    let a = mint(&secret(), target(), &UserId::from(7), now, 300).raw;
+    let b = mint(&secret(), target(), &UserId::from(7), now - 1, 300).raw;
     assert_eq!(purchase(&app, 7, &a).await, 200);
     let failed = app
         .client

@@ -32,7 +32,7 @@ fn buy_as_admitted(
                     c.zrangebyscore("queue:{LIMITED_DROP:42}:waiting", format!("({last}"), mark).await.unwrap();
                 for u in users {
                     let now = vq::service::now_epoch_ms() / 1000;
-                    let token = vq::token::mint(&secret(), target, UserId(u), now, 300).raw;
+                    let token = vq::token::mint(&secret(), target, &UserId::from(u), now, 300).raw;
                     let req = client.post(&url).header("X-User-Id", u.to_string()).header("X-Entry-Token", token);
                     tokio::spawn(req.send());
                 }

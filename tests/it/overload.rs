@@ -137,7 +137,7 @@ async fn a_starved_instance_sheds_and_never_answers_as_if_redis_were_down() {
     // Purchases: 100 tokens, each sent three times at once.
     let orders = url("/limited-drops/42/orders");
     let now = vq::service::now_epoch_ms() / 1000;
-    let tokens: Vec<String> = (1..=100).map(|u| mint(&secret(), target(), UserId(u), now, 300).raw).collect();
+    let tokens: Vec<String> = (1..=100).map(|u| mint(&secret(), target(), &UserId::from(u), now, 300).raw).collect();
     let purchase_client = client();
     let purchase = |i: u64| {
         let u = (i - 1) % 100 + 1;
@@ -319,10 +319,10 @@ async fn an_instance_a_minute_behind_evicts_nobody_and_refuses_expired_tokens() 
             .header("X-User-Id", user.to_string())
             .header("X-Entry-Token", token)
     };
-    let expired = mint(&secret(), target(), UserId(500), now - 330, 300).raw;
+    let expired = mint(&secret(), target(), &UserId::from(500), now - 330, 300).raw;
     let r = order(500, expired).send().await.unwrap();
     assert_eq!(r.status(), 403, "a token that expired 30 s ago");
-    let fresh = mint(&secret(), target(), UserId(501), now, 300).raw;
+    let fresh = mint(&secret(), target(), &UserId::from(501), now, 300).raw;
     let r = order(501, fresh).send().await.unwrap();
     assert_eq!(r.status(), 200, "a fresh token: {:?}", r.text().await);
 }

@@ -31,7 +31,7 @@ fn signal(p: &VqProcess, sig: &str) {
 
 async fn purchase(addr: String, user: u64) -> (u64, u16, Value) {
     let target: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
-    let token = mint(&secret(), target, UserId(user), vq::service::now_epoch_ms() / 1000, 300).raw;
+    let token = mint(&secret(), target, &UserId::from(user), vq::service::now_epoch_ms() / 1000, 300).raw;
     let r = reqwest::Client::new()
         .post(format!("{addr}/limited-drops/42/orders"))
         .header("X-User-Id", user.to_string())

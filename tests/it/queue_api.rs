@@ -169,12 +169,14 @@ async fn flag_off_admits_directly_with_a_token() {
 async fn malformed_requests_get_400_invalid_request() {
     let redis = RedisServer::spawn();
     let app = app_with_queue_on(&redis, |_| {}).await;
+    let too_long = "7".repeat(129);
     let cases: Vec<(&str, Option<&str>)> = vec![
         ("/virtual-queues/limited-drop/42/entries", None),
-        ("/virtual-queues/limited-drop/42/entries", Some("abc")),
-        ("/virtual-queues/limited-drop/42/entries", Some("0")),
-        ("/virtual-queues/limited-drop/42/entries", Some("-3")),
-        ("/virtual-queues/limited-drop/42/entries", Some("99999999999999999999999")),
+        ("/virtual-queues/limited-drop/42/entries", Some("")),
+        ("/virtual-queues/limited-drop/42/entries", Some("a|b")),
+        ("/virtual-queues/limited-drop/42/entries", Some("{7}")),
+        ("/virtual-queues/limited-drop/42/entries", Some("a b")),
+        ("/virtual-queues/limited-drop/42/entries", Some(&too_long)),
         ("/virtual-queues/LIMITED_DROP/42/entries", Some("1")),
         ("/virtual-queues/Concert/42/entries", Some("1")),
         ("/virtual-queues/concert-/42/entries", Some("1")),

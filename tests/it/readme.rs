@@ -86,6 +86,18 @@ async fn stop(child: &mut Child, log: &NamedTempFile) {
     }
 }
 
+/// Waits (at most `secs`) for the script to end by itself; its exit status.
+async fn ended(child: &mut Child, log: &NamedTempFile, secs: u64) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "dev.sh did not end: {}", said(log));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn wait_for_text(log: &NamedTempFile, text: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !said(log).contains(text) {
@@ -187,16 +199,38 @@ async fn dev_script_on_a_busy_port_says_so_without_the_try_lines() {
     let redis = RedisServer::spawn();
     let log = NamedTempFile::new().unwrap();
     let mut child = dev_sh(port, &[("VQ_REDIS__URL", redis.url())], &log);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "dev.sh did not end: {}", said(&log));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = ended(&mut child, &log, 240).await;
     let text = said(&log);
     assert_eq!(status.code(), Some(1), "{text}");
     assert!(text.contains(&format!("something already listens on 127.0.0.1:{port}")), "{text}");
     assert!(!text.contains("Try:"), "{text}");
+}
+
+/// Without a redis-server, and no way to install one (no apt-get on the PATH, as when apt is
+/// locked or absent), the script starts nothing, exits 1 and says what would work: a Redis
+/// URL, or the embedded store with what it cannot do.
+#[tokio::test]
+async fn dev_script_without_redis_server_refuses_and_says_what_works() {
+    // A PATH with every command of this machine but redis-server and the package tools.
+    let bin = tempfile::tempdir().unwrap();
+    let left_out = ["redis-server", "redis-cli", "apt-get", "apt", "sudo"];
+    for dir in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let name = entry.file_name();
+            let link = bin.path().join(&name);
+            if !left_out.contains(&name.to_str().unwrap_or("")) && !link.exists() {
+                std::os::unix::fs::symlink(entry.path(), link).unwrap();
+            }
+        }
+    }
+    let log = NamedTempFile::new().unwrap();
+    let path = bin.path().display().to_string();
+    let mut child = dev_sh(free_port(), &[("PATH", path)], &log);
+    let status = ended(&mut child, &log, 30).await;
+    let text = said(&log);
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("no redis-server on this machine") && text.contains("Nothing was started"), "{text}");
+    assert!(text.contains("VQ_REDIS__URL") && text.contains("VQ_STORE=memory"), "names both ways on: {text}");
+    assert!(text.contains("no operator command reaches it"), "says what the embedded store cannot do: {text}");
+    assert!(!text.contains("Try:") && !text.contains("building vq"), "{text}");
 }

@@ -107,7 +107,7 @@ pub async fn send_bytes(addr: &str, request: Vec<u8>) -> (u16, String) {
 /// A token of `LIMITED_DROP:1` for `user`, valid for five minutes.
 pub fn token(user: u64) -> String {
     let now = vq::service::now_epoch_ms() / 1000;
-    mint(&secret(), "LIMITED_DROP:1".parse().unwrap(), UserId(user), now, 300).raw
+    mint(&secret(), "LIMITED_DROP:1".parse().unwrap(), &UserId::from(user), now, 300).raw
 }
 
 /// Redis with the queue on, the recorder, and vq in front of it.

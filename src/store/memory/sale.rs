@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::Inner;
 use crate::domain::{LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, UserId};
-use crate::store::{LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
+use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
 
 /// One target's sale.
 #[derive(Default)]
@@ -38,6 +38,12 @@ impl MemSale {
             message: self.record.message.clone(),
         }
     }
+}
+
+/// A schedule, opening, pause, resume, close or clear: in the ledger and in the target's record.
+fn event(inner: &mut Inner, target: QueueTarget, now: u64, entry: LedgerEntry) {
+    inner.record(target, now).events.push(entry.clone());
+    inner.sales.entry(target).or_default().record(entry);
 }
 
 /// The ledger keeps existing after a clear; the schedule goes.
@@ -85,14 +91,14 @@ fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
         seed_commitment: sale.record.commitment.clone().unwrap_or_default(),
         seed: sale.record.seed.clone().unwrap_or_default(),
     };
-    sale.record(entry);
     let opens_at = sale.record.opens_at_ms.unwrap_or(now);
+    event(inner, target, now, entry);
     let q = &mut inner.target(target, now).queue;
     for user in order {
         q.seq += 1;
         if q.heartbeat.contains_key(&user) {
-            q.waiting.insert(q.seq, user);
-            q.seq_of.insert(user, q.seq);
+            q.waiting.insert(q.seq, user.clone());
+            q.seq_of.insert(user.clone(), q.seq);
             q.entered_at.insert(user, opens_at);
         }
     }
@@ -103,7 +109,7 @@ fn open(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) {
 pub(super) fn gate_newcomer(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     entering: bool,
     max_capacity: u64,
@@ -116,17 +122,19 @@ pub(super) fn gate_newcomer(
     match phase {
         SalePhase::Closed => Gate::Closed(notice),
         SalePhase::Scheduled if entering => Gate::Scheduled(notice),
-        SalePhase::PreQueue if sale.prequeue.contains_key(&user) => {
-            inner.target(target, now).queue.heartbeat.insert(user, now);
+        SalePhase::PreQueue if sale.prequeue.contains_key(user) => {
+            inner.target(target, now).queue.heartbeat.insert(user.clone(), now);
             Gate::PreQueue(notice)
         }
         SalePhase::PreQueue if entering => {
             if waiting + sale.prequeue.len() as u64 >= max_capacity {
                 return Gate::Full;
             }
-            sale.prequeue.insert(user, now);
+            sale.prequeue.insert(user.clone(), now);
+            let tick = inner.record_tick(now);
+            *inner.record(target, now).arrivals.entry(tick).or_default() += 1;
             let q = &mut inner.target(target, now).queue;
-            q.heartbeat.insert(user, now);
+            q.heartbeat.insert(user.clone(), now);
             q.expires_at = Some(now + ttl_ms);
             Gate::PreQueue(notice)
         }
@@ -152,7 +160,7 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         sale.record.closed = true;
         sale.record.close_source = Some("schedule".into());
         let message = sale.record.message.clone().unwrap_or_default();
-        sale.record(LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
+        event(inner, target, now, LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
     }
     match phase(inner, target, now, ttl_ms) {
         None => false,
@@ -161,14 +169,14 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
     }
 }
 
-/// Takes a user out of the pre-queue (left, or evicted).
 /// Whether `user` is in `target`'s pre-queue.
-pub(super) fn holds_prequeued(inner: &Inner, target: QueueTarget, user: UserId) -> bool {
-    inner.sales.get(&target).is_some_and(|s| s.prequeue.contains_key(&user))
+pub(super) fn holds_prequeued(inner: &Inner, target: QueueTarget, user: &UserId) -> bool {
+    inner.sales.get(&target).is_some_and(|s| s.prequeue.contains_key(user))
 }
 
-pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: UserId) -> bool {
-    inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(&user).is_some())
+/// Takes a user out of the pre-queue (left, or evicted).
+pub(super) fn forget_prequeued(inner: &mut Inner, target: QueueTarget, user: &UserId) -> bool {
+    inner.sales.get_mut(&target).is_some_and(|s| s.prequeue.remove(user).is_some())
 }
 
 pub(super) fn schedule(
@@ -193,13 +201,15 @@ pub(super) fn schedule(
     sale.record.closed = false;
     sale.record.close_source = None;
     sale.record.message = None;
-    sale.record(LedgerEntry::Schedule {
+    let commitment = sale.record.commitment.clone().unwrap_or_default();
+    let entry = LedgerEntry::Schedule {
         at_ms: now,
         opens_at_ms: s.opens_at_ms,
         prequeue_from_ms: s.prequeue_from_ms,
         closes_at_ms: s.closes_at_ms,
-    });
-    ScheduleOutcome::Scheduled { commitment: sale.record.commitment.clone().unwrap_or_default() }
+    };
+    event(inner, target, now, entry);
+    ScheduleOutcome::Scheduled { commitment }
 }
 
 pub(super) fn read(inner: &Inner, target: QueueTarget, now: u64) -> (Option<SaleView>, u64) {
@@ -236,8 +246,24 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
         }
         _ => return false,
     };
-    sale.record(entry);
+    event(inner, target, now, entry);
     true
+}
+
+/// `vq sale clear`: without `force`, refused while it would drop users (pre-queued before the
+/// opening, or being placed at it), as `sale_control.lua` decides.
+pub(super) fn clear(inner: &mut Inner, target: QueueTarget, force: bool, now: u64) -> ClearOutcome {
+    if !force && let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record)) {
+        let users = sale.prequeue.len() as u64;
+        match sale.record.phase_at(now) {
+            SalePhase::Opening => return ClearOutcome::Refused { opening: true, prequeued: users },
+            SalePhase::Scheduled | SalePhase::PreQueue if users > 0 => {
+                return ClearOutcome::Refused { opening: false, prequeued: users };
+            }
+            _ => {}
+        }
+    }
+    if control(inner, target, SaleControl::Clear, now) { ClearOutcome::Cleared } else { ClearOutcome::NoSale }
 }
 
 pub(super) fn ledger(inner: &Inner, target: QueueTarget) -> Vec<LedgerEntry> {
@@ -249,7 +275,7 @@ pub(super) fn ledger(inner: &Inner, target: QueueTarget) -> Vec<LedgerEntry> {
 fn gate_of(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     capacity: Option<u64>,
     ttl_ms: u64,
@@ -258,7 +284,7 @@ fn gate_of(
         return None;
     }
     let (known, mark) =
-        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(&user).copied(), t.queue.mark));
+        inner.targets.get(&target).map_or((None, 0), |t| (t.queue.seq_of.get(user).copied(), t.queue.mark));
     Some(match known {
         Some(seq) if seq <= mark => return None,
         Some(_) => gate_waiting(inner, target, now, ttl_ms),
@@ -274,7 +300,7 @@ fn gate_of(
 pub(super) fn enter_gate(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     max_capacity: u64,
     ttl_ms: u64,
@@ -293,7 +319,7 @@ pub(super) fn enter_gate(
 pub(super) fn status_gate(
     inner: &mut Inner,
     target: QueueTarget,
-    user: UserId,
+    user: &UserId,
     now: u64,
     ttl_ms: u64,
 ) -> Option<crate::store::StatusOutcome> {

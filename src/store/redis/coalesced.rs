@@ -37,14 +37,15 @@ impl RedisStore {
     pub(super) async fn issue(
         &self,
         target: QueueTarget,
-        user: UserId,
+        user: &UserId,
         candidate: &dyn Candidate,
     ) -> Result<Answer, StoreError> {
         let reply: Value = on_target(&ISSUE, target, ISSUE_KEYS)
             .key(keys::token(target, user))
-            .arg(user.0)
+            .arg(user.as_str())
             .arg(candidate.token())
             .arg(self.limits.token_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
@@ -107,7 +108,15 @@ async fn execute(
             &ENTER,
             "enter.lua",
             ENTER_KEYS,
-            &[limits.capacity(target.kind), limits.key_ttl_s, fence.seq_seen, fence.seq_to, fence.mark],
+            &[
+                limits.capacity(target.kind),
+                limits.key_ttl_s,
+                fence.seq_seen,
+                fence.seq_to,
+                fence.mark,
+                limits.tick_ms,
+                limits.record_ttl_s,
+            ],
         ),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
     };
@@ -133,7 +142,7 @@ async fn execute(
         cmd.arg(*v);
     }
     for job in &jobs {
-        cmd.arg(job.user.0);
+        cmd.arg(job.user.as_str());
     }
     let answers =
         eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));

@@ -11,23 +11,23 @@ pub const TARGETS: &str = "queue:targets";
 pub const SALES: &str = "queue:sales";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
-/// HASH instance -> "version:applied_at_ms:expires_at_ms": the live instances' flag
+/// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (`flag_ack.lua`): the live instances' flag
 /// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
 pub const FLAG_ACKS: &str = "virtual-queue:acks";
 
 pub fn of(target: QueueTarget, name: &str) -> String {
     format!("queue:{{{target}}}:{name}")
 }
-pub fn token(target: QueueTarget, user: UserId) -> String {
+pub fn token(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:token:{user}")
 }
 /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
-pub fn used_tokens(target: QueueTarget, user: UserId) -> String {
+pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:used:{user}")
 }
 /// ZSET of the targets a user holds a place in (`queue.max_queues_per_user`) -> ms counted, in the user's
 /// own slot.
-pub fn user_queues(user: UserId) -> String {
+pub fn user_queues(user: &UserId) -> String {
     format!("queue:user:{{{user}}}:queues")
 }
 pub fn admission_lock(target: QueueTarget) -> String {

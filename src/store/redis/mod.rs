@@ -48,13 +48,13 @@ use self::scripts::{
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
-    LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
-    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
+    AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS,
+    FlagAck, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
 };
 use crate::domain::{
-    FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord, SaleSchedule,
-    UserId, WaitHistogram,
+    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord,
+    SaleSchedule, TargetRecord, UserId, WaitHistogram,
 };
 
 /// Production store on one Redis server or a Redis Cluster.
@@ -143,6 +143,27 @@ impl RedisStore {
     /// `flag_set.lua` with a version floor one above the highest acknowledged version. The
     /// flag and the acks hash live in different slots on a cluster, so the floor is read
     /// first; an instance acknowledges only versions it read from the flag hash.
+    /// One `sale_control.lua` call; `force` matters for a clear only.
+    async fn sale_control(
+        &self,
+        target: QueueTarget,
+        action: &str,
+        source: &str,
+        message: &str,
+        force: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
+            .arg(action)
+            .arg(source)
+            .arg(message)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
+            .arg(u8::from(force))
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
     async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
         let floor = self.flag_acks().await?.iter().map(|a| a.version + 1).max().unwrap_or(0);
         let mut inv = FLAG_SET.key(keys::FLAG);
@@ -157,7 +178,9 @@ impl RedisStore {
     }
 }
 
-/// it reaches the purchase API inside the tick it was counted in.
+/// The gate's pacing never reserves a tick that starts within this many ms (by Redis' clock):
+/// a purchase reserved in a tick must have the time to be forwarded and reach the purchase API
+/// inside that tick, so that it is counted in the tick it arrives in.
 pub const PACE_GUARD_MS: u64 = 50;
 
 impl QueueStore for RedisStore {
@@ -169,9 +192,9 @@ impl QueueStore for RedisStore {
     ) -> Result<EnterOutcome, StoreError> {
         // A user admitted, then evicted or gone before the token was stored enters again.
         for _ in 0..2 {
-            let mut answer = self.coalesced(Op::Enter, target, user).await?;
+            let mut answer = self.coalesced(Op::Enter, target, user.clone()).await?;
             if let Answer::Issue = answer {
-                answer = self.issue(target, user, candidate).await?;
+                answer = self.issue(target, &user, candidate).await?;
             }
             match answer {
                 Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
@@ -192,9 +215,9 @@ impl QueueStore for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
-        let mut answer = self.coalesced(Op::Status, target, user).await?;
+        let mut answer = self.coalesced(Op::Status, target, user.clone()).await?;
         if let Answer::Issue = answer {
-            answer = self.issue(target, user, candidate).await?;
+            answer = self.issue(target, &user, candidate).await?;
         }
         match answer {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
@@ -211,8 +234,9 @@ impl QueueStore for RedisStore {
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
-            .arg(user.0)
+            .arg(user.as_str())
             .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
@@ -322,7 +346,7 @@ impl QueueStore for RedisStore {
         max: u64,
     ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         let held: Vec<(String, u64)> = USER_HOLD
-            .key(keys::user_queues(user))
+            .key(keys::user_queues(&user))
             .arg(target.to_string())
             .arg(max)
             .arg(self.limits.key_ttl_s)
@@ -337,15 +361,15 @@ impl QueueStore for RedisStore {
             return Ok(());
         }
         let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
-        let _: u64 = self.conn().zrem(keys::user_queues(user), names).await?;
+        let _: u64 = self.conn().zrem(keys::user_queues(&user), names).await?;
         Ok(())
     }
 
     async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
-            .zscore(keys::of(target, "waiting"), user.0)
-            .zscore(keys::of(target, "prequeue"), user.0)
-            .zscore(keys::of(target, "opening"), user.0)
+            .zscore(keys::of(target, "waiting"), user.as_str())
+            .zscore(keys::of(target, "prequeue"), user.as_str())
+            .zscore(keys::of(target, "opening"), user.as_str())
             .query_async(&mut self.conn())
             .await?;
         Ok(waiting.is_some() || prequeued.is_some() || opening.is_some())
@@ -385,6 +409,7 @@ impl QueueStore for RedisStore {
             .arg(fence.seq_seen)
             .arg(fence.seq_to)
             .arg(fence.tick)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         let advanced = num("admit.lua", &r, 0)? == 1;
@@ -403,6 +428,7 @@ impl QueueStore for RedisStore {
             .arg(timeout_ms)
             .arg(max)
             .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?)
     }
@@ -581,8 +607,8 @@ impl QueueStore for RedisStore {
         ttl_s: u64,
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
-            .key(keys::token(target, user))
-            .key(keys::used_tokens(target, user))
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
             .arg(token)
             .arg(ttl_s.max(1))
             .invoke_async(&mut self.conn())
@@ -602,8 +628,8 @@ impl QueueStore for RedisStore {
         previous: Option<String>,
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
-            .key(keys::token(target, user))
-            .key(keys::used_tokens(target, user))
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
             .arg(token)
             .arg(previous.unwrap_or_default())
             .invoke_async(&mut self.conn())
@@ -617,20 +643,22 @@ impl QueueStore for RedisStore {
         user: UserId,
         through_queue: bool,
     ) -> Result<(), StoreError> {
-        let waits = keys::of(target, "waits");
-        if !through_queue {
-            let _: u64 = self.conn().hincr(waits, "direct_tokens_used", 1).await?;
-            return Ok(());
+        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
+        let record = keys::of(target, "record");
+        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
+        // among the unused ones, together.
+        let mut p = redis::pipe();
+        p.atomic()
+            .hincr(keys::of(target, "waits"), field, 1)
+            .ignore()
+            .hincr(&record, in_record, 1)
+            .ignore()
+            .expire(&record, self.limits.record_ttl_s as i64)
+            .ignore();
+        if through_queue {
+            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
         }
-        // Both keys in one slot (the target's hash tag): one MULTI, never one without the other.
-        let _: () = redis::pipe()
-            .atomic()
-            .hincr(&waits, "tokens_used", 1)
-            .ignore()
-            .zrem(keys::of(target, "unused"), user.0)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await?;
+        let _: () = p.query_async(&mut self.conn()).await?;
         Ok(())
     }
 
@@ -642,10 +670,22 @@ impl QueueStore for RedisStore {
         Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
     }
 
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(keys::of(target, &format!("pow:{id}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(until_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(set.is_some())
+    }
+
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let (v, score): (Option<String>, Option<f64>) = redis::pipe()
-            .get(keys::token(target, user))
-            .zscore(keys::used_tokens(target, user), token)
+            .get(keys::token(target, &user))
+            .zscore(keys::used_tokens(target, &user), token)
             .query_async(&mut self.conn())
             .await?;
         // A member past its expiry belongs to an expired token, which verify refused already.
@@ -726,6 +766,7 @@ impl QueueStore for RedisStore {
             .arg(crate::domain::seed_commitment(&seed))
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -748,20 +789,49 @@ impl QueueStore for RedisStore {
             SaleControl::Pause => ("pause", "command", ""),
             SaleControl::Resume => ("resume", "command", ""),
             SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
-            SaleControl::Clear => ("clear", "command", ""),
+            SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
         };
-        let changed: u64 = on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
-            .arg(action)
-            .arg(source)
-            .arg(message)
-            .arg(self.limits.key_ttl_s)
-            .arg(LEDGER_MAX_ROWS)
-            .invoke_async(&mut self.conn())
-            .await?;
-        if matches!(control, SaleControl::Clear) {
+        let r = self.sale_control(target, action, source, message, true).await?;
+        Ok(num("sale_control.lua", &r, 0)? == 1)
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        let r = self.sale_control(target, "clear", "command", "", force).await?;
+        let outcome = match num("sale_control.lua", &r, 0)? {
+            1 => ClearOutcome::Cleared,
+            0 => ClearOutcome::NoSale,
+            2 => ClearOutcome::Refused {
+                opening: num("sale_control.lua", &r, 1)? == 3,
+                prequeued: num("sale_control.lua", &r, 2)?,
+            },
+            _ => return Err(reply_err("sale_control.lua", &r)),
+        };
+        if !matches!(outcome, ClearOutcome::Refused { .. }) {
+            // Another slot than the target's keys on a cluster: a command of its own (also
+            // when the sale's hash had expired and only this listing was left).
             let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
         }
-        Ok(changed == 1)
+        Ok(outcome)
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(target, "record")).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(TargetRecord::from_fields(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let key = keys::of(target, "record");
+        let _: () = redis::pipe()
+            .hincr(&key, format!("p:{tick}:{}", answer.name()), 1)
+            .ignore()
+            .expire(&key, self.limits.record_ttl_s as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
     }
 
     async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
@@ -790,13 +860,15 @@ impl QueueStore for RedisStore {
         let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
         let mut from = 0;
         while from < frozen {
-            let part: Vec<u64> =
+            let part: Vec<String> =
                 conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
             if part.is_empty() {
                 break;
             }
             from += part.len() as u64;
-            users.extend(part.into_iter().map(UserId));
+            for u in part {
+                users.push(u.parse::<UserId>().map_err(|e| bad(format!("the frozen pre-queue holds {e}")))?);
+            }
         }
         if users.len() as u64 != frozen {
             // Another pump finished the opening (and unlinked the set) meanwhile.
@@ -817,9 +889,13 @@ impl QueueStore for RedisStore {
         last: bool,
     ) -> Result<bool, StoreError> {
         let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
-        inv.arg(if last { "1" } else { "0" }).arg(opens_at_ms).arg(self.limits.key_ttl_s).arg(LEDGER_MAX_ROWS);
+        inv.arg(if last { "1" } else { "0" })
+            .arg(opens_at_ms)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s);
         for (seq, user) in places {
-            inv.arg(*seq).arg(user.0);
+            inv.arg(*seq).arg(user.as_str());
         }
         let applied: u64 = inv.invoke_async(&mut self.conn()).await?;
         Ok(applied == 1)

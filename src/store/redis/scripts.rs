@@ -29,9 +29,9 @@ pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_pr
 /// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
 /// and the sale's keys follow where the script's header says.
 pub(super) const ENTER_KEYS: &[&str] =
-    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed"];
+    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record"];
 pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
-pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "unused"];
+pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
 pub(super) const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 pub(super) const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
 pub(super) const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger"];
@@ -53,16 +53,17 @@ pub(super) const ADMIT_KEYS: &[&str] = &[
     "prequeue",
     "opening",
     "ledger",
+    "record",
 ];
-pub(super) const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue"];
-pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue"];
+pub(super) const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue", "record"];
+pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
 pub(super) const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
 pub(super) const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
-pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger"];
-pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening"];
+pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record"];
+pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record"];
 pub(super) const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const SALE_PLACE_KEYS: &[&str] =
-    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger"];
+    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record"];
 
 /// An invocation of `script` with `target`'s keys `names`, in that order.
 pub(super) fn on_target<'a>(script: &'a Script, target: QueueTarget, names: &[&str]) -> ScriptInvocation<'a> {

@@ -55,30 +55,26 @@ impl RedisStore {
             let mut inv = on_target(&VIEW, target, VIEW_KEYS);
             inv.arg(u8::from(first));
             for u in users {
-                inv.arg(u.0);
+                inv.arg(u.as_str());
             }
             let reply: Value = inv.invoke_async(&mut self.conn()).await?;
             let bad = || StoreError::Reply { what: "view.lua", detail: format!("{reply:?}") };
             let Value::Array(items) = &reply else { return Err(bad()) };
-            let ints: Option<Vec<u64>> = items
-                .iter()
-                .map(|v| match v {
-                    Value::Int(n) => u64::try_from(*n).ok(),
-                    Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-                    _ => None,
-                })
-                .collect();
-            let ints = ints.ok_or_else(bad)?;
-            let (Some(&mark), Some(&batch), Some(&g)) = (ints.first(), ints.get(1), ints.get(2)) else {
-                return Err(bad());
+            let int = |v: &Value| match v {
+                Value::Int(n) => u64::try_from(*n).ok(),
+                Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+                _ => None,
             };
+            let head: Option<Vec<u64>> = items.iter().take(4).map(int).collect();
+            let [mark, batch, g, sale] = head.ok_or_else(bad)?[..] else { return Err(bad()) };
             let g = usize::try_from(g).map_err(|_| bad())?;
-            let sale = ints.get(3).copied().ok_or_else(bad)?;
-            let rest = ints.get(4..).ok_or_else(bad)?;
-            if rest.len() < g {
-                return Err(bad());
+            let gone = items.get(4..4 + g).ok_or_else(bad)?;
+            for u in gone {
+                let Value::BulkString(b) = u else { return Err(bad()) };
+                sync.gone.push(std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).ok_or_else(bad)?);
             }
-            sync.gone.extend(rest[..g].iter().map(|&u| UserId(u)));
+            let departed: Option<Vec<u64>> = items[4 + g..].iter().map(int).collect();
+            let departed = departed.ok_or_else(bad)?;
             if first {
                 // A mark below one already seen (a failover lost the admission) is not taken:
                 // users between the two were admitted, and polls near the mark ask status.lua,
@@ -88,7 +84,7 @@ impl RedisStore {
                 sync.view = TargetView {
                     mark,
                     batch_override: (batch > 0).then_some(batch),
-                    departed: rest[g..].iter().copied().filter(|&d| d > mark).collect(),
+                    departed: departed.into_iter().filter(|&d| d > mark).collect(),
                     paused: sale == 1,
                     sale_asks_store: sale == 2,
                 };

@@ -67,7 +67,7 @@ async fn the_page_counts_down_the_pre_queue_then_lands_on_the_shop_after_the_ope
     flag_on(&redis).await;
     let store = open_store(&test_settings(Some(&redis)));
     schedule(&store, -1000, 8000).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     browser.goto(&app.url("/waiting-room/limited-drop/42?user=21")).await;
     browser.wait_status("PRE_QUEUE", 20).await;
     let opens_at = browser.eval("return document.getElementById('vq-root').getAttribute('data-vq-opens-at')").await;
@@ -92,7 +92,7 @@ async fn a_page_opened_before_the_pre_queue_joins_it_by_itself() {
     flag_on(&redis).await;
     let store = open_store(&test_settings(Some(&redis)));
     schedule(&store, 3000, 60_000).await;
-    let Some(browser) = Browser::start().await else { return };
+    let browser = Browser::start().await;
     browser.goto(&app.url("/waiting-room/limited-drop/42?user=22")).await;
     browser.wait_status("SCHEDULED", 20).await;
     let m = message(&browser).await;
@@ -112,21 +112,21 @@ struct Paused {
     browser: Browser,
 }
 
-async fn paused_page(user: u64) -> Option<Paused> {
+async fn paused_page(user: u64) -> Paused {
     let redis = RedisServer::spawn();
     let (app, shop) = page_app(&redis, |_| {}).await;
     flag_on(&redis).await;
     let store = open_store(&test_settings(Some(&redis)));
     assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
-    let browser = Browser::start().await?;
+    let browser = Browser::start().await;
     browser.goto(&app.url(&format!("/waiting-room/limited-drop/42?user={user}"))).await;
     browser.wait_status("WAITING", 20).await;
-    Some(Paused { _redis: redis, _app: app, shop, store, browser })
+    Paused { _redis: redis, _app: app, shop, store, browser }
 }
 
 #[tokio::test]
 async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
-    let Some(Paused { store, browser, shop, _redis, _app }) = paused_page(23).await else { return };
+    let Paused { store, browser, shop, _redis, _app } = paused_page(23).await;
     let m = wait_message(&browser, 10, |m| m.contains("paused")).await;
     assert_eq!(m, "The sale is paused — you keep your place.");
     let eta = browser.eval("return document.getElementById('vq-eta').textContent").await;
@@ -139,7 +139,7 @@ async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
 #[tokio::test]
 async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
     // Paused, so the buyer waits until the close reaches them.
-    let Some(Paused { store, browser, _redis, _app, .. }) = paused_page(24).await else { return };
+    let Paused { store, browser, _redis, _app, .. } = paused_page(24).await;
     let text = "<b>Sold</b> out & thanks";
     let close = SaleControl::Close { message: text.into(), source: SaleSource::Command };
     assert!(store.control_sale(target(), close).await.unwrap());
@@ -158,7 +158,7 @@ async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
 /// a worker) and keeps the place; back in front, the page goes on.
 #[tokio::test]
 async fn a_page_in_a_background_tab_keeps_polling_and_its_place() {
-    let Some(Paused { store, browser, shop, _redis, _app }) = paused_page(25).await else { return };
+    let Paused { store, browser, shop, _redis, _app } = paused_page(25).await;
     browser
         .eval(
             "window.vqSeen = []; window.vqHiddenCalls = 0;

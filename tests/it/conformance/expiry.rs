@@ -17,7 +17,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         let tick_ms = 250;
         s.register_active(t()).await.unwrap();
         for u in 1..=8 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         // Eight ticks of one admission each: 2 s, twice the key TTL, with someone waiting.
         for _ in 1..=8 {
@@ -25,7 +25,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
             let a = s.admit(t(), 1, tick_ms).await.unwrap();
             assert_eq!(a.admitted, 1);
             for u in 1..=8 {
-                s.status(t(), UserId(u), &"tok").await.unwrap();
+                s.status(t(), UserId::from(u), &"tok").await.unwrap();
             }
             assert!(!s.forget_if_expired(t()).await.unwrap(), "users waited until this tick");
         }
@@ -49,11 +49,11 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
 async fn an_idle_target_starts_again_at_seq_1_once_its_keys_expire() {
     with_both_configured(short_key_ttl, async |s, _| {
         for u in 1..=3 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         assert!(eventually(async || s.snapshot(t()).await.unwrap().seq == 0).await, "the keys never expired");
-        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
-        assert_eq!(seq(s.enter(t(), UserId(3), &"tok").await.unwrap()), 1);
+        assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(seq(s.enter(t(), UserId::from(3), &"tok").await.unwrap()), 1);
         assert_eq!(s.snapshot(t()).await.unwrap().waiting, 1);
     })
     .await;
@@ -66,16 +66,16 @@ async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
     with_both_configured(short_key_ttl, async |s, tick_ms| {
         s.register_active(t()).await.unwrap();
         s.set_batch_size(Some(t()), Some(3)).await.unwrap();
-        s.enter(t(), UserId(1), &"tok1").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok1").await.unwrap();
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 10, tick_ms).await.unwrap().batch, 3);
-        assert_eq!(s.status(t(), UserId(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
-        assert!(matches!(s.claim_token(t(), UserId(2), "B", 300).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
+        assert!(matches!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::Claimed { .. }));
         assert!(eventually(async || s.forget_if_expired(t()).await.unwrap()).await, "never forgotten");
         assert!(s.try_lock_admission(t(), "a", 60_000).await.unwrap());
-        assert_eq!(s.enter(t(), UserId(1), &"other").await.unwrap(), EnterOutcome::Admitted("tok1".into()));
-        assert_eq!(s.claim_token(t(), UserId(2), "B", 300).await.unwrap(), TokenClaim::AlreadyUsed);
-        assert!(s.token_used(t(), UserId(2), "B").await.unwrap());
+        assert_eq!(s.enter(t(), UserId::from(1), &"other").await.unwrap(), EnterOutcome::Admitted("tok1".into()));
+        assert_eq!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(s.token_used(t(), UserId::from(2), "B").await.unwrap());
         assert_eq!(s.snapshot(t()).await.unwrap().batch_override, Some(3));
         assert!(s.forget_if_expired(t()).await.unwrap(), "tokens do not keep the queue");
         assert!(!s.try_lock_admission(t(), "b", 60_000).await.unwrap(), "the lock outlives the queue");
@@ -100,15 +100,15 @@ async fn a_user_whose_token_expired_enters_again_at_the_back() {
     with_both_configured(
         |s| s.token.ttl_s = 1,
         async |s, tick_ms| {
-            s.enter(t(), UserId(1), &"tok").await.unwrap();
-            s.enter(t(), UserId(2), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(1), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(2), &"tok").await.unwrap();
             next_tick(tick_ms).await;
             s.admit(t(), 1, tick_ms).await.unwrap();
-            assert_eq!(s.status(t(), UserId(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
+            assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
             let expired =
-                eventually(async || s.status(t(), UserId(1), &"x").await.unwrap() == StatusOutcome::NotInQueue);
+                eventually(async || s.status(t(), UserId::from(1), &"x").await.unwrap() == StatusOutcome::NotInQueue);
             assert!(expired.await, "the token never expired");
-            match s.enter(t(), UserId(1), &"tok").await.unwrap() {
+            match s.enter(t(), UserId::from(1), &"tok").await.unwrap() {
                 EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (3, 1), "behind user 2"),
                 o => panic!("{o:?}"),
             }

@@ -8,33 +8,37 @@ use super::*;
 #[tokio::test]
 async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
     with_both(async |s, tick_ms| {
-        let u = UserId(1);
-        s.enter(t(), u, &"tok").await.unwrap();
+        let u = UserId::from(1);
+        s.enter(t(), u.clone(), &"tok").await.unwrap();
         next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
-        assert_eq!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
-        assert!(!s.token_used(t(), u, "tok").await.unwrap());
-        let claim = s.claim_token(t(), u, "tok", 300).await.unwrap();
+        assert_eq!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
+        let claim = s.claim_token(t(), u.clone(), "tok", 300).await.unwrap();
         assert_eq!(claim, TokenClaim::Claimed { previous: Some("tok".into()) });
-        assert!(s.token_used(t(), u, "tok").await.unwrap());
-        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()), "used, still theirs");
-        assert_eq!(s.enter(t(), u, &"x").await.unwrap(), EnterOutcome::Admitted("tok".into()));
-        s.release_token(t(), u, "tok", Some("tok".into())).await.unwrap();
-        assert!(!s.token_used(t(), u, "tok").await.unwrap());
-        assert_eq!(s.status(t(), u, &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert!(s.token_used(t(), u.clone(), "tok").await.unwrap());
         assert_eq!(
-            s.claim_token(t(), u, "tok", 300).await.unwrap(),
+            s.status(t(), u.clone(), &"x").await.unwrap(),
+            StatusOutcome::Admitted("tok".into()),
+            "used, still theirs"
+        );
+        assert_eq!(s.enter(t(), u.clone(), &"x").await.unwrap(), EnterOutcome::Admitted("tok".into()));
+        s.release_token(t(), u.clone(), "tok", Some("tok".into())).await.unwrap();
+        assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
+        assert_eq!(s.status(t(), u.clone(), &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()));
+        assert_eq!(
+            s.claim_token(t(), u.clone(), "tok", 300).await.unwrap(),
             TokenClaim::Claimed { previous: Some("tok".into()) }
         );
         // A stateless token (no stored one): released, nothing is left behind.
-        let claim = s.claim_token(t(), UserId(2), "direct", 300).await.unwrap();
+        let claim = s.claim_token(t(), UserId::from(2), "direct", 300).await.unwrap();
         assert_eq!(claim, TokenClaim::Claimed { previous: None });
-        s.release_token(t(), UserId(2), "direct", None).await.unwrap();
-        assert!(!s.token_used(t(), UserId(2), "direct").await.unwrap());
-        assert_eq!(s.status(t(), UserId(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
-        s.confirm_token_used(t(), u, true).await.unwrap();
-        s.confirm_token_used(t(), u, true).await.unwrap();
-        s.confirm_token_used(t(), UserId(2), false).await.unwrap();
+        s.release_token(t(), UserId::from(2), "direct", None).await.unwrap();
+        assert!(!s.token_used(t(), UserId::from(2), "direct").await.unwrap());
+        assert_eq!(s.status(t(), UserId::from(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
+        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(2), false).await.unwrap();
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.tokens_issued, snap.tokens_used, snap.direct_tokens_used), (1, 2, 1));
     })
@@ -49,14 +53,14 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
         |s| s.token.ttl_s = 1,
         async |s, tick_ms| {
             for u in 1..=3 {
-                s.enter(t(), UserId(u), &"x").await.unwrap();
+                s.enter(t(), UserId::from(u), &"x").await.unwrap();
             }
             next_tick(tick_ms).await;
             s.admit(t(), 3, tick_ms).await.unwrap();
             for u in 1..=3 {
-                assert!(matches!(s.status(t(), UserId(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
+                assert!(matches!(s.status(t(), UserId::from(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
             }
-            s.confirm_token_used(t(), UserId(1), true).await.unwrap();
+            s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "none has expired yet");
             tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 2, "users 2 and 3 never bought");
@@ -71,11 +75,14 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
 #[tokio::test]
 async fn a_used_mark_lives_as_long_as_its_token() {
     with_both(async |s, _| {
-        let u = UserId(3);
-        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
-        assert_eq!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
-        assert!(eventually(async || !s.token_used(t(), u, "short").await.unwrap()).await, "the mark never expired");
-        assert!(matches!(s.claim_token(t(), u, "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+        let u = UserId::from(3);
+        assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert_eq!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(
+            eventually(async || !s.token_used(t(), u.clone(), "short").await.unwrap()).await,
+            "the mark never expired"
+        );
+        assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
     })
     .await;
 }

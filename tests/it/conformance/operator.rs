@@ -48,13 +48,13 @@ async fn batch_sizes_are_set_and_cleared_globally_and_per_target() {
         s.set_batch_size(None, None).await.unwrap();
         assert_eq!(s.global_batch_size().await.unwrap(), None);
         s.set_batch_size(Some(t()), Some(2)).await.unwrap();
-        match s.enter(t(), UserId(1), &"tok").await.unwrap() {
+        match s.enter(t(), UserId::from(1), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!(w.batch_override, Some(2)),
             o => panic!("{o:?}"),
         }
         assert_eq!(s.snapshot(t()).await.unwrap().batch_override, Some(2));
         s.set_batch_size(Some(t()), None).await.unwrap();
-        match s.status(t(), UserId(1), &"tok").await.unwrap() {
+        match s.status(t(), UserId::from(1), &"tok").await.unwrap() {
             StatusOutcome::Waiting(w) => assert_eq!(w.batch_override, None),
             o => panic!("{o:?}"),
         }

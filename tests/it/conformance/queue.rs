@@ -2,18 +2,53 @@
 
 use super::*;
 
+/// Ids as shops have them go through every step as sent, and `7` and `007` are two users.
+#[tokio::test]
+async fn opaque_ids_are_kept_as_sent_through_every_step() {
+    with_both(async |s, tick_ms| {
+        let ids: Vec<UserId> = ["3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a", "user_8f3k", "7", "007", "a.b+c@x:1"]
+            .iter()
+            .map(|i| i.parse().unwrap())
+            .collect();
+        for (i, u) in ids.iter().enumerate() {
+            assert_eq!(seq(s.enter(t(), u.clone(), &"tok").await.unwrap()), i as u64 + 1, "{u}");
+            assert!(s.holds_place(t(), u.clone()).await.unwrap(), "{u}");
+            assert!(s.hold_queue(u.clone(), t(), 5).await.unwrap().is_empty(), "{u}");
+        }
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 3, tick_ms).await.unwrap().admitted, 3);
+        for (i, u) in ids.iter().enumerate() {
+            let token = format!("token-of-{u}");
+            match s.status(t(), u.clone(), &token.as_str()).await.unwrap() {
+                StatusOutcome::Admitted(tok) => assert!(i < 3 && tok == token, "{u}"),
+                StatusOutcome::Waiting(w) => assert!(i >= 3 && w.seq == i as u64 + 1, "{u}"),
+                other => panic!("{u}: {other:?}"),
+            }
+        }
+        let (seven, zero_seven) = (ids[2].clone(), ids[3].clone());
+        let claimed = s.claim_token(t(), seven.clone(), "token-of-7", 300).await.unwrap();
+        assert!(matches!(claimed, vq::store::TokenClaim::Claimed { .. }));
+        assert!(s.token_used(t(), seven, "token-of-7").await.unwrap());
+        assert!(!s.token_used(t(), zero_seven.clone(), "token-of-7").await.unwrap(), "007 is another user");
+        assert!(s.leave(t(), zero_seven.clone()).await.unwrap());
+        assert_eq!(s.status(t(), zero_seven, &"x").await.unwrap(), StatusOutcome::NotInQueue);
+        assert!(s.leave(t(), ids[4].clone()).await.unwrap());
+    })
+    .await;
+}
+
 /// Admitted users who never poll again are evicted like waiting ones, and get no token.
 #[tokio::test]
 async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), &"tok").await.unwrap();
-        s.enter(t(), UserId(2), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(2), &"tok").await.unwrap();
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        s.status(t(), UserId(2), &"tok").await.unwrap();
+        s.status(t(), UserId::from(2), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
-        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.evicted, snap.tokens_issued, snap.waiting, snap.admitted_total), (1, 0, 1, 1));
     })
@@ -24,7 +59,7 @@ async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
 #[tokio::test]
 async fn waits_are_bucketed_by_the_domain_rule() {
     with_both(async |s, tick_ms| {
-        s.enter(t(), UserId(1), &"tok").await.unwrap();
+        s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         tokio::time::sleep(Duration::from_millis(1100)).await;
         next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().admitted, 1);
@@ -44,31 +79,31 @@ async fn waits_are_bucketed_by_the_domain_rule() {
 #[tokio::test]
 async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
     with_both(async |s, tick_ms| {
-        let (u, other) = (UserId(7), UserId(8));
+        let (u, other) = (UserId::from(7), UserId::from(8));
         let tt = |id: u64| QueueTarget::new(t().kind, id);
         for id in [1, 2, 1, 2] {
-            assert!(s.hold_queue(u, tt(id), 2).await.unwrap().is_empty(), "target {id}");
+            assert!(s.hold_queue(u.clone(), tt(id), 2).await.unwrap().is_empty(), "target {id}");
         }
-        let mut held = s.hold_queue(u, tt(3), 2).await.unwrap();
+        let mut held = s.hold_queue(u.clone(), tt(3), 2).await.unwrap();
         held.sort();
         assert_eq!(held.iter().map(|h| h.0).collect::<Vec<_>>(), vec![tt(1), tt(2)], "at the limit: the counted ones");
         assert!(held.iter().all(|(_, age_ms)| *age_ms < 5_000), "counted just now: {held:?}");
-        assert!(s.hold_queue(other, tt(3), 2).await.unwrap().is_empty(), "per user");
-        s.release_queues(u, &[tt(1)]).await.unwrap();
-        assert!(s.hold_queue(u, tt(3), 2).await.unwrap().is_empty(), "a released target frees a place");
-        assert!(!s.hold_queue(u, tt(1), 2).await.unwrap().is_empty());
+        assert!(s.hold_queue(other.clone(), tt(3), 2).await.unwrap().is_empty(), "per user");
+        s.release_queues(u.clone(), &[tt(1)]).await.unwrap();
+        assert!(s.hold_queue(u.clone(), tt(3), 2).await.unwrap().is_empty(), "a released target frees a place");
+        assert!(!s.hold_queue(u.clone(), tt(1), 2).await.unwrap().is_empty());
 
-        assert!(!s.holds_place(t(), u).await.unwrap());
-        s.enter(t(), u, &"tok").await.unwrap();
-        s.enter(t(), other, &"tok").await.unwrap();
-        assert!(s.holds_place(t(), u).await.unwrap());
+        assert!(!s.holds_place(t(), u.clone()).await.unwrap());
+        s.enter(t(), u.clone(), &"tok").await.unwrap();
+        s.enter(t(), other.clone(), &"tok").await.unwrap();
+        assert!(s.holds_place(t(), u.clone()).await.unwrap());
         next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
-        assert!(s.holds_place(t(), u).await.unwrap(), "admitted, not yet told");
-        assert!(matches!(s.status(t(), u, &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
-        assert!(!s.holds_place(t(), u).await.unwrap(), "the token collected");
-        assert!(s.leave(t(), other).await.unwrap());
-        assert!(!s.holds_place(t(), other).await.unwrap(), "left");
+        assert!(s.holds_place(t(), u.clone()).await.unwrap(), "admitted, not yet told");
+        assert!(matches!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
+        assert!(!s.holds_place(t(), u.clone()).await.unwrap(), "the token collected");
+        assert!(s.leave(t(), other.clone()).await.unwrap());
+        assert!(!s.holds_place(t(), other.clone()).await.unwrap(), "left");
     })
     .await;
 }

@@ -15,6 +15,16 @@ fn sale_in(opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedul
 
 /// Before the pre-queue: SCHEDULED and nothing recorded; in it: PRE_QUEUE once per user,
 /// counted against the capacity; at the opening the HMAC order of the seed, then first come.
+/// Users as shops name them: the opening orders the ids as sent.
+fn shop_id(u: u64) -> UserId {
+    let id = if u.is_multiple_of(2) {
+        format!("buyer_{u}@shop.example")
+    } else {
+        format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}")
+    };
+    id.parse().unwrap()
+}
+
 #[tokio::test]
 async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
     use std::sync::Arc;
@@ -22,8 +32,8 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
     with_both(async |s, _| {
         let later = sale_in(60_000, Some(30_000));
         assert!(matches!(s.schedule_sale(t(), later, [3; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
-        assert!(matches!(s.enter(t(), UserId(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
-        assert_eq!(s.status(t(), UserId(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert!(matches!(s.enter(t(), shop_id(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
+        assert_eq!(s.status(t(), shop_id(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
 
         let schedule = sale_in(700, Some(-1000));
         let ScheduleOutcome::Scheduled { commitment } = s.schedule_sale(t(), schedule, [4; 32]).await.unwrap() else {
@@ -31,12 +41,12 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         };
         assert_eq!(commitment, vq::domain::seed_commitment(&[3; 32]), "the first seed is kept");
         for u in 1..=5 {
-            assert!(matches!(s.enter(t(), UserId(u), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)), "{u}");
+            assert!(matches!(s.enter(t(), shop_id(u), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)), "{u}");
         }
-        assert!(matches!(s.enter(t(), UserId(1), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)));
-        assert!(matches!(s.status(t(), UserId(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)));
-        assert_eq!(s.status(t(), UserId(9), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
-        assert_eq!(s.enter(t(), UserId(6), &"tok").await.unwrap(), EnterOutcome::Full, "capacity 5");
+        assert!(matches!(s.enter(t(), shop_id(1), &"tok").await.unwrap(), EnterOutcome::PreQueue(_)));
+        assert!(matches!(s.status(t(), shop_id(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)));
+        assert_eq!(s.status(t(), shop_id(9), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
+        assert_eq!(s.enter(t(), shop_id(6), &"tok").await.unwrap(), EnterOutcome::Full, "capacity 5");
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.prequeued, 5);
         let view = snap.sale.expect("sale");
@@ -54,16 +64,16 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         let view = s.read_sale(t()).await.unwrap().expect("sale");
         assert_eq!(view.record.revealed_seed(), Some(vq::domain::hex(&[3; 32]).as_str()));
         assert_eq!(view.record.prequeued, Some(5));
-        let users: Vec<UserId> = (1..=5).map(UserId).collect();
+        let users: Vec<UserId> = (1..=5).map(shop_id).collect();
         let order = vq::domain::opening_order(&[3; 32], &users);
         for (i, u) in order.iter().enumerate() {
-            match s.status(t(), *u, &"tok").await.unwrap() {
+            match s.status(t(), u.clone(), &"tok").await.unwrap() {
                 StatusOutcome::Admitted(_) => assert!(i < 2, "{u:?} at {i}"),
                 StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (i as u64 + 1, i as u64 - 2), "{u:?}"),
                 other => panic!("{u:?}: {other:?}"),
             }
         }
-        assert_eq!(seq(s.enter(t(), UserId(7), &"tok").await.unwrap()), 6, "after the pre-queue");
+        assert_eq!(seq(s.enter(t(), shop_id(7), &"tok").await.unwrap()), 6, "after the pre-queue");
         s.set_batch_size(None, None).await.unwrap();
     })
     .await;
@@ -76,11 +86,11 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
     use vq::domain::{LedgerEntry, SaleControl, SaleSource};
     with_both(async |s, tick| {
         for u in 1..=4 {
-            s.enter(t(), UserId(u), &"tok").await.unwrap();
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
         assert!(!s.control_sale(t(), SaleControl::Pause).await.unwrap());
-        match s.enter(t(), UserId(4), &"tok").await.unwrap() {
+        match s.enter(t(), UserId::from(4), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert!(w.paused),
             other => panic!("{other:?}"),
         }
@@ -92,14 +102,17 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
         assert_eq!(a.admitted, 3);
         let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
-        match s.status(t(), UserId(4), &"tok").await.unwrap() {
+        match s.status(t(), UserId::from(4), &"tok").await.unwrap() {
             StatusOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Sold out")),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(s.enter(t(), UserId(9), &"tok").await.unwrap(), EnterOutcome::Closed(_)));
+        assert!(matches!(s.enter(t(), UserId::from(9), &"tok").await.unwrap(), EnterOutcome::Closed(_)));
         // A user the queue never saw (or forgot) is told the sale is closed, not to enter again.
-        assert!(matches!(s.status(t(), UserId(99), &"tok").await.unwrap(), StatusOutcome::Closed(_)), "unknown user");
-        assert_eq!(s.status(t(), UserId(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
+        assert!(
+            matches!(s.status(t(), UserId::from(99), &"tok").await.unwrap(), StatusOutcome::Closed(_)),
+            "unknown user"
+        );
+        assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         next_tick(tick).await;
         assert_eq!(s.admit(t(), 3, tick).await.unwrap().admitted, 0, "closed");
         let ledger = s.sale_ledger(t()).await.unwrap();
@@ -120,7 +133,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(vq::domain::ledger_admitted(&ledger), snap.admitted_total);
         assert!(s.control_sale(t(), SaleControl::Clear).await.unwrap());
-        assert_eq!(seq(s.enter(t(), UserId(10), &"tok").await.unwrap()), 5, "cleared: always open");
+        assert_eq!(seq(s.enter(t(), UserId::from(10), &"tok").await.unwrap()), 5, "cleared: always open");
     })
     .await;
 }
@@ -136,11 +149,11 @@ async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both
         assert!(matches!(s.schedule_sale(t(), schedule, [5; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
         let close = SaleControl::Close { message: "Cancelled".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
-        match s.status(t(), UserId(42), &"tok").await.unwrap() {
+        match s.status(t(), UserId::from(42), &"tok").await.unwrap() {
             StatusOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
             other => panic!("poll: {other:?}"),
         }
-        match s.enter(t(), UserId(42), &"tok").await.unwrap() {
+        match s.enter(t(), UserId::from(42), &"tok").await.unwrap() {
             EnterOutcome::Closed(n) => assert_eq!(n.message.as_deref(), Some("Cancelled")),
             other => panic!("enter: {other:?}"),
         }

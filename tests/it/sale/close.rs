@@ -65,7 +65,7 @@ async fn a_closed_sale_answers_closed_and_admitted_users_keep_their_tokens() {
     let late = app.json(app.poll(T, 2).await).await;
     assert_eq!(late["status"], "ADMITTED", "{late}");
     let token = late["entryToken"].as_str().unwrap();
-    vq::token::verify(&secret(), token, target(), UserId(2), now_ms() / 1000).expect("the token still verifies");
+    vq::token::verify(&secret(), token, target(), &UserId::from(2), now_ms() / 1000).expect("the token still verifies");
     next_tick(s.queue.tick_ms).await;
     let t = pump.tick().await.unwrap();
     assert_eq!(t[0].as_ref().unwrap().admit.unwrap().admitted, 0, "nobody admitted after the close");

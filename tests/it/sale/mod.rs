@@ -7,6 +7,7 @@
 mod clear;
 mod close;
 mod opening;
+mod report;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Output;

@@ -30,7 +30,10 @@ import java.util.function.Function;
  * {@link #VERDICT_ATTRIBUTE}.
  *
  * <p>The user id is the X-User-Id header by default: vq trusts it as sent, so the proxy in front
- * must set it from the login; or pass a function reading your authenticated principal.
+ * must set it from the login; or pass a function reading your authenticated principal. Either way
+ * it is a string vq takes as a user id (1 to 128 characters, each an ASCII letter, a digit or one
+ * of {@code - _ . : @ +}, compared exactly), else the request is refused with 403, as vq's gate
+ * refuses it.
  *
  * <p>In web.xml without code: init params {@code type} and {@code route}; the keys come from the
  * environment as vq reads them.

@@ -25,7 +25,9 @@ import javax.crypto.spec.SecretKeySpec;
  * <p>What this cannot do: one-time use of a token and pacing need vq's Redis; only vq's gate
  * (or {@code /gate/verify}) does those.
  *
- * <p>Ids are unsigned 64-bit values held in a {@code long} ({@link Long#toUnsignedString}).
+ * <p>Target ids are unsigned 64-bit values held in a {@code long} ({@link Long#toUnsignedString}).
+ * User ids are strings, as vq takes them: 1 to 128 characters, each an ASCII letter, a digit or
+ * one of {@code - _ . : @ +}, compared exactly ({@code 007} and {@code 7} are two users).
  */
 public final class EntryTokenVerifier {
     static final int MIN_SECRET_LEN = 32;
@@ -37,6 +39,14 @@ public final class EntryTokenVerifier {
     private static final int MAX_TYPE_LEN = 32;
     private static final Pattern EXPIRY = Pattern.compile("\\+?[0-9]+");
     private static final Pattern B64URL = Pattern.compile("[A-Za-z0-9_-]*");
+    /**
+     * A user id as vq takes it ({@code src/domain/target.rs}, {@code is_user_id_byte}): none of its
+     * characters is {@code |}, so the payload's four fields stay unambiguous. Spelt out (no
+     * {@code \w}), so no non-ASCII letter or digit matches; used with {@code matches()}, whole.
+     */
+    private static final Pattern USER_ID = Pattern.compile("[A-Za-z0-9._:@+-]{1,128}");
+    static final String NO_USER =
+            "X-User-Id is missing or not a user id: expected 1 to 128 characters, each a letter, a digit or one of - _ . : @ +";
 
     /** Why a token is refused; {@link Verdict#detail()} is vq's text. */
     public enum Reason { MISSING, NO_USER, MALFORMED, BAD_SIGNATURE, EXPIRED, WRONG_TYPE, WRONG_TARGET, WRONG_USER }
@@ -44,12 +54,13 @@ public final class EntryTokenVerifier {
     /** Which key signed a valid token. */
     public enum KeyUsed { CURRENT, PREVIOUS }
 
-    /** What a token says, once decoded. Ids and expiry are unsigned 64-bit. */
+    /** What a token says, once decoded. The target id and expiry are unsigned 64-bit; the user id is a string. */
     public static final class Claims {
         private final String type;
-        private final long id, user, expiresAt;
+        private final long id, expiresAt;
+        private final String user;
 
-        Claims(String type, long id, long user, long expiresAt) {
+        Claims(String type, long id, String user, long expiresAt) {
             this.type = type;
             this.id = id;
             this.user = user;
@@ -58,10 +69,12 @@ public final class EntryTokenVerifier {
 
         public String type() { return type; }
         public long id() { return id; }
-        public long user() { return user; }
+        /** The user id as the token holds it (any vq user id: {@code 7}, a UUID, …). */
+        public String user() { return user; }
         public long expiresAt() { return expiresAt; }
         public String idString() { return Long.toUnsignedString(id); }
-        public String userString() { return Long.toUnsignedString(user); }
+        /** The same as {@link #user()} (kept from when user ids were numbers). */
+        public String userString() { return user; }
         public String expiresAtString() { return Long.toUnsignedString(expiresAt); }
     }
 
@@ -209,7 +222,8 @@ public final class EntryTokenVerifier {
      *
      * @param type the target type's name, LIMITED_DROP (or its slug, limited-drop)
      * @param id the target id the request is for, in decimal
-     * @param user the buyer's id (X-User-Id), in decimal; null or not one: {@link Reason#NO_USER}
+     * @param user the buyer's id (X-User-Id): 1 to 128 characters, each an ASCII letter, a digit or
+     *        one of {@code - _ . : @ +}, compared exactly; null or not one: {@link Reason#NO_USER}
      * @param token the X-Entry-Token; null or empty: {@link Reason#MISSING}
      * @throws IllegalArgumentException when {@code type} or {@code id} is not one (the caller's error)
      */
@@ -223,9 +237,8 @@ public final class EntryTokenVerifier {
         if (targetId == null) {
             throw new IllegalArgumentException("`" + id + "` is not a positive 64-bit integer id");
         }
-        Long userId = positive(user);
-        if (userId == null) {
-            return Verdict.refuse(Reason.NO_USER, "X-User-Id is missing or not a positive integer");
+        if (!isUserId(user)) {
+            return Verdict.refuse(Reason.NO_USER, NO_USER);
         }
         if (token == null || token.isEmpty()) {
             return Verdict.refuse(Reason.MISSING, "no entry token: send the X-Entry-Token header");
@@ -251,7 +264,7 @@ public final class EntryTokenVerifier {
             return Verdict.refuse(Reason.WRONG_TARGET, "the entry token is for " + c.type + ":" + c.idString()
                     + ", not " + kind + ":" + Long.toUnsignedString(targetId));
         }
-        if (c.user != userId) {
+        if (!c.user.equals(user)) {
             return Verdict.refuse(Reason.WRONG_USER, "the entry token belongs to another user");
         }
         return new Verdict(null, null, c, key);
@@ -290,7 +303,12 @@ public final class EntryTokenVerifier {
         return null;
     }
 
-    /** vq's ids: a u64 above 0 in ASCII digits (leading zeros allowed, no sign); null otherwise. */
+    /** Whether {@code s} is a user id as vq takes it. */
+    static boolean isUserId(String s) {
+        return s != null && USER_ID.matcher(s).matches();
+    }
+
+    /** vq's target ids: a u64 above 0 in ASCII digits (leading zeros allowed, no sign); null otherwise. */
     static Long positive(String s) {
         if (s == null || !DIGITS.matcher(s).matches()) {
             return null;
@@ -384,8 +402,7 @@ public final class EntryTokenVerifier {
         if (id == null) {
             throw new MalformedToken("bad target id");
         }
-        Long user = positive(parts[2]);
-        if (user == null) {
+        if (!isUserId(parts[2])) {
             throw new MalformedToken("bad user id");
         }
         // Any u64 as Rust parses it: a leading + is accepted.
@@ -394,6 +411,6 @@ public final class EntryTokenVerifier {
         if (exp == null) {
             throw new MalformedToken("bad expiry");
         }
-        return new Decoded(new Claims(parts[0], id, user, exp), payload, sig);
+        return new Decoded(new Claims(parts[0], id, parts[2], exp), payload, sig);
     }
 }

@@ -48,6 +48,7 @@ public final class EntryTokenVerifierTest {
         sharedVectors(vectors);
         secretRules(vectors);
         fromEnv(vectors);
+        userIds(vectors);
         filter(vectors);
         failures.forEach(f -> System.out.println("FAIL " + f));
         System.out.println(checks + " checks, " + failures.size() + " failed");
@@ -155,6 +156,33 @@ public final class EntryTokenVerifierTest {
         }
     }
 
+    static void userIds(Map<String, Object> v) throws Exception {
+        EntryTokenVerifier verifier = verifierFor(v, List.of());
+        String token = mint(secrets(v).get("current"), "LIMITED_DROP|42|7|1767225600");
+        long now = 1767225300L;
+        // vq's is_user_id_byte: ASCII letters, digits and - _ . : @ +. Every other ASCII character,
+        // in the middle of an id, makes it no user id; each allowed one makes it another user's.
+        String allowed = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@+";
+        for (char c = 0; c < 128; c++) {
+            EntryTokenVerifier.Reason want = allowed.indexOf(c) >= 0
+                    ? EntryTokenVerifier.Reason.WRONG_USER : EntryTokenVerifier.Reason.NO_USER;
+            equal(want, verifier.verify("LIMITED_DROP", "42", "a" + c + "b", token, now).reason(), "user id with byte " + (int) c);
+        }
+        equal(EntryTokenVerifier.Reason.WRONG_USER, verifier.verify("LIMITED_DROP", "42", "u".repeat(128), token, now).reason(),
+                "a user id of 128 characters");
+        equal(EntryTokenVerifier.Reason.NO_USER, verifier.verify("LIMITED_DROP", "42", "u".repeat(129), token, now).reason(),
+                "a user id of 129 characters");
+        equal(EntryTokenVerifier.Reason.NO_USER, verifier.verify("LIMITED_DROP", "42", null, token, now).reason(), "no user id");
+        equal(EntryTokenVerifier.Reason.NO_USER, verifier.verify("LIMITED_DROP", "42", "\u0667", token, now).reason(),
+                "an Arabic-Indic 7 is no user id");
+        String bad = mint(secrets(v).get("current"), "LIMITED_DROP|42|a/b|1767225600");
+        equal("the entry token is malformed: bad user id", verifier.verify("LIMITED_DROP", "42", "7", bad, now).detail(),
+                "a token's user id outside the rule");
+        EntryTokenVerifier.Verdict ok = verifier.verify("LIMITED_DROP", "42", "7", token, now);
+        equal("7", ok.claims().user(), "claims().user() is the string");
+        equal("7", ok.claims().userString(), "userString() is the same");
+    }
+
     static String mint(String secret, String payload) throws Exception {
         Mac mac = Mac.getInstance("HmacSHA256");
         mac.init(new SecretKeySpec(secret.getBytes(StandardCharsets.UTF_8), "HmacSHA256"));
@@ -230,6 +258,16 @@ public final class EntryTokenVerifierTest {
         equal(400, exchange(f, "/limited-drops/4x/orders", headers("X-User-Id", "7", "X-Entry-Token", token))[0], "a bad id: 400");
         equal(400, exchange(f, "/limited-drops/42/orders", headers("X-User-Id", "7", "x-user-id", "7", "X-Entry-Token", token))[0],
                 "X-User-Id twice: 400");
+        // An opaque user id, compared exactly: its upper case is another user.
+        String uuid = "3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a";
+        String forUuid = mint(current, "LIMITED_DROP|42|" + uuid + "|" + (System.currentTimeMillis() / 1000 + 60));
+        Object[] byUuid = exchange(f, "/limited-drops/42/orders", headers("X-User-Id", uuid, "X-Entry-Token", forUuid));
+        equal(true, byUuid[2], "a UUID user's token passes");
+        equal(uuid, byUuid[3] instanceof EntryTokenVerifier.Verdict ? ((EntryTokenVerifier.Verdict) byUuid[3]).claims().user() : null,
+                "the UUID is the claims' user");
+        Object[] upper = exchange(f, "/limited-drops/42/orders",
+                headers("X-User-Id", uuid.toUpperCase(Locale.ROOT), "X-Entry-Token", forUuid));
+        equal(403, upper[0], "the UUID in upper case is another user");
         Object[] elsewhere = exchange(f, "/limited-drops/42", headers());
         equal(true, elsewhere[2], "other paths pass unchecked");
     }
