@@ -10,7 +10,9 @@
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[4] queue:{T}:waits            HASH target counters (tokens_issued)
 -- KEYS[5] queue:{T}:record          HASH the sale's record: ti (tokens issued), ti_last (ms)
--- KEYS[6] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
+-- KEYS[6] queue:{T}:unused           ZSET user -> expiry ms of a token issued and not used yet
+--                                    (a purchase takes it out; tokens_expire.lua counts the rest)
+-- KEYS[7] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
 -- ARGV[1] user id
 -- ARGV[2] the token signed by the caller
 -- ARGV[3] token ttl seconds
@@ -21,15 +23,18 @@
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq and tonumber(seq) <= mark then
-  redis.call('SET', KEYS[6], ARGV[2], 'EX', tonumber(ARGV[3]))
+  local ttl = tonumber(ARGV[3])
+  redis.call('SET', KEYS[7], ARGV[2], 'EX', ttl)
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
   record_incr(KEYS[5], tonumber(ARGV[4]), {'ti', 1})
   redis.call('HSET', KEYS[5], 'ti_last', now_ms())
+  redis.call('ZADD', KEYS[6], now_ms() + ttl * 1000, ARGV[1])
+  redis.call('EXPIRE', KEYS[6], ttl + 600)
   return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end
-local tok = redis.call('GET', KEYS[6])
+local tok = redis.call('GET', KEYS[7])
 if not tok then
   return {mark, 0, NOT_IN_QUEUE, 0, 0, 0, 0}
 end

@@ -25,6 +25,19 @@
 #       hold: 0 DIRECT_ADMITTED (Redis answers throughout), at most one batch per tick at the
 #       sink, 0 tokens the sink received twice; what it costs: the answers shed (503
 #       OVERLOADED) and the P95 of those served. No --assert-no-5xx: shedding is the point.
+#   scripts/bench.sh adaptive [LOADGEN-FLAGS...]
+#       queue.outflow fixed vs adaptive against the same purchase API whose capacity changes
+#       mid-sale: loadgen's sink at CAPACITY (50,20@30s,50@60s purchases/s, waits over
+#       MAX_WAIT_MS=1000 answered 503), USERS=10000 arriving at RATE=1000 enters/s, DURATION=90
+#       s, CONVERSION=0.6 of admitted buyers buying, ticks of TICK_MS=1000. Fixed admits
+#       BATCH=80 per tick (tuned for the full capacity: 80 × 0.6 = 48 purchases/s); adaptive
+#       starts at BATCH within BATCH_MIN=10..BATCH_MAX=200, deciding every INTERVAL_MS=3000 with
+#       LATENCY_MS=1000, ERROR_RATIO=0.05, INCREASE=10, DECREASE=0.7. Each round runs fixed,
+#       then adaptive, each on a fresh redis-server and vq serve. Table: purchases served,
+#       refused by the purchase API (503), buyers' purchase errors (non-2xx), purchase P95 at
+#       the buyer and at the sink, admitted and no-shows, buyers' wait P50/P95, users still
+#       waiting at the end, the batch's lowest and highest; then each run's timeline (loadgen's
+#       table) on stderr, and OUT=report.json keeps loadgen's JSON (NAME.MODE.ROUND.json).
 #   scripts/bench.sh [wrk] [SECONDS] [CONNECTIONS]
 #       wrk -t2 against enter and poll (SECONDS default DURATION or 10, 64 connections), next
 #       to the HTTP floor (the same bare axum server answering without Redis: what HTTP
@@ -74,7 +87,7 @@ usage() { say "$*"; exit 2; }
 export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | starved | wrk | pair | lua | pow) shift ;;
+  sale | naive | starved | adaptive | wrk | pair | lua | pow) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -240,6 +253,79 @@ loadgen_scenario() { # follow flags...
   for round in $(seq "$rounds"); do
     loadgen_round "$round" "$follow" "$@"
     [ "$RC" = 0 ] || worst=$RC
+  done
+  table "$WORK/rows"
+  exit "$worst"
+}
+
+# ---- adaptive: fixed vs adaptive outflow against a purchase API of changing capacity ------
+adaptive_run() { # round mode(fixed|adaptive) flags... -> appends a row to $WORK/rows, sets RC
+  local round=$1 mode=$2; shift 2
+  local vq_port sink_port vq_pid json
+  start_redis --maxmemory 512mb --maxmemory-policy noeviction
+  vq_port=$(free_port); sink_port=$(free_port)
+  VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
+    VQ_QUEUE__OUTFLOW="$mode" VQ_QUEUE__TICK_MS="$tick_ms" VQ_QUEUE__BATCH_SIZE="$batch" \
+    VQ_QUEUE__BATCH_MIN="${BATCH_MIN:-10}" VQ_QUEUE__BATCH_MAX="${BATCH_MAX:-200}" \
+    VQ_ADAPTIVE__INTERVAL_MS="${INTERVAL_MS:-3000}" VQ_ADAPTIVE__LATENCY_MS="${LATENCY_MS:-1000}" \
+    VQ_ADAPTIVE__ERROR_RATIO="${ERROR_RATIO:-0.05}" VQ_ADAPTIVE__INCREASE="${INCREASE:-10}" \
+    VQ_ADAPTIVE__DECREASE="${DECREASE:-0.7}" \
+    RUST_LOG=warn spawn "vq-$mode-$round" "$vq" serve --flag-on --listen "127.0.0.1:$vq_port"
+  vq_pid=$SPAWNED
+  wait_http "http://127.0.0.1:$vq_port/healthz" 20 "$vq_pid" ||
+    die "vq serve did not start: $(tail -5 "$WORK/vq-$mode-$round.log")"
+  json="$WORK/report-$mode-$round.json"
+  local flags=(--url "http://127.0.0.1:$vq_port" --target limited-drop:1 --users "$users"
+    --rate "$rate" --duration "$duration" --arrival constant --concurrency "$concurrency"
+    --follow-poll-after --purchase --conversion "$conversion" --sink "127.0.0.1:$sink_port"
+    --sink-capacity "$capacity" --sink-max-wait-ms "$max_wait" --quiet --json "$json")
+  window_start
+  # shellcheck disable=SC2086 # EXTRA is words
+  timed "loadgen-$mode-$round" timeout --foreground --signal=INT --kill-after=10 "$((duration + 60))" \
+    "$vq" loadgen "${flags[@]}" $extra "$@"
+  local machine_now; machine_now=$(window_end)
+  stop_pid "$vq_pid"; stop_pid "$REDIS_PID"
+  if ! [ -s "$json" ]; then
+    cat "$WORK/loadgen-$mode-$round.err" >&2
+    die "loadgen wrote no report (exit $RC)"
+  fi
+  [ -z "${OUT:-}" ] || cp "$json" "${OUT%.json}.$mode.$round.json"
+  python3 - "$json" "$mode" "$machine_now" <<'EOF' >>"$WORK/rows"
+import json, sys
+r = json.load(open(sys.argv[1]))
+steal, load = sys.argv[3].split()
+p = r["statusCountsByKind"].get("purchase", {})
+errors = sum(v for k, v in p.items() if not k.startswith("2"))
+batches = [t["batch"] for t in r.get("timeline", []) if t.get("batch") is not None]
+f = lambda x: f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+print("\t".join([sys.argv[2], str(r["purchases"]), str(r.get("downstreamRefused") or 0), str(errors),
+    f(r["purchase"]["p95Ms"]), str(r.get("downstreamP95Ms") or "-"),
+    str(r["admitted"] + r["directAdmitted"]), str(r["noShows"]),
+    f(r["waitSeconds"]["p50"]), f(r["waitSeconds"]["p95"]), str(r["stillWaiting"]),
+    str(min(batches)) if batches else "-", str(max(batches)) if batches else "-", steal, load]))
+EOF
+  cat "$WORK/loadgen-$mode-$round.out" >&2
+  echo "round $round, $mode: loadgen exit $RC" >&2
+}
+
+adaptive_scenario() {
+  use_work_dir
+  users="${USERS:-10000}" rate="${RATE:-1000}" duration="${DURATION:-90}" concurrency="${CONCURRENCY:-256}"
+  extra="${EXTRA:-}" capacity="${CAPACITY:-50,20@30s,50@60s}" max_wait="${MAX_WAIT_MS:-1000}"
+  conversion="${CONVERSION:-0.6}" tick_ms="${TICK_MS:-1000}" batch="${BATCH:-80}"
+  vq="${BENCH_VQ:-target/release/vq}"
+  [ -n "${BENCH_VQ:-}" ] || build_release --quiet --bins
+  [ -x "$vq" ] || die "no vq binary at $vq"
+  echo "vq bench adaptive: $users users at $rate enters/s, ${duration}s, conversion $conversion;" \
+    "purchase API capacity $capacity per s (waits over ${max_wait} ms refused); batch $batch per ${tick_ms} ms;" \
+    "loadgen, vq and redis-server $(redis-server --version | awk '{print $3}') on $(nproc) cores" >&2
+  printf 'outflow\tpurchases served\trefused by the API (503)\tpurchase errors at buyers\tpurchase P95 ms (buyer)\tP95 ms (API)\tadmitted\tno-shows\twait P50 s\tP95 s\tstill waiting\tbatch min\tmax\tsteal %%\tload 1m\n' >"$WORK/rows"
+  local round mode worst=0
+  for round in $(seq "$rounds"); do
+    for mode in fixed adaptive; do
+      adaptive_run "$round" "$mode" "$@"
+      [ "$RC" = 0 ] || worst=$RC
+    done
   done
   table "$WORK/rows"
   exit "$worst"
@@ -501,6 +587,7 @@ case "$scenario" in
   pow) pow_scenario ;;
   sale) loadgen_scenario 1 "$@" ;;
   naive | starved) loadgen_scenario 0 "$@" ;;
+  adaptive) adaptive_scenario "$@" ;;
   wrk) wrk_scenario "$@" ;;
   pair) pair_scenario "$@" ;;
   lua) lua_scenario "$@" ;;

@@ -205,7 +205,8 @@ pub async fn run(
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
     }
     if opts.pump {
-        let pump = Pump::new(store, settings.clone(), instance_id.clone());
+        let pump =
+            Pump::new(store, settings.clone(), instance_id.clone()).publishing_batches(service.outflow_batches());
         tracker.spawn(pump.run(cancel.clone()));
     }
     tracker.close();

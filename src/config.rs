@@ -133,11 +133,31 @@ pub struct TargetTypeSettings {
     /// Users who may wait per target of this type (else `queue.max_capacity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_capacity: Option<u64>,
+    /// `fixed` or `adaptive` for this type's targets (else `queue.outflow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outflow: Option<Outflow>,
+    /// The adaptive batch's bounds for this type's targets (else `queue.batch_min`/`_max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_min: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_max: Option<u64>,
+    /// Active buyers at most for this type's targets in active-buyer mode (else
+    /// `queue.max_active`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active: Option<u64>,
 }
 
 impl TargetTypeSettings {
     fn shipped(slug: &str) -> Self {
-        Self { slug: slug.to_owned(), batch_size: None, max_capacity: None }
+        Self {
+            slug: slug.to_owned(),
+            batch_size: None,
+            max_capacity: None,
+            outflow: None,
+            batch_min: None,
+            batch_max: None,
+            max_active: None,
+        }
     }
 }
 
@@ -197,6 +217,9 @@ pub struct QueueSettings {
     pub outflow: Outflow,
     pub batch_min: u64,
     pub batch_max: u64,
+    /// Active-buyer mode (`outflow = "active"`): buyers admitted and not finished (token not
+    /// yet collected, or held unused and unexpired) at most.
+    pub max_active: u64,
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
@@ -209,6 +232,9 @@ pub enum Outflow {
     #[default]
     Fixed,
     Adaptive,
+    /// Active buyers: a new buyer is admitted as one finishes, never more than `max_active`
+    /// at once.
+    Active,
 }
 
 /// `[adaptive]`: the controller of `queue.outflow = "adaptive"` (domain::Controller).
@@ -228,11 +254,23 @@ pub struct AdaptiveSettings {
     pub decrease: f64,
     /// Fewer purchases than this in an interval: the batch holds.
     pub min_samples: u64,
+    /// Purchases per tick to aim at: a healthy interval moves the batch to
+    /// `target / (1 − no_show)` (admitted buyers whose token expired unused, smoothed) instead
+    /// of adding `increase`. Unset: AIMD alone.
+    pub target_purchases_per_tick: Option<u64>,
 }
 
 impl Default for AdaptiveSettings {
     fn default() -> Self {
-        Self { interval_ms: 6000, latency_ms: 1000, error_ratio: 0.05, increase: 10, decrease: 0.7, min_samples: 10 }
+        Self {
+            interval_ms: 6000,
+            latency_ms: 1000,
+            error_ratio: 0.05,
+            increase: 10,
+            decrease: 0.7,
+            min_samples: 10,
+            target_purchases_per_tick: None,
+        }
     }
 }
 
@@ -384,6 +422,7 @@ impl Default for QueueSettings {
             outflow: Outflow::Fixed,
             batch_min: 10,
             batch_max: 1000,
+            max_active: 1000,
         }
     }
 }
@@ -570,7 +609,9 @@ impl Settings {
     fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 27] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 29] = [
+            ("queue.max_active", q.max_active, 1..=1_000_000_000),
+            ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
             ("queue.batch_max", q.batch_max, q.batch_min.max(1)..=*BATCH_SIZE.end()),
             ("adaptive.interval_ms", a.interval_ms, 200..=600_000),
@@ -626,9 +667,14 @@ impl Settings {
             }
             seen.push(*t);
             let what = |key| format!("targets.types.{}.{key}", t.slug());
-            for (key, value, range) in
-                [("batch_size", def.batch_size, BATCH_SIZE), ("max_capacity", def.max_capacity, 1..=1_000_000_000)]
-            {
+            let (min, _) = self.type_batch_bounds(*t);
+            for (key, value, range) in [
+                ("batch_size", def.batch_size, BATCH_SIZE),
+                ("max_capacity", def.max_capacity, 1..=1_000_000_000),
+                ("batch_min", def.batch_min, BATCH_SIZE),
+                ("batch_max", def.batch_max, min.max(1)..=*BATCH_SIZE.end()),
+                ("max_active", def.max_active, 1..=1_000_000_000),
+            ] {
                 if let Some(v) = value.filter(|v| !range.contains(v)) {
                     return Err(SettingError::TypeOutOfRange {
                         key: what(key),
@@ -695,17 +741,19 @@ impl Settings {
         self.adaptive.interval_ms.max(self.queue.tick_ms)
     }
 
-    /// The adaptive outflow's controller (`queue.batch_min/max`, `[adaptive]`).
-    pub fn controller(&self) -> crate::domain::Controller {
+    /// The adaptive outflow's controller of a target of `kind` (its bounds, `[adaptive]`).
+    pub fn controller(&self, kind: QueueTargetType) -> crate::domain::Controller {
         let a = &self.adaptive;
+        let (batch_min, batch_max) = self.type_batch_bounds(kind);
         crate::domain::Controller {
-            batch_min: self.queue.batch_min,
-            batch_max: self.queue.batch_max,
+            batch_min,
+            batch_max,
             latency_ms: a.latency_ms,
             error_ratio: a.error_ratio,
             increase: a.increase,
             decrease: a.decrease,
             min_samples: a.min_samples,
+            target_purchases: a.target_purchases_per_tick,
         }
     }
 
@@ -721,6 +769,31 @@ impl Settings {
     /// The batch a target of `kind` is admitted by unless `vq batch set` says otherwise.
     pub fn type_batch_size(&self, kind: QueueTargetType) -> u64 {
         self.type_settings(kind).and_then(|t| t.batch_size).unwrap_or(self.queue.batch_size)
+    }
+
+    /// How a target of `kind` is admitted: its type's `outflow`, else `queue.outflow`.
+    pub fn type_outflow(&self, kind: QueueTargetType) -> Outflow {
+        self.type_settings(kind).and_then(|t| t.outflow).unwrap_or(self.queue.outflow)
+    }
+
+    /// Whether a target of `kind` has an adaptive outflow.
+    pub fn is_adaptive(&self, kind: QueueTargetType) -> bool {
+        self.type_outflow(kind) == Outflow::Adaptive
+    }
+
+    /// The adaptive batch's bounds for a target of `kind`: its type's, else `queue.batch_min`
+    /// and `queue.batch_max`.
+    pub fn type_batch_bounds(&self, kind: QueueTargetType) -> (u64, u64) {
+        let t = self.type_settings(kind);
+        (
+            t.and_then(|t| t.batch_min).unwrap_or(self.queue.batch_min),
+            t.and_then(|t| t.batch_max).unwrap_or(self.queue.batch_max),
+        )
+    }
+
+    /// Active buyers at most for a target of `kind` (active-buyer mode).
+    pub fn type_max_active(&self, kind: QueueTargetType) -> u64 {
+        self.type_settings(kind).and_then(|t| t.max_active).unwrap_or(self.queue.max_active)
     }
 
     /// The users who may wait per target of `kind`.
@@ -875,7 +948,8 @@ mod tests {
             jail.set_env("VQ_QUEUE__OUTFLOW", "adaptive");
             let s = Settings::load(None, &Overrides::default()).unwrap();
             assert_eq!(s.queue.outflow, Outflow::Adaptive);
-            assert_eq!((s.controller().batch_min, s.controller().batch_max), (10, 1000));
+            let c = s.controller(QueueTargetType::LIMITED_DROP);
+            assert_eq!((c.batch_min, c.batch_max), (10, 1000));
             for (key, value, says) in [
                 ("VQ_ADAPTIVE__DECREASE", "1.5", "adaptive.decrease (VQ_ADAPTIVE__DECREASE) must be a fraction"),
                 ("VQ_ADAPTIVE__ERROR_RATIO", "0", "adaptive.error_ratio"),
@@ -887,6 +961,30 @@ mod tests {
                 assert!(err.contains(says), "{key}={value}: {err}");
                 jail.clear_env();
                 jail.set_env("VQ_QUEUE__OUTFLOW", "adaptive");
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_target_type_may_have_its_own_outflow_and_bounds() {
+        Jail::expect_with(|jail| {
+            let types = "[[targets.types]]\nslug = \"limited-drop\"\noutflow = \"adaptive\"\nbatch_min = 5\nbatch_max = 50\n\n\
+                         [[targets.types]]\nslug = \"ticketing-event\"\n";
+            jail.create_file("vq.toml", types)?;
+            let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+            let event = QueueTargetType::from_slug("ticketing-event").unwrap();
+            assert!(s.is_adaptive(QueueTargetType::LIMITED_DROP) && !s.is_adaptive(event), "queue.outflow is fixed");
+            let c = s.controller(QueueTargetType::LIMITED_DROP);
+            assert_eq!((c.batch_min, c.batch_max), (5, 50));
+            assert_eq!(s.type_batch_bounds(event), (10, 1000), "queue.batch_min / batch_max");
+            for (file, says) in [
+                ("[[targets.types]]\nslug = \"limited-drop\"\nbatch_min = 60\nbatch_max = 50\n", "batch_max"),
+                ("[[targets.types]]\nslug = \"limited-drop\"\noutflow = \"auto\"\n", "auto"),
+            ] {
+                jail.create_file("vq.toml", file)?;
+                let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
+                assert!(err.contains(says), "{file}: {err}");
             }
             Ok(())
         });

@@ -40,6 +40,10 @@ pub const FAILOVER_FENCED_TOTAL: &str = "virtual_queue_failover_fenced_total";
 pub const SALE_STATE: &str = "virtual_queue_sale_state";
 pub const BATCH_SIZE: &str = "virtual_queue_batch_size";
 pub const ADAPTIVE_BATCH_MIN: &str = "virtual_queue_adaptive_batch_min";
+pub const TARGET_TOKENS: &str = "virtual_queue_target_tokens";
+pub const ADAPTIVE_P95: &str = "virtual_queue_adaptive_purchase_p95_seconds";
+pub const ADAPTIVE_ERROR_RATIO: &str = "virtual_queue_adaptive_error_ratio";
+pub const ADAPTIVE_NO_SHOW_RATIO: &str = "virtual_queue_adaptive_no_show_ratio";
 
 /// The `state` label values of [`SALE_STATE`]: `none` for a target without a sale, then the
 /// sale's states as `vq sale show` names them.
@@ -188,6 +192,10 @@ struct TargetSeries {
     sale_state: usize,
     admitted: u64,
     evicted: u64,
+    /// Cluster-wide: tokens issued through the queue, used by a purchase, expired unused.
+    tokens: [u64; 3],
+    /// The adaptive controller's last signals: P95 (s), error ratio, no-show ratio.
+    signals: Option<(Option<f64>, f64, Option<f64>)>,
 }
 
 static TARGETS: Mutex<BTreeMap<QueueTarget, TargetSeries>> = Mutex::new(BTreeMap::new());
@@ -211,6 +219,15 @@ pub fn set_queue_state(
         s.batch = batch;
         s.target_rate_per_sec = target_rate_per_sec;
         s.sale_state = state;
+    });
+}
+
+/// The target's tokens (cluster-wide, from Redis) and, with an adaptive outflow, the signals
+/// of its controller's last decision.
+pub fn set_target_outcomes(target: QueueTarget, tokens: [u64; 3], signals: Option<(Option<f64>, f64, Option<f64>)>) {
+    with_target(target, |s| {
+        s.tokens = tokens;
+        s.signals = signals;
     });
 }
 
@@ -248,6 +265,41 @@ fn render_targets(out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (t, s) in &targets {
             let _ = writeln!(out, "{name}{{target=\"{t}\"}} {}", value(s));
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {TARGET_TOKENS} Tokens issued through the queue, used by a purchase, expired unused (no-shows), per target (cluster-wide, from Redis at scrape time)\n# TYPE {TARGET_TOKENS} gauge"
+    );
+    for (t, s) in &targets {
+        for (i, outcome) in ["issued", "used", "expired"].iter().enumerate() {
+            let _ = writeln!(out, "{TARGET_TOKENS}{{target=\"{t}\",outcome=\"{outcome}\"}} {}", s.tokens[i]);
+        }
+    }
+    out.push('\n');
+    type Signal = (&'static str, &'static str, fn((Option<f64>, f64, Option<f64>)) -> Option<f64>);
+    let signals: [Signal; 3] = [
+        (
+            ADAPTIVE_P95,
+            "P95 latency of purchases in the adaptive controller's last interval (bucket upper bound)",
+            |s| s.0,
+        ),
+        (
+            ADAPTIVE_ERROR_RATIO,
+            "Share of purchases failed (5xx, 429, timeout, unreachable) in its last interval",
+            |s| Some(s.1),
+        ),
+        (ADAPTIVE_NO_SHOW_RATIO, "Smoothed share of admitted buyers whose token expired unused", |s| s.2),
+    ];
+    for (name, help, value) in signals {
+        let rows: Vec<_> = targets.iter().filter_map(|(t, s)| s.signals.and_then(value).map(|v| (t, v))).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (t, v) in rows {
+            let _ = writeln!(out, "{name}{{target=\"{t}\"}} {v}");
         }
         out.push('\n');
     }

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Outflow, Settings};
-use crate::domain::{DeclaredTargets, QueueTarget};
-use crate::store::{AdmitOutcome, AnyStore, OutflowClaim, OutflowState, QueueStore, StoreError};
+use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
+use crate::service::OutflowBatches;
+use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
 
 /// What the pump did for one target in one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,11 +76,20 @@ pub struct Pump {
     store: AnyStore,
     settings: Arc<Settings>,
     instance_id: String,
+    /// Where the adaptive batch of each target is published for this instance's ETAs.
+    batches: Option<Arc<OutflowBatches>>,
 }
 
 impl Pump {
     pub fn new(store: AnyStore, settings: Arc<Settings>, instance_id: String) -> Self {
-        Self { store, settings, instance_id }
+        Self { store, settings, instance_id, batches: None }
+    }
+
+    /// Publishes each target's adaptive batch, as this pump chooses or reads it every tick,
+    /// into `batches` (the serving instance's, for its ETAs).
+    pub fn publishing_batches(mut self, batches: Arc<OutflowBatches>) -> Self {
+        self.batches = Some(batches);
+        self
     }
 
     /// One round over every active target: admissions first, then evictions.
@@ -148,27 +158,54 @@ impl Pump {
         if let Some(g) = global {
             return Ok(g);
         }
-        if self.settings.queue.outflow != Outflow::Adaptive {
-            return Ok(configured);
+        match self.settings.type_outflow(target.kind) {
+            Outflow::Fixed => return Ok(configured),
+            // A place per buyer who finished since: never more than max_active at once.
+            Outflow::Active => {
+                let active = self.store.active_buyers(target).await?;
+                return Ok(self.settings.type_max_active(target.kind).saturating_sub(active));
+            }
+            Outflow::Adaptive => {}
         }
-        let controller = self.settings.controller();
+        let controller = self.settings.controller(target.kind);
         let now = self.store.now_ms();
         let interval = (now / self.settings.outflow_interval_ms()).saturating_sub(1);
-        Ok(match self.store.claim_outflow(target, interval).await? {
+        let batch = match self.store.claim_outflow(target, interval).await? {
             OutflowClaim::Pinned => configured,
             OutflowClaim::Decided { current } => {
                 current.unwrap_or(configured).clamp(controller.batch_min, controller.batch_max)
             }
-            OutflowClaim::Decide { current, seen } => {
-                let d = controller.decide(current.unwrap_or(configured), &seen);
+            OutflowClaim::Decide { current, seen, no_show_bp, ended, counters } => {
+                let previous = no_show_bp.map(|bp| bp as f64 / 10_000.0);
+                let no_show = match ended {
+                    Some(e) => smooth_no_show(previous, e.used, e.expired),
+                    None => previous,
+                };
+                let d = controller.decide(current.unwrap_or(configured), &seen, no_show);
                 if current != Some(d.batch) {
                     tracing::info!(target_queue = %target, from = ?current, to = d.batch, reason = %d.reason, "adaptive outflow");
                 }
-                let state = OutflowState { batch: d.batch, reason: d.reason, decided_at_ms: now };
-                self.store.set_outflow(target, &state).await?;
+                let state = OutflowState {
+                    batch: d.batch,
+                    reason: d.reason,
+                    decided_at_ms: now,
+                    no_show_bp: no_show.map(|n| (n * 10_000.0).round() as u64),
+                    tokens_used: counters.used,
+                    tokens_expired: counters.expired,
+                    purchases: seen.purchases,
+                    p95_ms: seen.p95_ms().map(|p| p.min(u64::from(u32::MAX))),
+                    error_bp: (seen.error_ratio() * 10_000.0).round() as u64,
+                };
+                let change = (current != Some(d.batch))
+                    .then(|| BatchChange { from: current, instance: self.instance_id.clone() });
+                self.store.set_outflow(target, &state, change).await?;
                 d.batch
             }
-        })
+        };
+        if let Some(b) = &self.batches {
+            b.set(target, batch);
+        }
+        Ok(batch)
     }
 
     /// The declared targets: the configured ones and those declared at runtime, of the
@@ -199,6 +236,11 @@ impl Pump {
         tick.admit = Some(admit);
         if admit.admitted > 0 {
             crate::metrics::admitted(target, admit.admitted);
+        }
+        // No-shows: tokens that expired unused are counted once, by the lock's holder. A
+        // failure only delays the count to a later tick.
+        if let Err(e) = self.store.expire_tokens(target).await {
+            tracing::warn!(target_queue = %target, error = %e, "counting expired tokens failed");
         }
         Ok(tick)
     }

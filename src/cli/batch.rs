@@ -115,7 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "{t} runtime batch size: {}",
                 snap.batch_override.map_or_else(|| "not set".into(), |b| b.to_string())
             );
-            let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
+            let adaptive = settings.is_adaptive(t.kind);
             let base = crate::service::unpinned_batch(&settings, t.kind, &snap);
             if adaptive {
                 let pinned = snap.batch_override.is_some() || global.is_some();

@@ -16,7 +16,7 @@ use self::render::{LiveView, print_report, print_sweep};
 use super::{ConfigArg, runtime};
 use crate::config::{Overrides, Settings, StoreKind};
 use crate::domain::QueueTarget;
-use crate::loadgen::{self, ArrivalCurve, Arrivals, Bounds, Live, Options, ServerFacts, Sink, check_bounds};
+use crate::loadgen::{self, ArrivalCurve, Arrivals, Bounds, Live, Options, ServerFacts, Sink, SinkModel, check_bounds};
 use crate::store::{QueueStore, RedisStore};
 
 /// Exit code when the run completed but broke an `--assert-…` bound.
@@ -70,6 +70,19 @@ pub struct Args {
     /// Start a counting upstream on ADDR (point gate.upstream at it)
     #[arg(long, value_name = "ADDR")]
     sink: Option<SocketAddr>,
+    /// The sink as a purchase API of limited capacity: purchases per second, changing at
+    /// offsets from the start, e.g. 50,20@30s,50@60s. One purchase at a time, first come first
+    /// served (latency grows with the backlog); a purchase that would wait over
+    /// --sink-max-wait-ms is answered 503 with Retry-After: 1. Without it the sink answers at once
+    #[arg(long, value_name = "N[,N@SECS]…", requires = "sink")]
+    sink_capacity: Option<crate::loadgen::CapacitySchedule>,
+    /// With --sink-capacity: the longest wait for a turn before the sink answers 503
+    #[arg(long, value_name = "MS", default_value_t = 1000, requires = "sink_capacity")]
+    sink_max_wait_ms: u64,
+    /// With --purchase: share of admitted buyers (0–1) who buy; the others never use their
+    /// token (no-shows)
+    #[arg(long, value_name = "SHARE", default_value_t = 1.0)]
+    conversion: f64,
     /// Write the report as JSON
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -123,6 +136,9 @@ impl Args {
         if !(0.0..=1.0).contains(&self.abandon) {
             anyhow::bail!("--abandon must be between 0 and 1");
         }
+        if !(0.0..=1.0).contains(&self.conversion) {
+            anyhow::bail!("--conversion must be between 0 and 1");
+        }
         if !(self.rate > 0.0 && self.rate.is_finite() && self.duration > 0.0 && self.duration.is_finite()) {
             anyhow::bail!("--rate and --duration must be positive");
         }
@@ -173,6 +189,7 @@ impl Args {
             purchase: self.purchase,
             purchase_path,
             purchase_times: self.purchase_times,
+            conversion: self.conversion,
             concurrency: self.concurrency,
             leave_at_end: false,
             batch_size: server.map_or(settings.queue.batch_size, |f| f.batch_size),
@@ -217,7 +234,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let sink = match args.sink {
             Some(addr) => {
-                Some(Sink::start(addr, opts.tick_ms).await.with_context(|| format!("cannot bind the sink on {addr}"))?)
+                let model = SinkModel {
+                    capacity: args.sink_capacity.clone(),
+                    max_wait: Duration::from_millis(args.sink_max_wait_ms),
+                };
+                Some(Sink::start(addr, opts.tick_ms, model).await.with_context(|| format!("cannot bind the sink on {addr}"))?)
             }
             None => None,
         };

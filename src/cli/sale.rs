@@ -521,6 +521,10 @@ fn print_ledger(report: &LedgerReport) {
                 );
                 [at, what, String::new(), String::new(), "command".into()]
             }
+            LedgerEntry::Batch { from, to, instance, reason, .. } => {
+                let from = from.map_or_else(|| "-".to_owned(), |f| f.to_string());
+                [at, format!("batch {from} → {to}: {reason}"), String::new(), String::new(), instance.clone()]
+            }
         };
         table.add_row(row);
     }

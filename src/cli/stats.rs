@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{FlagState, QueueTarget, admission_rate_over};
+use crate::domain::{FlagState, LedgerEntry, QueueTarget, admission_rate_over, format_instant};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::{AnyStore, QueueStore, TargetSnapshot};
 
@@ -87,6 +87,37 @@ pub struct TargetRow {
     pub capacity_percent: f64,
     /// `OVER_CAPACITY_90` and/or `RATE_UNDER_50`.
     pub alerts: Vec<&'static str>,
+    /// With an adaptive outflow: the last changes of the batch, newest first (the admission
+    /// ledger's `batch` rows).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub batch_changes: Vec<LedgerEntry>,
+}
+
+/// Batch changes shown per target.
+const BATCH_CHANGES_SHOWN: usize = 3;
+
+/// The lines under the table for a target with an adaptive outflow: the batch, the signals
+/// its last decision saw, and its last changes.
+fn outflow_notes(r: &TargetRow) -> String {
+    let s = &r.stats;
+    let Some(sig) = &s.outflow_signals else { return String::new() };
+    let p95 = sig.p95_ms.map_or_else(|| "-".to_owned(), |p| format!("≤ {p} ms"));
+    let no_show = sig.no_show_ratio.map_or_else(|| "-".to_owned(), |n| format!("{n:.2}"));
+    let mut out = format!(
+        "{} outflow adaptive: batch {} ({}); last interval {} purchases, P95 {p95}, errors {:.3}, no-shows {no_show}\n",
+        r.target,
+        s.batch_size,
+        s.outflow_reason.as_deref().unwrap_or("-"),
+        sig.purchases,
+        sig.error_ratio,
+    );
+    for c in &r.batch_changes {
+        if let LedgerEntry::Batch { at_ms, from, to, reason, instance } = c {
+            let from = from.map_or_else(|| "-".to_owned(), |f| f.to_string());
+            out.push_str(&format!("  {} batch {from} → {to} by {instance}: {reason}\n", format_instant(*at_ms)));
+        }
+    }
+    out
 }
 
 /// A queue whose longest-waiting user entered fewer than this many ticks ago has not had
@@ -165,7 +196,14 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     for t in targets {
         let (snap, stats) = read_target_stats(store, t, settings).await?;
         let seen = rate_seen(&snap, stats.tick_ms, store.now_ms());
+        let batch_changes = if stats.outflow_signals.is_some() {
+            let ledger = store.sale_ledger(t).await?;
+            ledger.into_iter().filter(|e| matches!(e, LedgerEntry::Batch { .. })).take(BATCH_CHANGES_SHOWN).collect()
+        } else {
+            Vec::new()
+        };
         rows.push(TargetRow {
+            batch_changes,
             target: t.to_string(),
             flag: describe(Some(t)),
             lock_holder: snap.lock_holder,
@@ -320,6 +358,7 @@ fn render_compact(report: &Report, colour: bool, columns: u16) -> String {
         if r.flag != report.flag {
             notes.push_str(&format!("{} flag: {}\n", r.target, r.flag));
         }
+        notes.push_str(&outflow_notes(r));
     }
     // The figures never wrap; the target and the alert words do when they must.
     for i in 1..5 {
@@ -384,6 +423,9 @@ pub fn render(report: &Report, colour: bool) -> String {
     } else {
         out.push_str(&table.to_string());
         out.push('\n');
+        for r in &report.targets {
+            out.push_str(&outflow_notes(r));
+        }
     }
     out
 }
@@ -462,6 +504,8 @@ mod tests {
             prequeued_count: None,
             outflow: "fixed".into(),
             outflow_reason: None,
+            tokens_expired: 0,
+            outflow_signals: None,
         }
     }
 
@@ -543,6 +587,7 @@ mod tests {
                 lock_holder: Some("a".into()),
                 capacity_percent: 95.0,
                 alerts: alerts_of(&stats(950, 0.0), &seen(0.0)),
+                batch_changes: Vec::new(),
             }],
         };
         let text = render(&report, false);
@@ -573,6 +618,7 @@ mod tests {
                 lock_holder: Some("vq-7f9c2d-1234".into()),
                 capacity_percent: waiting as f64 * 100.0 / 100_000.0,
                 alerts: alerts_of(&s, &seen(rate)),
+                batch_changes: Vec::new(),
                 stats: s,
             }
         };

@@ -14,7 +14,7 @@ mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
-pub use outflow::{Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket};
+pub use outflow::{Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket, smooth_no_show};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{

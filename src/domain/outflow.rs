@@ -6,6 +6,11 @@
 //! latency and error targets and never backed off adds `increase` users; one where it did not
 //! multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
 //! with fewer than `min_samples` purchases holds the batch (no evidence either way).
+//!
+//! No-show compensation (`adaptive.target_purchases_per_tick`): admitted buyers whose token
+//! expires unused are no-shows; their smoothed share `no_show` ([`smooth_no_show`]) sets the
+//! batch a healthy interval moves to, `target / (1 − no_show)`, so the purchase API gets the
+//! purchases it can take rather than fewer; an unhealthy interval still cuts the batch.
 
 /// Upper bounds (ms) of the latency buckets the gate counts purchases in; the last is open.
 pub const LATENCY_BUCKETS_MS: [u64; 10] = [25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, u64::MAX];
@@ -67,6 +72,31 @@ pub struct Controller {
     pub decrease: f64,
     /// Fewer purchases than this in an interval: hold.
     pub min_samples: u64,
+    /// Purchases per tick to aim at, compensating for no-shows (`None`: AIMD alone).
+    pub target_purchases: Option<u64>,
+}
+
+/// Tokens ended (used or expired) in an interval below which the no-show share holds.
+pub const NO_SHOW_MIN_TOKENS: u64 = 5;
+/// Weight of the newest interval in the smoothed no-show share.
+pub const NO_SHOW_WEIGHT: f64 = 0.5;
+/// The most no-shows compensated for: at 90 % the batch is ten times the target already.
+pub const NO_SHOW_MAX: f64 = 0.9;
+
+/// The smoothed share of no-shows after an interval in which `used` tokens bought and
+/// `expired` expired unused: an exponentially weighted mean ([`NO_SHOW_WEIGHT`]) of each
+/// interval's `expired / (used + expired)`; `previous` while fewer than [`NO_SHOW_MIN_TOKENS`]
+/// ended (no evidence).
+pub fn smooth_no_show(previous: Option<f64>, used: u64, expired: u64) -> Option<f64> {
+    let ended = used + expired;
+    if ended < NO_SHOW_MIN_TOKENS {
+        return previous;
+    }
+    let now = expired as f64 / ended as f64;
+    Some(match previous {
+        Some(p) => p + NO_SHOW_WEIGHT * (now - p),
+        None => now,
+    })
 }
 
 /// The controller's choice for the next interval.
@@ -77,9 +107,19 @@ pub struct Decision {
 }
 
 impl Controller {
-    /// The batch after an interval with `seen`, from `current` (clamped into the bounds first).
-    pub fn decide(&self, current: u64, seen: &Observations) -> Decision {
+    /// The batch that brings `target_purchases` per tick when a share `no_show` of admitted
+    /// buyers never buys, within the bounds; `None` without a target.
+    pub fn compensated(&self, no_show: Option<f64>) -> Option<u64> {
+        let target = self.target_purchases? as f64;
+        let show = 1.0 - no_show.unwrap_or(0.0).clamp(0.0, NO_SHOW_MAX);
+        Some(((target / show).ceil() as u64).clamp(self.batch_min, self.batch_max))
+    }
+
+    /// The batch after an interval with `seen`, from `current` (clamped into the bounds first),
+    /// with `no_show` the smoothed share of no-shows (used only with `target_purchases`).
+    pub fn decide(&self, current: u64, seen: &Observations, no_show: Option<f64>) -> Decision {
         let current = current.clamp(self.batch_min, self.batch_max);
+        let compensated = self.compensated(no_show);
         if seen.purchases < self.min_samples {
             return Decision {
                 batch: current,
@@ -100,11 +140,21 @@ impl Controller {
         match trouble {
             Some(why) => {
                 let batch = ((current as f64 * self.decrease).floor() as u64).max(self.batch_min);
-                Decision { batch, reason: format!("down: {why}") }
+                Decision { batch: compensated.map_or(batch, |c| batch.min(c)), reason: format!("down: {why}") }
             }
-            None => Decision {
-                batch: current.saturating_add(self.increase).min(self.batch_max),
-                reason: format!("up: {} purchases, P95 ≤ {p95} ms, error ratio {ratio:.3}", seen.purchases),
+            None => match compensated {
+                Some(batch) => Decision {
+                    batch,
+                    reason: format!(
+                        "target: {} purchases per tick / (1 − {:.2} no-shows), P95 ≤ {p95} ms, error ratio {ratio:.3}",
+                        self.target_purchases.unwrap_or(0),
+                        no_show.unwrap_or(0.0).clamp(0.0, NO_SHOW_MAX)
+                    ),
+                },
+                None => Decision {
+                    batch: current.saturating_add(self.increase).min(self.batch_max),
+                    reason: format!("up: {} purchases, P95 ≤ {p95} ms, error ratio {ratio:.3}", seen.purchases),
+                },
             },
         }
     }
@@ -122,6 +172,7 @@ mod tests {
         increase: 10,
         decrease: 0.5,
         min_samples: 5,
+        target_purchases: None,
     };
 
     fn seen(purchases: u64, errors: u64, backoffs: u64, ms: u64) -> Observations {
@@ -132,16 +183,45 @@ mod tests {
 
     #[test]
     fn healthy_intervals_add_and_unhealthy_ones_multiply_within_the_bounds() {
-        assert_eq!(C.decide(50, &seen(40, 0, 0, 100)).batch, 60);
-        assert_eq!(C.decide(95, &seen(40, 0, 0, 100)).batch, 100, "never past batch_max");
-        assert_eq!(C.decide(50, &seen(40, 0, 0, 900)).batch, 25, "slow");
-        assert_eq!(C.decide(50, &seen(40, 4, 0, 100)).batch, 25, "10 % errors");
-        assert_eq!(C.decide(50, &seen(40, 0, 1, 100)).batch, 25, "backing off");
-        assert_eq!(C.decide(12, &seen(40, 40, 0, 100)).batch, 10, "never under batch_min");
-        let hold = C.decide(50, &seen(4, 4, 4, 9000));
+        assert_eq!(C.decide3(50, &seen(40, 0, 0, 100)).batch, 60);
+        assert_eq!(C.decide3(95, &seen(40, 0, 0, 100)).batch, 100, "never past batch_max");
+        assert_eq!(C.decide3(50, &seen(40, 0, 0, 900)).batch, 25, "slow");
+        assert_eq!(C.decide3(50, &seen(40, 4, 0, 100)).batch, 25, "10 % errors");
+        assert_eq!(C.decide3(50, &seen(40, 0, 1, 100)).batch, 25, "backing off");
+        assert_eq!(C.decide3(12, &seen(40, 40, 0, 100)).batch, 10, "never under batch_min");
+        let hold = C.decide3(50, &seen(4, 4, 4, 9000));
         assert_eq!(hold.batch, 50, "too few purchases: hold");
         assert!(hold.reason.starts_with("hold"), "{}", hold.reason);
-        assert_eq!(C.decide(500, &seen(0, 0, 0, 0)).batch, 100, "a current value out of bounds is clamped");
+        assert_eq!(C.decide3(500, &seen(0, 0, 0, 0)).batch, 100, "a current value out of bounds is clamped");
+    }
+
+    impl Controller {
+        fn decide3(&self, current: u64, seen: &Observations) -> Decision {
+            self.decide(current, seen, None)
+        }
+    }
+
+    #[test]
+    fn a_purchase_target_is_compensated_for_no_shows_within_the_bounds() {
+        let t = Controller { target_purchases: Some(20), ..C };
+        assert_eq!(t.compensated(None), Some(20));
+        assert_eq!(t.compensated(Some(0.5)), Some(40), "half the admitted never buy: twice the target");
+        assert_eq!(t.compensated(Some(0.99)), Some(100), "at most 90 % compensated, and never past batch_max");
+        assert_eq!(Controller { target_purchases: Some(2), ..C }.compensated(Some(0.0)), Some(10), "batch_min");
+        let up = t.decide(12, &seen(40, 0, 0, 100), Some(0.5));
+        assert_eq!(up.batch, 40, "a healthy interval moves to the compensated batch");
+        assert!(up.reason.starts_with("target"), "{}", up.reason);
+        assert_eq!(t.decide(90, &seen(40, 0, 0, 100), Some(0.5)).batch, 40, "down to it as well");
+        assert_eq!(t.decide(60, &seen(40, 0, 1, 100), Some(0.5)).batch, 30, "backing off still cuts");
+        assert_eq!(t.decide(33, &seen(1, 0, 0, 100), Some(0.5)).batch, 33, "too few purchases: hold");
+    }
+
+    #[test]
+    fn the_no_show_share_is_smoothed_and_holds_without_evidence() {
+        assert_eq!(smooth_no_show(None, 2, 2), None, "fewer than 5 tokens ended");
+        assert_eq!(smooth_no_show(Some(0.3), 1, 1), Some(0.3));
+        assert_eq!(smooth_no_show(None, 10, 10), Some(0.5));
+        assert_eq!(smooth_no_show(Some(0.0), 5, 5), Some(0.25), "half way to the interval's share");
     }
 
     #[test]

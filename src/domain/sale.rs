@@ -277,12 +277,16 @@ pub enum LedgerEntry {
     /// A schedule written (`vq sale schedule`, first or again), with the times now in force.
     #[serde(rename_all = "camelCase")]
     Schedule { at_ms: u64, opens_at_ms: u64, prequeue_from_ms: Option<u64>, closes_at_ms: Option<u64> },
+    /// The adaptive outflow changed the batch (`from` is `None` at its first decision).
+    #[serde(rename_all = "camelCase")]
+    Batch { at_ms: u64, from: Option<u64>, to: u64, instance: String, reason: String },
 }
 
 impl LedgerEntry {
     /// Parses a stored row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
     /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
-    /// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none).
+    /// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none),
+    /// `batch|ms|from|to|instance|reason` (from empty at the first decision).
     pub fn decode(row: &str) -> Option<Self> {
         let mut p = row.splitn(6, '|');
         let kind = p.next()?;
@@ -316,8 +320,22 @@ impl LedgerEntry {
                 let mut opt = || next().and_then(|v| v.parse().ok());
                 Self::Schedule { at_ms, opens_at_ms, prequeue_from_ms: opt(), closes_at_ms: opt() }
             }
+            "batch" => Self::Batch {
+                at_ms,
+                from: next()?.parse().ok(),
+                to: next()?.parse().ok()?,
+                instance: next()?,
+                // The reason is the rest of the row.
+                reason: next().unwrap_or_default(),
+            },
             _ => return None,
         })
+    }
+
+    /// The stored row of a batch change (the only kind vq writes outside Lua).
+    pub fn encode_batch(at_ms: u64, from: Option<u64>, to: u64, instance: &str, reason: &str) -> String {
+        let from = from.map(|f| f.to_string()).unwrap_or_default();
+        format!("batch|{at_ms}|{from}|{to}|{}|{reason}", instance.replace('|', "/"))
     }
 
     pub fn at_ms(&self) -> u64 {
@@ -328,7 +346,8 @@ impl LedgerEntry {
             | Self::Resume { at_ms, .. }
             | Self::Close { at_ms, .. }
             | Self::Clear { at_ms, .. }
-            | Self::Schedule { at_ms, .. } => *at_ms,
+            | Self::Schedule { at_ms, .. }
+            | Self::Batch { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -447,6 +466,19 @@ mod tests {
             Some(LedgerEntry::Close { at_ms: 7, source: "purchase-api".into(), message: "Sold | out".into() })
         );
         assert_eq!(LedgerEntry::decode("nonsense"), None);
+        let row = LedgerEntry::encode_batch(9, None, 20, "host-1:7", "target: 10 / (1 − 0.50) | more");
+        assert_eq!(
+            LedgerEntry::decode(&row),
+            Some(LedgerEntry::Batch {
+                at_ms: 9,
+                from: None,
+                to: 20,
+                instance: "host-1:7".into(),
+                reason: "target: 10 / (1 − 0.50) | more".into()
+            })
+        );
+        let row = LedgerEntry::encode_batch(9, Some(20), 14, "h", "down: x");
+        assert!(matches!(LedgerEntry::decode(&row), Some(LedgerEntry::Batch { from: Some(20), to: 14, .. })));
         assert_eq!(hex(&unhex("00ff10").unwrap()), "00ff10");
         assert_eq!(seed_commitment(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }

@@ -175,6 +175,13 @@ impl Ctx {
         if !self.opts.purchase {
             return;
         }
+        if self.opts.conversion < 1.0 {
+            let mut rng = Rng(self.opts.seed.rotate_left(17) ^ user.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            if rng.unit() >= self.opts.conversion {
+                self.rec.no_shows.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
         for _ in 0..self.opts.purchase_times {
             self.rec.purchase_attempts.fetch_add(1, Ordering::Relaxed);
             let answer = self.send(Kind::Purchase, "POST", &self.purchase_path, user, token, Instant::now()).await;

@@ -40,12 +40,12 @@ pub use self::opening::rank_correlation;
 use self::opening::{opening_figures, schedule_opening};
 use self::recorder::{KINDS, Kind, Recorder, ShardedHistogram};
 pub use self::report::{
-    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, PowFigures, Report, WaitSummary,
-    check_bounds, client_limit,
+    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, PowFigures, Report, TimelinePoint,
+    WaitSummary, check_bounds, client_limit,
 };
 pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};
-pub use self::sink::{Sink, SinkFigures};
+pub use self::sink::{CapacitySchedule, Sink, SinkFigures, SinkModel, SinkSecond};
 use crate::domain::QueueTarget;
 use crate::store::{QueueStore, RedisStore};
 
@@ -80,6 +80,9 @@ pub struct Options {
     /// Times each buyer sends the purchase (one after the other, as a buyer clicking "buy"
     /// again): a token must buy once however often it is sent.
     pub purchase_times: u32,
+    /// Share of admitted buyers (0–1) who buy; the others never use their token (no-shows),
+    /// drawn per user from the seed.
+    pub conversion: f64,
     /// Requests in flight at most (the connection pool grows to this).
     pub concurrency: usize,
     /// Users still in the queue at the end (waiting or abandoned) leave it (DELETE), so the
@@ -199,6 +202,9 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
 
     let cancel = CancellationToken::new();
     let sampler = redis.map(|r| tokio::spawn(sample_redis(r, ctx.opts.target, cancel.clone())));
+    // With a sink, the batch in force once a second, from the server's stats answer, for the
+    // timeline beside what the sink served.
+    let batches = sink.map(|_| tokio::spawn(sample_batches(base.clone(), ctx.opts.target, cancel.clone())));
 
     let tracker = TaskTracker::new();
     let mut scheduled_users = 0u64;
@@ -228,8 +234,48 @@ pub async fn run(opts: Options, live: Arc<Live>, redis: Option<RedisStore>, sink
         (Some(a), Some(b)) => Some(b - a),
         _ => None,
     };
+    let batches = match batches {
+        Some(h) => h.await.unwrap_or_default(),
+        None => BTreeMap::new(),
+    };
+    let timeline = sink.map(|s| timeline(&s.seconds(wall_start, wall_end), &batches, wall_start)).unwrap_or_default();
     let sink = sink.map(|s| s.figures(wall_start, wall_end));
-    build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink, elapsed, cpu_secs)
+    let mut report = build_report(&ctx, scheduled_users, batch_size, redis_bytes, sink, elapsed, cpu_secs);
+    report.timeline = timeline;
+    report
+}
+
+/// The batch the server's stats answer gives, once a second until `cancel`: epoch second →
+/// batch (the last answer of that second).
+async fn sample_batches(base: String, target: QueueTarget, cancel: CancellationToken) -> BTreeMap<u64, u64> {
+    let mut seen = BTreeMap::new();
+    loop {
+        if let Ok(Some(facts)) = probe(&base, target).await {
+            seen.insert(epoch_ms() / 1000, facts.batch_size);
+        }
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    seen
+}
+
+/// The run second by second: the sink's figures beside the batch last seen at or before
+/// each second.
+fn timeline(seconds: &[SinkSecond], batches: &BTreeMap<u64, u64>, wall_start_ms: u64) -> Vec<TimelinePoint> {
+    let first = wall_start_ms / 1000;
+    seconds
+        .iter()
+        .map(|s| TimelinePoint {
+            second: s.second.saturating_sub(first),
+            batch: batches.range(..=s.second).next_back().map(|(_, b)| *b),
+            capacity_per_sec: s.capacity,
+            served: s.served,
+            refused: s.refused,
+            sink_p95_ms: s.p95_ms,
+        })
+        .collect()
 }
 
 fn build_report(
@@ -322,10 +368,15 @@ fn build_report(
         still_waiting: r.still_waiting.load(Ordering::Relaxed),
         purchase_attempts: r.purchase_attempts.load(Ordering::Relaxed),
         purchases: ctx.live.purchased.load(Ordering::Relaxed),
+        conversion: o.conversion,
+        no_shows: r.no_shows.load(Ordering::Relaxed),
         downstream_max_per_tick: sink.map(|s| s.max_per_tick),
         downstream_total: sink.map(|s| s.total),
         downstream_rate_per_sec: sink.map(|s| s.rate_per_sec),
         downstream_repeated_tokens: sink.map(|s| s.repeated_tokens),
+        downstream_refused: sink.map(|s| s.refused),
+        downstream_p95_ms: sink.and_then(|s| s.p95_ms),
+        timeline: Vec::new(),
         admitted_rate_per_sec: if elapsed_secs > 0.0 { admitted as f64 / elapsed_secs } else { 0.0 },
         elapsed_secs,
         batch_size,

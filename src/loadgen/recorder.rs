@@ -131,6 +131,8 @@ pub(super) struct Recorder {
     pub(super) evicted_seen: AtomicU64,
     pub(super) still_waiting: AtomicU64,
     pub(super) purchase_attempts: AtomicU64,
+    /// Admitted buyers who chose not to buy (`--conversion`).
+    pub(super) no_shows: AtomicU64,
     /// With an opening: users pre-queued, and (arrival index, place) of those placed by it
     /// and of those who entered after it.
     pub(super) prequeued: AtomicU64,
@@ -161,6 +163,7 @@ impl Recorder {
             evicted_seen: AtomicU64::new(0),
             still_waiting: AtomicU64::new(0),
             purchase_attempts: AtomicU64::new(0),
+            no_shows: AtomicU64::new(0),
             prequeued: AtomicU64::new(0),
             prequeued_places: Mutex::new(Vec::new()),
             later_places: Mutex::new(Vec::new()),

@@ -195,6 +195,10 @@ pub struct Report {
     pub purchase_attempts: u64,
     /// Purchase requests answered 2xx.
     pub purchases: u64,
+    /// `--conversion`: share of admitted buyers who buy.
+    pub conversion: f64,
+    /// Admitted buyers who chose not to buy (their token expires unused).
+    pub no_shows: u64,
     /// Max arrivals at the sink within one tick window (None without `--sink`).
     pub downstream_max_per_tick: Option<u64>,
     pub downstream_total: Option<u64>,
@@ -202,6 +206,13 @@ pub struct Report {
     /// Purchases the sink received with a token it had received before (a token that bought
     /// twice; the gate's one-time use should keep it at 0).
     pub downstream_repeated_tokens: Option<u64>,
+    /// Purchases the sink answered 503 for want of capacity (None without `--sink`).
+    pub downstream_refused: Option<u64>,
+    /// P95 of the served purchases' latency at the sink, ms.
+    pub downstream_p95_ms: Option<u32>,
+    /// With `--sink`: second by second, the batch beside what the sink served.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelinePoint>,
     pub admitted_rate_per_sec: f64,
     pub batch_size: u64,
     pub tick_ms: u64,
@@ -229,6 +240,21 @@ pub struct PowFigures {
     pub p95_ms: f64,
     /// Every solve's time together: the CPU one place costs, times the places.
     pub cpu_seconds: f64,
+}
+
+/// One second of a run with `--sink`: the batch the server admitted with (its stats answer)
+/// beside the purchase API stand-in's capacity, what it served and refused, and its latency.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimelinePoint {
+    /// Seconds since the run's start.
+    pub second: u64,
+    pub batch: Option<u64>,
+    /// `None`: the sink had no capacity (answers everything at once).
+    pub capacity_per_sec: Option<f64>,
+    pub served: u64,
+    pub refused: u64,
+    pub sink_p95_ms: Option<u32>,
 }
 
 /// What a simulated opening did to the order (`--opening-in`): Spearman's rank correlation

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::QueueService;
+use crate::config::Outflow;
 use crate::domain::{FlagState, QueueTarget, QueueTargetType, UserId, batch_in_force};
 use crate::store::{QueueStore, StoreError};
 
@@ -102,5 +103,28 @@ impl QueueService {
             b => Some(b),
         };
         batch_in_force(target_override, global, self.settings.type_batch_size(kind))
+    }
+
+    /// The most a tick may admit for `target`: the batch in force with a fixed outflow or a
+    /// runtime batch; else `batch_max` (adaptive) or `max_active` (active buyers). What a copy
+    /// of the mark may lag by per tick (local polls).
+    pub fn most_per_tick(&self, target: QueueTarget, target_override: Option<u64>) -> u64 {
+        let pinned = target_override.is_some() || self.global_batch.load(Ordering::Relaxed) > 0;
+        match self.settings.type_outflow(target.kind) {
+            Outflow::Adaptive if !pinned => self.settings.type_batch_bounds(target.kind).1,
+            Outflow::Active if !pinned => self.settings.type_max_active(target.kind),
+            _ => self.batch_size(target.kind, target_override),
+        }
+    }
+
+    /// The batch a waiting user's ETA counts with: a runtime batch if one is set, else the
+    /// adaptive controller's current batch as this instance's pump last saw it (the type's
+    /// configured one until it has), else the type's configured one.
+    pub fn eta_batch(&self, target: QueueTarget, target_override: Option<u64>) -> u64 {
+        let pinned = target_override.is_some() || self.global_batch.load(Ordering::Relaxed) > 0;
+        match self.outflow_batches.get(target) {
+            Some(b) if !pinned && self.settings.is_adaptive(target.kind) => b,
+            _ => self.batch_size(target.kind, target_override),
+        }
     }
 }

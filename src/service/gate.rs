@@ -159,9 +159,11 @@ impl QueueService {
         let tick_ms = self.settings.queue.tick_ms;
         // Adaptive outflow: the batch moves up to queue.batch_max, the most the operator says
         // the purchase API takes per tick; pacing caps at that.
-        let batch = match self.settings.queue.outflow {
-            crate::config::Outflow::Adaptive => self.settings.queue.batch_max,
+        let batch = match self.settings.type_outflow(target.kind) {
+            crate::config::Outflow::Adaptive => self.settings.type_batch_bounds(target.kind).1,
             crate::config::Outflow::Fixed => self.batch_size(target.kind, None),
+            // Active buyers: at most max_active hold a token, so at most that many buy at once.
+            crate::config::Outflow::Active => self.settings.type_max_active(target.kind),
         };
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
@@ -194,7 +196,7 @@ impl QueueService {
             // The queue's own token is what the claim found stored for the user.
             let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
             crate::metrics::token_consumed(through_queue);
-            self.bounded(claim.target, self.store.confirm_token_used(claim.target, through_queue)).await
+            self.bounded(claim.target, self.store.confirm_token_used(claim.target, claim.user, through_queue)).await
         } else {
             self.bounded(claim.target, self.store.release_token(claim.target, claim.user, &claim.token, claim.previous))
                 .await

@@ -162,7 +162,7 @@ impl LocalPolls {
 impl QueueService {
     /// A waiting user's place from this instance's copy, when it may answer (module doc).
     pub(super) fn local_answer(&self, target: QueueTarget, user: &UserId) -> Option<Waiting> {
-        let w = self.local.as_ref()?.answer(target, user, |o| self.batch_size(target.kind, o))?;
+        let w = self.local.as_ref()?.answer(target, user, |o| self.most_per_tick(target, o))?;
         crate::metrics::poll_answered_locally();
         Some(w)
     }

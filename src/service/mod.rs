@@ -32,12 +32,13 @@ use self::flag::FlagCache;
 pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
+pub use self::outflow::OutflowBatches;
 pub use self::pow::EntryCheck;
 pub use self::stats::{QueueStats, read_target_stats, unpinned_batch};
 use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::{OnStoreFailure, Settings};
-use crate::domain::{QueuePosition, QueueTarget, QueueTargetType, SaleControl, SaleSource, UserId};
+use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
 use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
 
 /// What a closed sale tells users when it was closed without a message.
@@ -133,6 +134,8 @@ pub struct QueueService {
     issued: IssuedTokens,
     /// The declared targets: the only ones the queue answers for.
     targets: TargetCache,
+    /// The adaptive batches this instance's pump sees, for the ETA.
+    outflow_batches: Arc<outflow::OutflowBatches>,
 }
 
 impl QueueService {
@@ -156,6 +159,7 @@ impl QueueService {
             local,
             issued: IssuedTokens::new(tokens::MAX_TOKENS),
             targets,
+            outflow_batches: Arc::default(),
         }
     }
 
@@ -259,12 +263,12 @@ impl QueueService {
         raw
     }
 
-    fn waiting(&self, kind: QueueTargetType, w: Waiting) -> QueueStatus {
+    fn waiting(&self, target: QueueTarget, w: Waiting) -> QueueStatus {
         let pos = QueuePosition { seq: w.seq, admitted_mark: w.mark, ahead: w.ahead };
         QueueStatus::Waiting {
             position: w.seq,
             ahead: w.ahead,
-            eta_seconds: pos.eta_seconds(self.batch_size(kind, w.batch_override), self.settings.queue.tick_ms),
+            eta_seconds: pos.eta_seconds(self.eta_batch(target, w.batch_override), self.settings.queue.tick_ms),
             paused: w.paused,
         }
     }
@@ -331,7 +335,7 @@ impl QueueService {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
-                Ok(self.waiting(target.kind, w))
+                Ok(self.waiting(target, w))
             }
             Ok(EnterOutcome::Admitted(raw)) => {
                 Ok(self.stored_token(target, user, self.count_issue(target, user, raw, &minted).await))
@@ -357,19 +361,19 @@ impl QueueService {
         if let Some(answer) = self.bypass_store(target, user) {
             // Held while Redis is down: a place the copy knows is still the best answer.
             return match (answer, self.local_answer(target, user)) {
-                (Err(QueueError::Unavailable), Some(w)) => Ok(self.waiting(target.kind, w)),
+                (Err(QueueError::Unavailable), Some(w)) => Ok(self.waiting(target, w)),
                 (answer, _) => answer,
             };
         }
         if let Some(w) = self.local_answer(target, user) {
-            return Ok(self.waiting(target.kind, w));
+            return Ok(self.waiting(target, w));
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
         match self.bounded(target, self.store.status(target, user.clone(), &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
-                Ok(self.waiting(target.kind, w))
+                Ok(self.waiting(target, w))
             }
             Ok(StatusOutcome::Admitted(raw)) => {
                 self.local_learn(target, user, None);

@@ -4,14 +4,35 @@
 //! it tells the target's record (`vq sale report`): each forwarded purchase and the purchase
 //! API's answer, per tick.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::QueueService;
-use crate::config::Outflow;
 use crate::domain::{AnswerClass, QueueTarget, latency_bucket};
 use crate::store::QueueStore;
 
+/// The adaptive batch of each target as this instance's pump last chose or read it
+/// (pump.rs), for the ETA the waiting page shows; empty on an instance without a pump.
+#[derive(Debug, Default)]
+pub struct OutflowBatches(Mutex<HashMap<QueueTarget, u64>>);
+
+impl OutflowBatches {
+    pub fn set(&self, target: QueueTarget, batch: u64) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(target, batch);
+    }
+
+    pub fn get(&self, target: QueueTarget) -> Option<u64> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&target).copied()
+    }
+}
+
 impl QueueService {
+    /// The adaptive batches this instance's pump publishes for the ETA.
+    pub fn outflow_batches(&self) -> Arc<OutflowBatches> {
+        self.outflow_batches.clone()
+    }
+
     /// The tick (Redis' clock) a purchase forwarded now is counted in, in the target's record.
     pub fn purchase_tick(&self) -> u64 {
         self.store.now_ms() / self.settings.queue.tick_ms.max(1)
@@ -35,7 +56,7 @@ impl QueueService {
     /// 429, `Retry-After`). Off the response path: the count is sent by a task of its own, and
     /// a failed count is only a missing observation.
     pub fn observe_purchase(&self, target: QueueTarget, took: Duration, error: bool, backoff: bool) {
-        if self.settings.queue.outflow != Outflow::Adaptive {
+        if !self.settings.is_adaptive(target.kind) {
             return;
         }
         let interval = self.store.now_ms() / self.settings.outflow_interval_ms();

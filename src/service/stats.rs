@@ -28,6 +28,9 @@ pub struct QueueStats {
     pub tokens_used: u64,
     /// Purchases with stateless (DIRECT_ADMITTED or minted) tokens, never issued by the queue.
     pub direct_tokens_used: u64,
+    /// Tokens issued through the queue that expired without a purchase (no-shows).
+    #[serde(default)]
+    pub tokens_expired: u64,
     /// The sale's state (scheduled, pre-queue, opening, open, paused, closed); absent without a sale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sale_state: Option<String>,
@@ -37,12 +40,38 @@ pub struct QueueStats {
     /// Users in the sale's pre-queue, not yet given a position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prequeued_count: Option<u64>,
-    /// `fixed` or `adaptive` (`queue.outflow`): where `batch_size` comes from.
+    /// `fixed`, `adaptive` or `active` (`queue.outflow`, or the type's): where `batch_size`
+    /// comes from (in active-buyer mode the pump admits up to `max_active` buyers at once
+    /// instead).
     #[serde(default)]
     pub outflow: String,
     /// The adaptive controller's last decision and why; absent before it made one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outflow_reason: Option<String>,
+    /// What the adaptive controller's last decision saw; absent before its first decision or
+    /// with a fixed outflow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outflow_signals: Option<OutflowSignals>,
+}
+
+/// The signals of the adaptive controller's last decision (`queue:{T}:outflow`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutflowSignals {
+    /// Purchases the gates forwarded in the interval decided on.
+    pub purchases: u64,
+    /// Their P95 latency, as the upper bound of its bucket (ms); absent without purchases or
+    /// past the last bounded bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_ms: Option<u64>,
+    /// Their share of errors (5xx, 429, timeouts, unreachable).
+    pub error_ratio: f64,
+    /// The smoothed share of admitted buyers whose token expired unused; absent before
+    /// enough tokens ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_show_ratio: Option<f64>,
+    /// When the decision was made, ISO-8601 (Redis' clock).
+    pub decided_at: String,
 }
 
 /// The batch of a target of `kind` while no runtime batch pins one: the adaptive
@@ -50,7 +79,7 @@ pub struct QueueStats {
 /// the type's configured one.
 pub fn unpinned_batch(settings: &Settings, kind: QueueTargetType, snap: &TargetSnapshot) -> u64 {
     match &snap.outflow {
-        Some(o) if settings.queue.outflow == crate::config::Outflow::Adaptive => o.batch,
+        Some(o) if settings.is_adaptive(kind) => o.batch,
         _ => settings.type_batch_size(kind),
     }
 }
@@ -66,7 +95,7 @@ impl QueueStats {
         now_ms: u64,
     ) -> Self {
         let queue = &settings.queue;
-        let adaptive = settings.queue.outflow == crate::config::Outflow::Adaptive;
+        let adaptive = settings.is_adaptive(kind);
         let batch_size = batch_in_force(snap.batch_override, global_batch, unpinned_batch(settings, kind, snap));
         Self {
             waiting_count: snap.waiting,
@@ -82,11 +111,24 @@ impl QueueStats {
             tokens_issued: snap.tokens_issued,
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
+            tokens_expired: snap.tokens_expired,
             sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
             opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
             prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
-            outflow: if adaptive { "adaptive" } else { "fixed" }.to_owned(),
+            outflow: match settings.type_outflow(kind) {
+                crate::config::Outflow::Fixed => "fixed",
+                crate::config::Outflow::Adaptive => "adaptive",
+                crate::config::Outflow::Active => "active",
+            }
+            .to_owned(),
             outflow_reason: snap.outflow.as_ref().filter(|_| adaptive).map(|o| o.reason.clone()),
+            outflow_signals: snap.outflow.as_ref().filter(|_| adaptive).map(|o| OutflowSignals {
+                purchases: o.purchases,
+                p95_ms: o.p95_ms.filter(|p| *p < u64::from(u32::MAX)),
+                error_ratio: o.error_bp as f64 / 10_000.0,
+                no_show_ratio: o.no_show_bp.map(|bp| bp as f64 / 10_000.0),
+                decided_at: crate::domain::format_instant(o.decided_at_ms),
+            }),
         }
     }
 }
@@ -130,6 +172,11 @@ impl QueueService {
                 s.target_rate_per_sec,
                 s.sale_state.as_deref(),
             );
+            let signals = s
+                .outflow_signals
+                .as_ref()
+                .map(|o| (o.p95_ms.map(|p| p as f64 / 1000.0), o.error_ratio, o.no_show_ratio));
+            crate::metrics::set_target_outcomes(target, [s.tokens_issued, s.tokens_used, s.tokens_expired], signals);
         }
         Ok(())
     }

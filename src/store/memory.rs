@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
-    AdmitOutcome, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck, OutflowClaim,
-    OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome, StoreError,
-    StoreLimits, TargetSnapshot, TokenClaim, Waiting,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
+    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
+    StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded, Waiting,
 };
 use crate::domain::{
     AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule,
@@ -45,6 +45,7 @@ struct QueueKeys {
     tokens_issued: u64,
     tokens_used: u64,
     direct_tokens_used: u64,
+    tokens_expired: u64,
     /// When these keys expire (ms); `None` before their first refresh.
     expires_at: Option<u64>,
 }
@@ -81,6 +82,8 @@ struct TargetState {
     last_tick: Option<u64>,
     /// token and its expiry (ms)
     tokens: HashMap<UserId, (String, u64)>,
+    /// Users holding a token issued and not used yet, with its expiry (ms): `queue:{T}:unused`.
+    unused: HashMap<UserId, u64>,
     /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
     used: HashMap<UserId, HashMap<String, u64>>,
     /// Proof-of-work challenges used, until their expiry (ms): `queue:{T}:pow:{id}`.
@@ -145,6 +148,7 @@ impl TargetState {
         if seq <= q.mark {
             let token = candidate.token();
             self.tokens.insert(user.clone(), (token.clone(), now + token_ttl_s * 1000));
+            self.unused.insert(user.clone(), now + token_ttl_s * 1000);
             q.tokens_issued += 1;
             q.remove(user);
             return Place::Admitted(token);
@@ -419,11 +423,58 @@ impl QueueStore for MemoryStore {
             return Ok(OutflowClaim::Decided { current });
         }
         t.outflow_interval = Some(interval);
-        Ok(OutflowClaim::Decide { current, seen: t.observations.get(&interval).cloned().unwrap_or_default() })
+        let counters = TokensEnded { used: t.queue.tokens_used, expired: t.queue.tokens_expired };
+        let (no_show_bp, ended) = match &t.outflow {
+            Some(o) => (
+                o.no_show_bp,
+                Some(TokensEnded {
+                    used: counters.used.saturating_sub(o.tokens_used),
+                    expired: counters.expired.saturating_sub(o.tokens_expired),
+                }),
+            ),
+            None => (None, None),
+        };
+        let seen = t.observations.get(&interval).cloned().unwrap_or_default();
+        Ok(OutflowClaim::Decide { current, seen, no_show_bp, ended, counters })
     }
 
-    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        self.lock().target(target, now_ms()).outflow = Some(state.clone());
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let admitted = t.queue.waiting.range(..=t.queue.mark).count() as u64;
+        Ok(admitted + t.unused.values().filter(|expiry| **expiry > now).count() as u64)
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let before = t.unused.len();
+        t.unused.retain(|_, expiry| *expiry > now);
+        let expired = (before - t.unused.len()) as u64;
+        t.queue.tokens_expired += expired;
+        Ok(expired)
+    }
+
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.target(target, now_ms()).outflow = Some(state.clone());
+        if let Some(c) = change {
+            let entry = LedgerEntry::Batch {
+                at_ms: state.decided_at_ms,
+                from: c.from,
+                to: state.batch,
+                instance: c.instance,
+                reason: state.reason.clone(),
+            };
+            sale::ledger_entry(&mut inner, target, entry);
+        }
         Ok(())
     }
 
@@ -679,6 +730,7 @@ impl QueueStore for MemoryStore {
             tokens_issued: q.tokens_issued,
             tokens_used: q.tokens_used,
             direct_tokens_used: q.direct_tokens_used,
+            tokens_expired: q.tokens_expired,
             waits: q.waits.clone(),
             oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
             sale: sale::read(&inner, target, now).0,
@@ -737,12 +789,19 @@ impl QueueStore for MemoryStore {
         Ok(())
     }
 
-    async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+    async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
-        let q = &mut inner.target(target, now).queue;
+        let t = inner.target(target, now);
+        let q = &mut t.queue;
         if through_queue {
             q.tokens_used += 1;
+            t.unused.remove(&user);
         } else {
             q.direct_tokens_used += 1;
         }

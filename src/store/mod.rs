@@ -350,6 +350,9 @@ pub struct TargetSnapshot {
     pub tokens_issued: u64,
     pub tokens_used: u64,
     pub direct_tokens_used: u64,
+    /// Tokens issued through the queue that expired without a purchase (no-shows), counted
+    /// by the pump (`tokens_expire.lua`).
+    pub tokens_expired: u64,
     /// Waits from entry to admission of every admitted user.
     pub waits: WaitHistogram,
     /// When the longest-waiting user (of those not yet admitted) entered, epoch ms of the
@@ -368,6 +371,33 @@ pub struct OutflowState {
     pub reason: String,
     /// When, on Redis' clock (ms).
     pub decided_at_ms: u64,
+    /// The smoothed share of no-shows (domain::smooth_no_show), in basis points (1/10000);
+    /// `None` before there was evidence.
+    pub no_show_bp: Option<u64>,
+    /// The target's `tokens_used` and `tokens_expired` counters at the decision, so the next
+    /// one sees what ended in between.
+    pub tokens_used: u64,
+    pub tokens_expired: u64,
+    /// What the decision saw of the interval before it: purchases the gates forwarded, their
+    /// P95 latency (upper bound of its bucket, ms) and share of errors (basis points).
+    pub purchases: u64,
+    pub p95_ms: Option<u64>,
+    pub error_bp: u64,
+}
+
+/// A decision that moved the batch, for the ledger: the batch before (`None` at the first
+/// decision) and the instance that decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchChange {
+    pub from: Option<u64>,
+    pub instance: String,
+}
+
+/// The tokens that ended in a control interval: used by a purchase, or expired unused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokensEnded {
+    pub used: u64,
+    pub expired: u64,
 }
 
 /// What [`QueueStore::claim_outflow`] found.
@@ -375,7 +405,15 @@ pub struct OutflowState {
 pub enum OutflowClaim {
     /// The interval is this caller's to decide: the batch now (if any was chosen) and what
     /// the gates saw in the interval.
-    Decide { current: Option<u64>, seen: Observations },
+    /// `no_show_bp` is the smoothed share of no-shows so far; `ended` what ended since the
+    /// last decision (`None` at the first); `counters` the target's token counters now.
+    Decide {
+        current: Option<u64>,
+        seen: Observations,
+        no_show_bp: Option<u64>,
+        ended: Option<TokensEnded>,
+        counters: TokensEnded,
+    },
     /// Another pump decided this interval already: the batch it chose.
     Decided { current: Option<u64> },
     /// An operator pinned the target's batch (`vq batch set --target`): nothing to decide.
@@ -441,11 +479,13 @@ pub trait QueueStore: Send + Sync + 'static {
         interval: u64,
     ) -> impl Future<Output = Result<OutflowClaim, StoreError>> + Send;
 
-    /// Records the controller's decision for `target`.
+    /// Records the controller's decision for `target`, and with `change` (the batch moved) an
+    /// admission ledger row saying from what, to what, by whom and why, in one step.
     fn set_outflow(
         &self,
         target: QueueTarget,
         state: &OutflowState,
+        change: Option<BatchChange>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts `target` among the queues `user` holds a place in, unless `max` are counted
@@ -652,12 +692,22 @@ pub trait QueueStore: Send + Sync + 'static {
         previous: Option<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Counts a token consumed by a successful purchase: one the queue issued, or a stateless one.
+    /// Counts a token consumed by a successful purchase: one the queue issued (no longer
+    /// waiting to expire unused), or a stateless one.
     fn confirm_token_used(
         &self,
         target: QueueTarget,
+        user: UserId,
         through_queue: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Buyers of `target` holding a place in active-buyer mode: admitted and not yet given
+    /// their token, or holding a token issued through the queue, unused and unexpired.
+    fn active_buyers(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Counts the tokens issued through the queue that expired unused since the last call
+    /// (no-shows) into `tokens_expired`; returns how many.
+    fn expire_tokens(&self, target: QueueTarget) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Marks `id` (a proof of work's challenge) used at `target` until `until_ms` (epoch ms,
     /// Redis' clock): true the first time, false while the mark lives.
@@ -760,8 +810,13 @@ impl QueueStore for AnyStore {
     async fn claim_outflow(&self, t: QueueTarget, i: u64) -> Result<OutflowClaim, StoreError> {
         delegate!(self, s => s.claim_outflow(t, i))
     }
-    async fn set_outflow(&self, t: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        delegate!(self, s => s.set_outflow(t, state))
+    async fn set_outflow(
+        &self,
+        t: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        delegate!(self, s => s.set_outflow(t, state, change))
     }
     async fn hold_queue(&self, u: UserId, t: QueueTarget, max: u64) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         delegate!(self, s => s.hold_queue(u, t, max))
@@ -879,8 +934,14 @@ impl QueueStore for AnyStore {
     ) -> Result<(), StoreError> {
         delegate!(self, s => s.release_token(t, u, tok, prev))
     }
-    async fn confirm_token_used(&self, t: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
-        delegate!(self, s => s.confirm_token_used(t, through_queue))
+    async fn confirm_token_used(&self, t: QueueTarget, u: UserId, through_queue: bool) -> Result<(), StoreError> {
+        delegate!(self, s => s.confirm_token_used(t, u, through_queue))
+    }
+    async fn active_buyers(&self, t: QueueTarget) -> Result<u64, StoreError> {
+        delegate!(self, s => s.active_buyers(t))
+    }
+    async fn expire_tokens(&self, t: QueueTarget) -> Result<u64, StoreError> {
+        delegate!(self, s => s.expire_tokens(t))
     }
     async fn token_used(&self, t: QueueTarget, u: UserId, tok: &str) -> Result<bool, StoreError> {
         delegate!(self, s => s.token_used(t, u, tok))

@@ -51,6 +51,11 @@ impl RedisServer {
         panic!("redis-server did not start on five free ports; last: {last}");
     }
 
+    /// The redis-server's PID (to stop and continue it: `kill -STOP` / `kill -CONT`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running redis-server").id()
+    }
+
     pub fn spawn_on(port: u16) -> Self {
         Self::try_spawn_on(port).unwrap_or_else(|e| panic!("{e}"))
     }

@@ -366,6 +366,10 @@ async fn a_type_added_in_configuration_gets_its_queue_and_its_own_gated_route() 
         slug: "flash-coupon".into(),
         batch_size: Some(2),
         max_capacity: Some(5),
+        outflow: None,
+        batch_min: None,
+        batch_max: None,
+        max_active: None,
     });
     s.targets.declared = vec!["flash-coupon:7".into()];
     s.gate.routes.push(vq::gate::GateRoute {

@@ -9,7 +9,7 @@ use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
-use crate::loadgen::{Live, Report};
+use crate::loadgen::{Live, Report, TimelinePoint};
 
 /// The live line on stderr, redrawn twice a second; hidden when stderr is not a terminal.
 pub(super) struct LiveView {
@@ -128,6 +128,17 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
             ),
         );
         row("downstream tokens received twice", r.downstream_repeated_tokens.unwrap_or(0).to_string());
+        row(
+            "downstream refused (503) / served p95 ms",
+            format!(
+                "{} / {}",
+                r.downstream_refused.unwrap_or(0),
+                r.downstream_p95_ms.map_or_else(|| "-".to_owned(), |p| p.to_string())
+            ),
+        );
+    }
+    if r.conversion < 1.0 {
+        row("conversion / no-shows", format!("{} / {}", r.conversion, r.no_shows));
     }
     row(
         "wait s p50 / p95 / max",
@@ -162,6 +173,9 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
         lat.add_row(vec![name.to_owned(), l.count.to_string(), ms(l.p50_ms), ms(l.p95_ms), ms(l.p99_ms), ms(l.max_ms)]);
     }
     println!("{lat}");
+    if !r.timeline.is_empty() {
+        println!("{}", timeline_table(&r.timeline));
+    }
     if let Some(msg) = &r.rate_shortfall {
         println!("WARNING: {msg}");
     }
@@ -177,6 +191,31 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
             r.users_scheduled, r.users, r.duration_secs
         );
     }
+}
+
+/// The batch over time beside the sink: one row per second, or per few seconds in a long run
+/// (at most about 30 rows; rates are per second over the row, the batch and capacity the
+/// last of the row, the latency the highest second's P95).
+fn timeline_table(points: &[TimelinePoint]) -> Table {
+    let per_row = points.len().div_ceil(30).max(1);
+    let mut t = table();
+    t.set_header(vec!["s", "batch", "sink capacity/s", "served/s", "refused (503)/s", "sink p95 ms"]);
+    for rows in points.chunks(per_row) {
+        let last = &rows[rows.len() - 1];
+        let n = rows.len() as f64;
+        let served: u64 = rows.iter().map(|p| p.served).sum();
+        let refused: u64 = rows.iter().map(|p| p.refused).sum();
+        let p95 = rows.iter().filter_map(|p| p.sink_p95_ms).max();
+        t.add_row(vec![
+            rows[0].second.to_string(),
+            last.batch.map_or_else(|| "-".to_owned(), |b| b.to_string()),
+            last.capacity_per_sec.map_or_else(|| "unlimited".to_owned(), |c| format!("{c}")),
+            format!("{:.1}", served as f64 / n),
+            format!("{:.1}", refused as f64 / n),
+            p95.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+        ]);
+    }
+    t
 }
 
 pub(super) fn print_sweep(reports: &[Report]) {

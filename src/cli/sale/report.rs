@@ -80,6 +80,10 @@ fn event_text(e: &LedgerEntry) -> String {
             show(prequeue_from_ms),
             show(closes_at_ms)
         ),
+        LedgerEntry::Batch { from, to, reason, instance, .. } => {
+            let from = from.map_or_else(|| "-".to_owned(), |f| f.to_string());
+            format!("batch {from} → {to}: {reason} (by {instance})")
+        }
     }
 }
 

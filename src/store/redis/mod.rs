@@ -41,15 +41,16 @@ use self::conn::{Conn, LazyCluster};
 use self::fence::Fences;
 use self::pulse::Pulse;
 use self::scripts::{
-    ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE, GATE_PACE_KEYS, LEAVE, LEAVE_KEYS,
-    OUTFLOW_CLAIM, SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS,
-    SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, USER_HOLD, num, on_target, reply_err,
+    ACTIVE_COUNT, ACTIVE_COUNT_KEYS, ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE,
+    GATE_PACE_KEYS, LEAVE, LEAVE_KEYS, OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, SALE_CONTROL, SALE_CONTROL_KEYS,
+    SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM,
+    TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
 use super::{
-    AdmitOutcome, BUSY_WAIT_MAX, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
-    LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome,
-    StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim,
+    AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS,
+    FlagAck, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
 };
 use crate::domain::{
     AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord,
@@ -268,6 +269,7 @@ impl QueueStore for RedisStore {
             .key(keys::of(target, "outflow"))
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .key(keys::of(target, "waits"))
             .arg(interval)
             .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
@@ -277,9 +279,16 @@ impl QueueStore for RedisStore {
         match reply.first().map(String::as_str) {
             Some("pinned") => Ok(OutflowClaim::Pinned),
             Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
-            Some("decide") => {
+            Some("decide") if reply.len() >= 7 => {
+                let num = |i: usize| reply[i].parse::<u64>().ok();
+                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
+                    used: counters.used.saturating_sub(used),
+                    expired: counters.expired.saturating_sub(expired),
+                });
+                let no_show_bp = num(4);
                 let mut seen = Observations::default();
-                for pair in reply[2..].chunks(2) {
+                for pair in reply[7..].chunks(2) {
                     let [field, value] = pair else { return Err(bad()) };
                     let n: u64 = value.parse().map_err(|_| bad())?;
                     match field.as_str() {
@@ -295,28 +304,38 @@ impl QueueStore for RedisStore {
                         }
                     }
                 }
-                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen })
+                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen, no_show_bp, ended, counters })
             }
             _ => Err(bad()),
         }
     }
 
-    async fn set_outflow(&self, target: QueueTarget, state: &OutflowState) -> Result<(), StoreError> {
-        let key = keys::of(target, "outflow");
-        let _: () = redis::pipe()
-            .hset_multiple(
-                &key,
-                &[
-                    ("batch", state.batch.to_string()),
-                    ("reason", state.reason.clone()),
-                    ("at", state.decided_at_ms.to_string()),
-                ],
-            )
-            .ignore()
-            .expire(&key, self.limits.key_ttl_s as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await?;
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let row = change.map_or_else(String::new, |c| {
+            LedgerEntry::encode_batch(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
+        });
+        let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
+        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
+        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+        for (field, value) in [
+            ("batch", state.batch.to_string()),
+            ("reason", state.reason.clone()),
+            ("at", state.decided_at_ms.to_string()),
+            ("used", state.tokens_used.to_string()),
+            ("expired", state.tokens_expired.to_string()),
+            ("no_show", opt(state.no_show_bp)),
+            ("purchases", state.purchases.to_string()),
+            ("p95", opt(state.p95_ms)),
+            ("error_bp", state.error_bp.to_string()),
+        ] {
+            call.arg(field).arg(value);
+        }
+        let _: u64 = call.invoke_async(&mut self.conn()).await?;
         Ok(())
     }
 
@@ -541,6 +560,12 @@ impl QueueStore for RedisStore {
             batch,
             reason: outflow.get("reason").cloned().unwrap_or_default(),
             decided_at_ms: outflow.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+            no_show_bp: outflow.get("no_show").and_then(|n| n.parse().ok()),
+            tokens_used: outflow.get("used").and_then(|n| n.parse().ok()).unwrap_or(0),
+            tokens_expired: outflow.get("expired").and_then(|n| n.parse().ok()).unwrap_or(0),
+            purchases: outflow.get("purchases").and_then(|n| n.parse().ok()).unwrap_or(0),
+            p95_ms: outflow.get("p95").and_then(|n| n.parse().ok()),
+            error_bp: outflow.get("error_bp").and_then(|n| n.parse().ok()).unwrap_or(0),
         });
         Ok(TargetSnapshot {
             outflow,
@@ -564,6 +589,7 @@ impl QueueStore for RedisStore {
             tokens_issued: waits.get("tokens_issued").copied().unwrap_or(0),
             tokens_used: waits.get("tokens_used").copied().unwrap_or(0),
             direct_tokens_used: waits.get("direct_tokens_used").copied().unwrap_or(0),
+            tokens_expired: waits.get("tokens_expired").copied().unwrap_or(0),
             waits: WaitHistogram {
                 buckets: waits.iter().filter_map(|(k, v)| Some((k.strip_prefix("b:")?.parse().ok()?, *v))).collect(),
                 count: waits.get("count").copied().unwrap_or(0),
@@ -611,19 +637,37 @@ impl QueueStore for RedisStore {
         Ok(())
     }
 
-    async fn confirm_token_used(&self, target: QueueTarget, through_queue: bool) -> Result<(), StoreError> {
+    async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
         let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
         let record = keys::of(target, "record");
-        let _: () = redis::pipe()
+        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
+        // among the unused ones, together.
+        let mut p = redis::pipe();
+        p.atomic()
             .hincr(keys::of(target, "waits"), field, 1)
             .ignore()
             .hincr(&record, in_record, 1)
             .ignore()
             .expire(&record, self.limits.record_ttl_s as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await?;
+            .ignore();
+        if through_queue {
+            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
+        }
+        let _: () = p.query_async(&mut self.conn()).await?;
         Ok(())
+    }
+
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
     }
 
     async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {

@@ -31,7 +31,10 @@ pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_pr
 pub(super) const ENTER_KEYS: &[&str] =
     &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record"];
 pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
-pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record"];
+pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
+pub(super) const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
+pub(super) const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
+pub(super) const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger"];
 /// After the per-user keys of `enter.lua` and `status.lua`.
 pub(super) const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const ADMIT_KEYS: &[&str] = &[
@@ -105,6 +108,9 @@ pub(super) static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new
 pub(super) static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_control.lua")));
 pub(super) static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_place.lua")));
 pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_read.lua")));
+pub(super) static TOKENS_EXPIRE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("tokens_expire.lua")));
+pub(super) static ACTIVE_COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("active_count.lua")));
+pub(super) static OUTFLOW_SET: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_set.lua")));
 pub(super) static OUTFLOW_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_claim.lua")));
 pub(super) static USER_HOLD: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("user_hold.lua")));
 pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));
@@ -193,7 +199,10 @@ mod tests {
             };
         }
         type Case = ((&'static str, &'static str), &'static [&'static str], &'static [&'static str]);
-        let cases: [Case; 12] = [
+        let cases: [Case; 15] = [
+            (lua!("active_count.lua"), ACTIVE_COUNT_KEYS, &[]),
+            (lua!("outflow_set.lua"), OUTFLOW_SET_KEYS, &[]),
+            (lua!("tokens_expire.lua"), TOKENS_EXPIRE_KEYS, &[]),
             (lua!("enter.lua"), ENTER_KEYS, SALE_KEYS),
             (lua!("status.lua"), STATUS_KEYS, SALE_KEYS),
             (lua!("issue.lua"), ISSUE_KEYS, &[]),

@@ -36,12 +36,39 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
         s.release_token(t(), UserId::from(2), "direct", None).await.unwrap();
         assert!(!s.token_used(t(), UserId::from(2), "direct").await.unwrap());
         assert_eq!(s.status(t(), UserId::from(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
-        s.confirm_token_used(t(), true).await.unwrap();
-        s.confirm_token_used(t(), true).await.unwrap();
-        s.confirm_token_used(t(), false).await.unwrap();
+        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
+        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(2), false).await.unwrap();
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.tokens_issued, snap.tokens_used, snap.direct_tokens_used), (1, 2, 1));
     })
+    .await;
+}
+
+/// No-shows: an issued token that no purchase used is counted expired once, when its life
+/// ends; a used one never is.
+#[tokio::test]
+async fn a_token_issued_and_never_used_is_counted_expired_once() {
+    with_both_configured(
+        |s| s.token.ttl_s = 1,
+        async |s, tick_ms| {
+            for u in 1..=3 {
+                s.enter(t(), UserId::from(u), &"x").await.unwrap();
+            }
+            next_tick(tick_ms).await;
+            s.admit(t(), 3, tick_ms).await.unwrap();
+            for u in 1..=3 {
+                assert!(matches!(s.status(t(), UserId::from(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
+            }
+            s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
+            assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "none has expired yet");
+            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            assert_eq!(s.expire_tokens(t()).await.unwrap(), 2, "users 2 and 3 never bought");
+            assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "counted once");
+            let snap = s.snapshot(t()).await.unwrap();
+            assert_eq!((snap.tokens_issued, snap.tokens_used, snap.tokens_expired), (3, 1, 2));
+        },
+    )
     .await;
 }
 

@@ -112,8 +112,9 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
 /// observations of it; a decision is read back; a pinned batch claims nothing.
 #[tokio::test]
 async fn an_outflow_interval_is_decided_once_with_every_observation() {
+    use vq::domain::LedgerEntry;
     use vq::domain::{Observations, latency_bucket};
-    use vq::store::{OutflowClaim, OutflowState};
+    use vq::store::{BatchChange, OutflowClaim, OutflowState, TokensEnded};
     with_both(async |s, _| {
         s.observe_purchase(t(), 7, latency_bucket(30), false, false).await.unwrap();
         s.observe_purchase(t(), 7, latency_bucket(700), true, true).await.unwrap();
@@ -121,12 +122,36 @@ async fn an_outflow_interval_is_decided_once_with_every_observation() {
         let mut seen = Observations { purchases: 2, errors: 1, backoffs: 1, ..Observations::default() };
         seen.latency[latency_bucket(30)] = 1;
         seen.latency[latency_bucket(700)] = 1;
-        assert_eq!(s.claim_outflow(t(), 7).await.unwrap(), OutflowClaim::Decide { current: None, seen });
+        let none = TokensEnded::default();
+        assert_eq!(
+            s.claim_outflow(t(), 7).await.unwrap(),
+            OutflowClaim::Decide { current: None, seen, no_show_bp: None, ended: None, counters: none }
+        );
         assert_eq!(s.claim_outflow(t(), 7).await.unwrap(), OutflowClaim::Decided { current: None });
-        let state = OutflowState { batch: 42, reason: "up: test".into(), decided_at_ms: 1 };
-        s.set_outflow(t(), &state).await.unwrap();
+        let state = OutflowState {
+            batch: 42,
+            reason: "up: test".into(),
+            decided_at_ms: 1,
+            no_show_bp: Some(2500),
+            tokens_used: 0,
+            tokens_expired: 0,
+            purchases: 2,
+            p95_ms: Some(1000),
+            error_bp: 5000,
+        };
+        let change = BatchChange { from: None, instance: "pump-1".into() };
+        s.set_outflow(t(), &state, Some(change)).await.unwrap();
+        s.set_outflow(t(), &state, None).await.unwrap();
+        // One ledger row: the change, not the decision that kept the batch.
+        let batch =
+            LedgerEntry::Batch { at_ms: 1, from: None, to: 42, instance: "pump-1".into(), reason: "up: test".into() };
+        assert_eq!(s.sale_ledger(t()).await.unwrap(), [batch]);
         assert_eq!(s.claim_outflow(t(), 6).await.unwrap(), OutflowClaim::Decided { current: Some(42) }, "an older one");
-        assert!(matches!(s.claim_outflow(t(), 8).await.unwrap(), OutflowClaim::Decide { current: Some(42), .. }));
+        // The next decision gets the no-show share and what ended since (nothing here).
+        assert!(matches!(
+            s.claim_outflow(t(), 8).await.unwrap(),
+            OutflowClaim::Decide { current: Some(42), no_show_bp: Some(2500), ended: Some(e), .. } if e == none
+        ));
         assert_eq!(s.snapshot(t()).await.unwrap().outflow, Some(state));
         s.set_batch_size(Some(t()), Some(5)).await.unwrap();
         assert_eq!(s.claim_outflow(t(), 9).await.unwrap(), OutflowClaim::Pinned);

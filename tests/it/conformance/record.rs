@@ -42,8 +42,8 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         assert_eq!(a.admitted, 2);
         assert!(matches!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
         assert!(s.leave(t(), UserId::from(4)).await.unwrap());
-        s.confirm_token_used(t(), true).await.unwrap();
-        s.confirm_token_used(t(), false).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(9), false).await.unwrap();
         s.record_purchase(t(), 77, AnswerClass::Success).await.unwrap();
         s.record_purchase(t(), 77, AnswerClass::ServerError).await.unwrap();
         s.record_purchase(t(), 78, AnswerClass::Unreached).await.unwrap();

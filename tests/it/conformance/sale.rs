@@ -126,6 +126,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
                 LedgerEntry::Close { .. } => "close",
                 LedgerEntry::Clear { .. } => "clear",
                 LedgerEntry::Schedule { .. } => "schedule",
+                LedgerEntry::Batch { .. } => "batch",
             })
             .collect();
         assert_eq!(kinds, ["close", "admission", "resume", "pause"]);

@@ -53,6 +53,7 @@ pub(super) fn options(url: String, target: &str) -> Options {
         purchase: true,
         purchase_path: routes.path_of(target).unwrap(),
         purchase_times: 1,
+        conversion: 1.0,
         concurrency: 8,
         leave_at_end: false,
         batch_size: 100,
@@ -83,7 +84,7 @@ async fn admitted_users_purchase_on_the_gated_route_with_their_own_token() {
 
 #[tokio::test]
 async fn purchases_that_reach_the_sink_are_counted_as_downstream_arrivals() {
-    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000).await.unwrap();
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000, Default::default()).await.unwrap();
     let (url, _) = stand_in(Some(format!("http://{}", sink.addr))).await;
     let report = vq::loadgen::run(options(url, "limited-drop:9"), Arc::new(Live::default()), None, Some(&sink)).await;
     assert_eq!(report.purchases, 20);
