@@ -196,6 +196,9 @@ struct TargetSeries {
     tokens: [u64; 3],
     /// The adaptive controller's last signals: P95 (s), error ratio, no-show ratio.
     signals: Option<(Option<f64>, f64, Option<f64>)>,
+    /// With an adaptive outflow, the batch's floor (the type's `batch_min`, else
+    /// `queue.batch_min`).
+    batch_min: Option<u64>,
 }
 
 static TARGETS: Mutex<BTreeMap<QueueTarget, TargetSeries>> = Mutex::new(BTreeMap::new());
@@ -292,6 +295,17 @@ fn render_targets(out: &mut String) {
         ),
         (ADAPTIVE_NO_SHOW_RATIO, "Smoothed share of admitted buyers whose token expired unused", |s| s.2),
     ];
+    let floors: Vec<_> = targets.iter().filter_map(|(t, s)| s.batch_min.map(|m| (t, m))).collect();
+    if !floors.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP {ADAPTIVE_BATCH_MIN} The adaptive batch's floor (batch_min) of each target with an adaptive outflow\n# TYPE {ADAPTIVE_BATCH_MIN} gauge"
+        );
+        for (t, m) in floors {
+            let _ = writeln!(out, "{ADAPTIVE_BATCH_MIN}{{target=\"{t}\"}} {m}");
+        }
+        out.push('\n');
+    }
     for (name, help, value) in signals {
         let rows: Vec<_> = targets.iter().filter_map(|(t, s)| s.signals.and_then(value).map(|v| (t, v))).collect();
         if rows.is_empty() {
@@ -321,10 +335,11 @@ pub fn set_capacity(max_capacity: u64) {
     gauge!(QUEUE_CAPACITY).set(max_capacity as f64);
 }
 
-/// `queue.batch_min`, exported only with `queue.outflow = "adaptive"`: a batch sitting at it
-/// (the alert VirtualQueueBatchAtFloor) means the purchase API is struggling.
-pub fn set_adaptive_batch_min(batch_min: u64) {
-    gauge!(ADAPTIVE_BATCH_MIN).set(batch_min as f64);
+/// A target's adaptive floor (its type's `batch_min`, else `queue.batch_min`), exported only
+/// for targets with an adaptive outflow: a batch sitting at it (the alert
+/// VirtualQueueBatchAtFloor) means the purchase API is struggling.
+pub fn set_adaptive_batch_min(target: QueueTarget, batch_min: Option<u64>) {
+    with_target(target, |s| s.batch_min = batch_min);
 }
 
 /// Set at every flag refresh (the first one before serving), so the series exists from start.

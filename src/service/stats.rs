@@ -156,9 +156,6 @@ impl QueueService {
     /// drops the series of every other target.
     pub async fn record_queue_gauges(&self) -> Result<(), StoreError> {
         crate::metrics::set_capacity(self.settings.queue.max_capacity);
-        if self.settings.queue.outflow == crate::config::Outflow::Adaptive {
-            crate::metrics::set_adaptive_batch_min(self.settings.queue.batch_min);
-        }
         let active: std::collections::HashSet<QueueTarget> =
             self.store.active_targets().await?.into_iter().filter(|t| self.is_declared(*t)).collect();
         // Series of targets removed or gone idle go before the new figures are read.
@@ -177,6 +174,8 @@ impl QueueService {
                 .as_ref()
                 .map(|o| (o.p95_ms.map(|p| p as f64 / 1000.0), o.error_ratio, o.no_show_ratio));
             crate::metrics::set_target_outcomes(target, [s.tokens_issued, s.tokens_used, s.tokens_expired], signals);
+            let floor = self.settings.is_adaptive(target.kind).then(|| self.settings.type_batch_bounds(target.kind).0);
+            crate::metrics::set_adaptive_batch_min(target, floor);
         }
         Ok(())
     }

@@ -202,7 +202,10 @@ async fn the_batch_falls_when_the_purchase_api_slows_and_rises_again_within_its_
     let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
     let gauge = format!("virtual_queue_batch_size{{target=\"LIMITED_DROP:42\"}} {}", stats["batchSize"]);
     assert!(metrics.contains(&gauge), "{gauge} in /metrics");
-    assert!(metrics.contains("virtual_queue_adaptive_batch_min 4"), "batch_min in /metrics");
+    assert!(
+        metrics.contains("virtual_queue_adaptive_batch_min{target=\"LIMITED_DROP:42\"} 4"),
+        "batch_min in /metrics"
+    );
     assert!(stats["outflowReason"].as_str().is_some_and(|r| !r.is_empty()), "{stats}");
 
     // Every change of the batch is a ledger row with its reason, each from where the one
