@@ -103,6 +103,11 @@ async fn the_shipped_scrape_config_and_every_dashboard_query_work_against_a_real
             ("VQ_QUEUE__BATCH_SIZE", "5".to_owned()),
             ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
             ("VQ_GATE__UPSTREAM", upstream),
+            // Adaptive, deciding each second on any purchase: the controller's panels have data.
+            ("VQ_QUEUE__OUTFLOW", "adaptive".to_owned()),
+            ("VQ_QUEUE__BATCH_MIN", "5".to_owned()),
+            ("VQ_ADAPTIVE__INTERVAL_MS", "1000".to_owned()),
+            ("VQ_ADAPTIVE__MIN_SAMPLES", "1".to_owned()),
         ],
     )
     .await;
