@@ -127,35 +127,21 @@ pub fn check(
 
 /// Finds a nonce for `seed` at `bits` (loadgen, tests): the nonce and the hashes tried.
 pub fn solve(seed: &str, bits: u8) -> (String, u64) {
+    use std::fmt::Write;
     let mut prefix = Sha256::new();
     prefix.update(seed.as_bytes());
-    let mut buf = itoa_buf();
+    // One buffer for every nonce: no allocation per hash.
+    let mut nonce = String::with_capacity(20);
     for n in 0u64.. {
-        let nonce = write_decimal(&mut buf, n);
+        nonce.clear();
+        let _ = write!(nonce, "{n}");
         let mut h = prefix.clone();
         h.update(nonce.as_bytes());
         if leading_zero_bits(&h.finalize()) >= u32::from(bits) {
-            return (nonce.to_owned(), n + 1);
+            return (nonce, n + 1);
         }
     }
     unreachable!("u64 nonces run out only after 2^64 hashes")
-}
-
-fn itoa_buf() -> [u8; 20] {
-    [0; 20]
-}
-
-fn write_decimal(buf: &mut [u8; 20], mut n: u64) -> &str {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&buf[i..]).expect("digits")
 }
 
 #[cfg(test)]
@@ -205,8 +191,5 @@ mod tests {
         assert_eq!(leading_zero_bits(&[0x80]), 0);
         assert_eq!(leading_zero_bits(&[0x00, 0x10]), 11);
         assert_eq!(leading_zero_bits(&[0, 0]), 16);
-        let mut buf = itoa_buf();
-        assert_eq!(write_decimal(&mut buf, 0), "0");
-        assert_eq!(write_decimal(&mut buf, u64::MAX), "18446744073709551615");
     }
 }
