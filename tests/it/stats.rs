@@ -9,7 +9,8 @@ use vq::pump::Pump;
 use vq::store::QueueStore;
 
 use crate::support::{
-    RedisServer, TestApp, VqProcess, flag_on, next_tick, open_store, spawn_app, test_settings, vq_command,
+    RedisServer, TestApp, VqProcess, flag_on, flag_on_before_start, next_tick, open_store, spawn_app, test_settings,
+    vq_command,
 };
 
 const T: &str = "limited-drop/5";
@@ -192,7 +193,7 @@ fn alert_rules_pass_promtool() {
 #[tokio::test]
 async fn a_fresh_instance_shows_every_series_at_zero() {
     let redis = RedisServer::spawn();
-    flag_on(&redis).await;
+    flag_on_before_start(&redis).await;
     let vq = VqProcess::serve(&redis, &[]).await;
     let client = reqwest::Client::new();
     let scrape = || async {
@@ -257,7 +258,7 @@ async fn gated_purchases_are_labelled_by_their_route_template() {
 #[tokio::test]
 async fn capacity_in_force_comes_from_the_instances_serving_the_target() {
     let redis = RedisServer::spawn();
-    flag_on(&redis).await;
+    flag_on_before_start(&redis).await;
     let vq = VqProcess::serve(
         &redis,
         &[("VQ_QUEUE__MAX_CAPACITY", "2".to_owned()), ("VQ_QUEUE__TICK_MS", "60000".to_owned())],

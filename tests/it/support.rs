@@ -539,26 +539,36 @@ impl Drop for TestApp {
     }
 }
 
-/// Turns the queue on for everyone, as `vq flag on` does, and waits for the app to see it.
+/// Turns the queue on for everyone, as `vq flag on` does, and waits until every live instance
+/// acknowledged it; fails when none did within 5 s (an instance that never saw the flag would
+/// make the test's queue silently off). Before any instance runs, [`flag_on_before_start`].
 pub async fn flag_on(redis: &RedisServer) {
-    let mut c = redis.conn().await;
-    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.expect("hset");
-    let version: u64 = c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr");
-    // Wait for the acknowledgements, not for time. With no instance acknowledging within
-    // two seconds there is none yet: an instance reads the flag when it starts.
+    let version = write_flag_on(redis).await;
     let store = open_store(&test_settings(Some(redis)));
     let started = Instant::now();
     loop {
         let acks = vq::store::QueueStore::flag_acks(&store).await.unwrap_or_default();
-        if !acks.is_empty() && acks.iter().all(|a| a.version >= version) {
+        let live: Vec<_> = acks.iter().filter(|a| a.silent_ms.is_none()).collect();
+        if !live.is_empty() && live.iter().all(|a| a.version >= version) {
             return;
         }
-        if acks.is_empty() && started.elapsed() >= Duration::from_secs(2) {
-            return;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "instances did not apply flag version {version}: {acks:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no live instance acknowledged flag version {version} within 5 s: {acks:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Turns the queue on before any instance runs (an instance reads the flag when it starts).
+pub async fn flag_on_before_start(redis: &RedisServer) {
+    write_flag_on(redis).await;
+}
+
+async fn write_flag_on(redis: &RedisServer) -> u64 {
+    let mut c = redis.conn().await;
+    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.expect("hset");
+    c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr")
 }
 
 /// Sleeps until 30 ms into the next admission tick of `tick_ms` (ticks start at multiples of it).
