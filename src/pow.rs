@@ -66,6 +66,11 @@ pub fn challenge(
     Challenge { seed: format!("{rand}.{expires_at}.{bits}.{sig}"), bits, expires_at }
 }
 
+/// Whether `nonce` has a nonce's form: 1 to 64 letters and digits.
+pub fn is_nonce(nonce: &str) -> bool {
+    (1..=64).contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
 /// Leading zero bits of a hash.
 pub fn leading_zero_bits(hash: &[u8]) -> u32 {
     let mut n = 0;
@@ -105,7 +110,7 @@ pub fn check(
     };
     let expires_at: u64 = exp.parse().map_err(|_| PowError::Malformed("bad expiry"))?;
     let bits: u8 = bits.parse().map_err(|_| PowError::Malformed("bad difficulty"))?;
-    if nonce.is_empty() || nonce.len() > 64 || !nonce.bytes().all(|b| b.is_ascii_alphanumeric()) {
+    if !is_nonce(nonce) {
         return Err(PowError::Malformed("the nonce must be 1 to 64 letters and digits"));
     }
     let sig = URL_SAFE_NO_PAD.decode(sig).map_err(|_| PowError::Malformed("bad signature encoding"))?;

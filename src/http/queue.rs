@@ -143,7 +143,7 @@ fn answer(st: &AppState, user: &User, status: QueueStatus) -> Response {
 fn pow_solution(headers: &HeaderMap) -> Result<Option<(&str, &str)>, ApiError> {
     let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{0}"));
     let nonce = text("x-pow-nonce");
-    if nonce.is_some_and(|n| n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric())) {
+    if nonce.is_some_and(|n| !crate::pow::is_nonce(n)) {
         return Err(ApiError::invalid("X-Pow-Nonce: expected 1 to 64 letters and digits"));
     }
     Ok(text("x-pow-seed").zip(nonce))
