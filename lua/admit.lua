@@ -9,7 +9,7 @@
 -- KEYS[2] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[3] queue:{T}:last_tick        STRING last tick advanced
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size for this target (optional)
--- KEYS[5] queue:{T}:admissions       LIST "tick:count", newest first, last 60 ticks
+-- KEYS[5] queue:{T}:admissions       LIST "tick:count", newest first, the last ARGV[12] ticks
 -- KEYS[6] queue:{T}:entry_times      ZSET entry times, one member per enter.lua call that gave new
 --                                    seqs: score = its first seq, member "<first>-<last>:<ms>"
 -- KEYS[7] queue:{T}:waits            HASH wait histogram: b:<lower bound s> -> users,
@@ -31,21 +31,25 @@
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
 -- ARGV[4] instance running the step (ledger), optional
--- ARGV[5] ledger rows kept, optional
+-- ARGV[5] ledger rows kept (`store::LEDGER_MAX_ROWS`)
 -- ARGV[6] fence: the highest admission mark the instance has seen, optional with the next three
 --         (see `fence` in prelude.lua)
 -- ARGV[7] fence: the highest seq the instance has seen given
 -- ARGV[8] what the seq counter is raised to when Redis holds less than ARGV[7] (as in enter.lua)
 -- ARGV[9] fence: the last tick the instance saw advanced
 -- ARGV[10] record ttl seconds, with KEYS[16]
+-- ARGV[11] the wait buckets' edges, "below:width ..." (`domain::stats::WAIT_BUCKETS`; see
+--          `wait_bucket` in prelude.lua)
+-- ARGV[12] ticks kept in KEYS[5] (`store::rules::ADMISSIONS_KEPT`)
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced}: waits = the admitted
 -- users' waits in ms, comma-separated (for the Prometheus histogram), '' when none; fenced =
 -- bits 1 the seq counter, 2 the mark, 4 the last tick was raised to the instance's fence
 --
 -- With a sale, nobody is admitted before `opens_at` (Redis' clock), until the opening order is
--- written (sale_place.lua), while paused, or once closed; such a tick is not used up
--- (advanced 0, last_tick unchanged). The first call at or after `opens_at` freezes the
--- pre-queue as enter.lua does; the first at or after `closes_at` closes the sale and records it.
+-- written (sale_place.lua), while paused, or once closed (the prelude's sale_phase); such a
+-- tick is not used up (advanced 0, last_tick unchanged). The first call at or after `opens_at`
+-- freezes the pre-queue (the prelude's freeze_prequeue, as enter.lua); the first at or after
+-- `closes_at` closes the sale and records it.
 local now = now_ms()
 local tick = math.floor(now / tonumber(ARGV[2]))
 local ttl = tonumber(ARGV[3])
@@ -76,47 +80,23 @@ if tick <= last then
 end
 local saleKey, ledger = KEYS[12], KEYS[15]
 local rec, recTtl = KEYS[16], tonumber(ARGV[10] or '0')
-local ledgerMax = tonumber(ARGV[5] or '10000')
-local function record(row)
-  redis.call('LPUSH', ledger, row)
-  redis.call('LTRIM', ledger, 0, ledgerMax - 1)
-  redis.call('EXPIRE', ledger, ttl)
-end
+local ledgerMax = ARGV[5]
 if saleKey then
-  local s = redis.call('HMGET', saleKey, 'opens_at', 'closes_at', 'paused', 'closed', 'frozen', 'opened_at', 'message')
-  local blocked = false
-  if s[2] and s[4] ~= '1' and now >= tonumber(s[2]) then
+  local phase, s = sale_phase(saleKey, now)
+  if phase == P_CLOSED and s[5] ~= '1' then
+    -- `closes_at` has passed: the first tick after it closes the sale.
     redis.call('HSET', saleKey, 'closed', 1, 'close_source', 'schedule', 'closed_at', now)
-    record('close|' .. now .. '|schedule|' .. (s[7] or ''))
-    if rec then
-      record_event(rec, recTtl, 'close|' .. now .. '|schedule|' .. (s[7] or ''))
-    end
-    s[4] = '1'
+    sale_event(ledger, ledgerMax, ttl, rec, recTtl, ledger_row('close', now, 'schedule', s[6] or ''))
   end
-  if s[1] then
-    local opens = tonumber(s[1])
-    if now < opens then
-      blocked = true
-    elseif not s[6] then
-      blocked = true
-      if not s[5] then
-        local base = tonumber(redis.call('GET', KEYS[9]) or '0')
-        local frozen = redis.call('ZCARD', KEYS[13])
-        if frozen > 0 then
-          redis.call('RENAME', KEYS[13], KEYS[14])
-        end
-        redis.call('SET', KEYS[9], base + frozen, 'EX', ttl)
-        redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
-      end
-    end
+  -- A sale closed before its opening was done is frozen all the same (enter.lua freezes in
+  -- P_OPENING only).
+  if s[1] and now >= tonumber(s[1]) and not s[8] then
+    freeze_prequeue(saleKey, s, KEYS[9], KEYS[13], KEYS[14], nil, now, ttl)
   end
-  if s[3] == '1' or s[4] == '1' then
-    blocked = true
-  end
-  if blocked then
+  if sale_holds_admission(phase, s) then
     -- Keep a gathering pre-queue (and the sale) alive while nobody is admitted; a closed
     -- sale's keys expire as an empty queue's do.
-    if s[4] ~= '1' then
+    if phase ~= P_CLOSED then
       for _, k in ipairs({KEYS[1], KEYS[2], KEYS[8], KEYS[9], KEYS[11], KEYS[13], KEYS[14]}) do
         redis.call('EXPIRE', k, ttl)
       end
@@ -136,7 +116,7 @@ if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
   redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', mark)
-  -- Wait statistics: entry -> admission, bucketed like domain::wait_bucket. A seq's entry time
+  -- Wait statistics: entry -> admission, bucketed by the prelude's wait_bucket. A seq's entry time
   -- is that of the enter.lua call that gave it: the member with the greatest first seq at or
   -- below it, if its range holds the seq (seqs given by an older vq have no entry time).
   local lowest = tonumber(front[2])
@@ -149,7 +129,7 @@ if admitted > 0 then
     local a, b, ms = string.match(r, '^(%d+)-(%d+):(%d+)$')
     from[i], to[i], at[i] = tonumber(a), tonumber(b), tonumber(ms)
   end
-  local k = 0
+  local k, edges = 0, wait_bucket_edges(ARGV[11])
   for i = 2, #front, 2 do
     local seq = tonumber(front[i])
     while k < #from and from[k + 1] <= seq do
@@ -157,10 +137,7 @@ if admitted > 0 then
     end
     if k > 0 and seq <= to[k] then
       local w = math.max(0, now - at[k])
-      local s = math.floor(w / 1000)
-      local b
-      if s < 120 then b = s elseif s < 600 then b = math.floor(s / 10) * 10
-      elseif s < 3600 then b = math.floor(s / 60) * 60 else b = 3600 end
+      local b = wait_bucket(math.floor(w / 1000), edges)
       hist[b] = (hist[b] or 0) + 1
       longest = math.max(longest, w)
       sum = sum + w
@@ -183,7 +160,7 @@ if admitted > 0 then
   redis.call('EXPIRE', KEYS[7], ttl)
 end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
-redis.call('LTRIM', KEYS[5], 0, 59)
+redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[12]) - 1)
 if rec and admitted > 0 then
   local f = {'t:' .. tick, admitted, 'admitted', admitted, 'wc', counted, 'ws', sum}
   for b, c in pairs(hist) do
@@ -196,7 +173,7 @@ if rec and admitted > 0 then
   end
 end
 if ledger and admitted > 0 then
-  record('admit|' .. now .. '|' .. before .. '|' .. mark .. '|' .. admitted .. '|' .. (ARGV[4] or ''))
+  ledger_push(ledger, ledger_row('admit', now, before, mark, admitted, ARGV[4] or ''), ledgerMax, ttl)
 end
 if saleKey then
   redis.call('EXPIRE', saleKey, ttl, 'GT')

@@ -33,7 +33,8 @@
 -- ARGV[5] fence: the highest admission mark this instance has seen
 -- ARGV[6] tick length ms (the record's buckets)
 -- ARGV[7] record ttl seconds
--- ARGV[7+i] user i
+-- ARGV[8] TTL refresh period in seqs (`store::rules::TTL_REFRESH_EVERY`): see below
+-- ARGV[8+i] user i
 -- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING   a = seq, b = users ahead still waiting
@@ -49,13 +50,13 @@
 -- ARGV[4], 2 the mark was raised to ARGV[5]; see `fence` in prelude.lua)
 --
 -- The sale's phase is read by Redis' clock. The first call at or after `opens_at` (this or
--- admit.lua) freezes the pre-queue: it becomes `opening` (RENAME), N = its size, and the seq
--- counter moves past N, so entries from then on come after every pre-queued user.
+-- admit.lua) freezes the pre-queue (`freeze_prequeue` in prelude.lua), so entries from then on
+-- come after every pre-queued user.
 -- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
--- first or a multiple of 64 plus one (so keys written before any pump runs still expire).
+-- first or a multiple of ARGV[8] plus one (so keys written before any pump runs still expire).
 -- Users start after the U fixed arguments.
-local U = 7
+local U = 8
 local n = #ARGV - U
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
@@ -70,17 +71,8 @@ mark, markRaised = fence(KEYS[4], mark, tonumber(ARGV[5]), tonumber(ARGV[5]), to
 st[3] = tostring(last)
 local saleKey, preKey, openKey = KEYS[9 + n], KEYS[10 + n], KEYS[11 + n]
 local phase, sale = sale_phase(saleKey, now)
-if phase == P_OPENING and not sale[7] then
-  -- The opening: freeze the pre-queue once; its users get seqs base+1 .. base+N.
-  local base = tonumber(st[3] or '0')
-  local frozen = redis.call('ZCARD', preKey)
-  if frozen > 0 then
-    redis.call('RENAME', preKey, openKey)
-  end
-  redis.call('SET', KEYS[3], base + frozen, 'EX', tonumber(ARGV[2]))
-  redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
-  st[3] = tostring(base + frozen)
-  sale[7] = tostring(frozen)
+if phase == P_OPENING then
+  st[3] = tostring(freeze_prequeue(saleKey, sale, KEYS[3], preKey, openKey, tonumber(st[3] or '0'), now, tonumber(ARGV[2])))
 end
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, U + 1, U + n))
 -- In the pre-queue (or the frozen one): pre[i] is set when user i is in it.
@@ -151,14 +143,14 @@ local nfresh = #fresh
 if nfresh > 0 then
   last = redis.call('INCRBY', KEYS[3], nfresh)
   local from = last - nfresh + 1
-  local adds, refresh = {}, false
+  local adds, refresh, every = {}, false, tonumber(ARGV[8])
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
     local user = ARGV[U + i]
     out[3 * i + 1] = seq
     adds[2 * j - 1], adds[2 * j] = seq, user
     beats[#beats + 1], beats[#beats + 2] = now, user
-    refresh = refresh or seq % 64 == 1
+    refresh = refresh or seq % every == 1
   end
   redis.call('ZADD', KEYS[1], unpack(adds))
   -- One entry time for all of them: seqs from .. last entered at `now`.

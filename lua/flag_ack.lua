@@ -2,9 +2,9 @@
 -- confirmation. One hash instead of one key per instance, so readers need no SCAN (which on
 -- Redis Cluster would see one node only, and on one node walks every token key).
 --
--- KEYS[1] virtual-queue:acks   HASH instance ->
---                              "version:applied_at_ms:expires_at_ms:missing:state"
---                              (expires_at_ms on Redis' clock; readers prune past it)
+-- KEYS[1] virtual-queue:acks   HASH instance -> `ack_value` (prelude.lua): version, applied
+--                              at, expires at (Redis' clock; readers prune past it), missing,
+--                              state
 -- ARGV[1] instance id
 -- ARGV[2] flag version applied
 -- ARGV[3] applied at, epoch ms (the instance's clock, shown to the operator)
@@ -15,8 +15,7 @@
 -- returns 1
 local now = now_ms()
 local ttl = tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], ARGV[1],
-  ARGV[2] .. ':' .. ARGV[3] .. ':' .. string.format('%.0f', now + ttl) .. ':' .. ARGV[5] .. ':' .. ARGV[6])
+redis.call('HSET', KEYS[1], ARGV[1], ack_value(ARGV[2], ARGV[3], now + ttl, ARGV[5], ARGV[6]))
 -- The hash goes away by itself once no instance has acknowledged for the keep time.
 redis.call('PEXPIRE', KEYS[1], ttl + tonumber(ARGV[7]))
 return 1

@@ -3,8 +3,8 @@
 -- withdrawing it, frozen, or cut off from Redis) stays listed, silent, so that `vq flag status`
 -- keeps showing it as not applying the current version.
 --
--- KEYS[1] virtual-queue:acks   HASH instance ->
---                              "version:applied_at_ms:expires_at_ms[:missing:state]"
+-- KEYS[1] virtual-queue:acks   HASH instance -> `ack_value` (prelude.lua), parsed by
+--                              `ack_parse`
 -- ARGV[1] keep, ms: how long an expired acknowledgement stays listed
 -- returns {instance, "version:applied_at_ms[:missing:state]", silent ms ("-1" while live), ...}
 local now = now_ms()
@@ -12,14 +12,14 @@ local keep = tonumber(ARGV[1])
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
-  local ver, at, exp, rest = string.match(all[i + 1], '^(%d+):(%d+):(%d+)(.*)$')
-  if exp and tonumber(exp) + keep > now then
+  local ver, at, exp, rest = ack_parse(all[i + 1])
+  if exp and exp + keep > now then
     out[#out + 1] = all[i]
     out[#out + 1] = ver .. ':' .. at .. rest
-    if tonumber(exp) > now then
+    if exp > now then
       out[#out + 1] = '-1'
     else
-      out[#out + 1] = string.format('%.0f', now - tonumber(exp))
+      out[#out + 1] = string.format('%.0f', now - exp)
     end
   else
     redis.call('HDEL', KEYS[1], all[i])

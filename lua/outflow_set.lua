@@ -4,7 +4,8 @@
 -- KEYS[1] queue:{T}:outflow          HASH the decision (fields as outflow_claim.lua reads them)
 -- KEYS[2] queue:{T}:ledger           LIST admission ledger rows, newest first (LTRIM-capped)
 -- ARGV[1] the key ttl, seconds
--- ARGV[2] the ledger row `batch|ms|from|to|instance|reason`, '' when the batch is unchanged
+-- ARGV[2] the ledger row `batch|ms|from|to|instance|reason` (encoded by `store::redis::ledger`),
+--         '' when the batch is unchanged
 -- ARGV[3] ledger rows kept
 -- ARGV[4..] field, value, ... to set in KEYS[1]
 -- returns 1
@@ -16,8 +17,6 @@ end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('EXPIRE', KEYS[1], ttl)
 if ARGV[2] ~= '' then
-  redis.call('LPUSH', KEYS[2], ARGV[2])
-  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-  redis.call('EXPIRE', KEYS[2], ttl)
+  ledger_push(KEYS[2], ARGV[2], ARGV[3], ttl)
 end
 return 1

@@ -25,18 +25,30 @@ local P_OPENING = 3
 local P_OPEN = 4
 local P_CLOSED = 5
 
--- A token marked used by the gate ("used:<token>") is still this user's token: a reuse gets
--- 403 at the gate, not a second place here.
+-- The gate's mark on a token key (`queue:{T}:token:{user}`): "used:<token>" once a purchase
+-- claimed it (token_claim.lua, undone by token_release.lua). Rust reads it through
+-- `store::redis::keys::used_token`.
+local USED_MARK = 'used:'
+local function used_mark(token)
+  return USED_MARK .. token
+end
+
+-- A token marked used by the gate is still this user's token: a reuse gets 403 at the gate,
+-- not a second place here.
 local function stored_token(tok)
-  if string.sub(tok, 1, 5) == 'used:' then
-    return string.sub(tok, 6)
+  if string.sub(tok, 1, #USED_MARK) == USED_MARK then
+    return string.sub(tok, #USED_MARK + 1)
   end
   return tok
 end
 
 -- The sale's hash and its phase at `clock` (now_ms()): NO_SALE without a schedule or a
--- close; P_OPENING once `opens_at` has passed and before the opening has placed everyone
--- (enter.lua and admit.lua freeze the pre-queue then; status.lua never does).
+-- close (a pause alone is not a sale: its hash still says `paused`); P_OPENING once `opens_at`
+-- has passed and before the opening has placed everyone (enter.lua and admit.lua freeze the
+-- pre-queue then; status.lua never does). Rust: `domain::SaleRecord::phase`, checked against
+-- this function by tests/it/scripts.rs.
+-- sale[i]: 1 opens_at, 2 prequeue_from, 3 closes_at, 4 paused, 5 closed, 6 message, 7 frozen,
+-- 8 opened_at.
 local function sale_phase(saleKey, clock)
   if not saleKey then
     return NO_SALE, nil
@@ -56,6 +68,51 @@ local function sale_phase(saleKey, clock)
     return P_PRE_QUEUE, sale
   end
   return P_OPENING, sale
+end
+
+-- Whether nobody is admitted: before the opening is done, closed, or paused (a pause needs
+-- no schedule). Rust: `domain::SaleRecord::holds_admission`.
+local function sale_holds_admission(phase, sale)
+  return (phase ~= NO_SALE and phase ~= P_OPEN) or (sale ~= nil and sale[4] == '1')
+end
+
+-- The opening freezes the pre-queue, once (`sale[7]`, frozen, says it was): the pre-queue
+-- becomes the `opening` set (RENAME), N = its size, and the seq counter moves past N, so its
+-- users get seqs base+1 .. base+N and entries from then on come after every one of them.
+-- Called by whichever of enter.lua and admit.lua runs first at or after `opens_at`. `base` is
+-- the seq counter (nil: read here). Returns the seq counter after the freeze.
+local function freeze_prequeue(saleKey, sale, seqKey, preKey, openKey, base, now, ttl)
+  base = base or tonumber(redis.call('GET', seqKey) or '0')
+  if sale[7] then
+    return base
+  end
+  local frozen = redis.call('ZCARD', preKey)
+  if frozen > 0 then
+    redis.call('RENAME', preKey, openKey)
+  end
+  redis.call('SET', seqKey, base + frozen, 'EX', ttl)
+  redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
+  sale[7] = tostring(frozen)
+  return base + frozen
+end
+
+-- The histogram bucket (its lower bound, s) of a wait of `s` whole seconds. `edges` is
+-- `domain::stats::WAIT_BUCKETS` as Rust sends it ("below:width ..."; see `wait_bucket_edges`):
+-- below each `below`, buckets `width` s wide; from the last `below` on, one bucket.
+local function wait_bucket_edges(arg)
+  local edges = {}
+  for below, width in string.gmatch(arg, '(%d+):(%d+)') do
+    edges[#edges + 1] = {tonumber(below), tonumber(width)}
+  end
+  return edges
+end
+local function wait_bucket(s, edges)
+  for _, e in ipairs(edges) do
+    if s < e[1] then
+      return math.floor(s / e[2]) * e[2]
+    end
+  end
+  return edges[#edges][1]
 end
 
 -- The stored tokens of the users not waiting (admitted before, new or unknown), in one MGET:
@@ -145,4 +202,45 @@ local function record_event(rec, ttl, row)
   local n = redis.call('HINCRBY', rec, 'events', 1)
   redis.call('HSET', rec, 'e:' .. n, row)
   redis.call('EXPIRE', rec, ttl)
+end
+
+-- A ledger row (queue:{T}:ledger; decoded by `store::redis::ledger`): its fields joined by
+-- '|', the kind first, then the time in ms (the last field may hold '|').
+local function ledger_row(...)
+  return table.concat({...}, '|')
+end
+
+-- Pushes `row` onto the ledger (newest first), keeps its newest `max` rows
+-- (`store::LEDGER_MAX_ROWS`, sent by Rust) and, with `ttl`, gives it that lifetime (s).
+local function ledger_push(ledger, row, max, ttl)
+  redis.call('LPUSH', ledger, row)
+  redis.call('LTRIM', ledger, 0, tonumber(max) - 1)
+  if ttl then
+    redis.call('EXPIRE', ledger, ttl)
+  end
+end
+
+-- A change of the sale (schedule, open, pause, resume, close, clear): a ledger row, and the
+-- same row as an event of the record when the record's key is given.
+local function sale_event(ledger, max, ttl, rec, recTtl, row)
+  ledger_push(ledger, row, max, ttl)
+  if rec then
+    record_event(rec, recTtl, row)
+  end
+end
+
+-- A flag acknowledgement as stored (virtual-queue:acks, instance -> value; decoded by
+-- `store::FlagAck`): "version:applied_at_ms:expires_at_ms:missing:state".
+local function ack_value(version, applied_at, expires_at, missing, state)
+  return version .. ':' .. applied_at .. ':' .. string.format('%.0f', expires_at) .. ':' .. missing .. ':' .. state
+end
+
+-- An acknowledgement's version, time applied, expiry (numbers) and the rest (":missing:state",
+-- or '' from an older vq); nil when it does not parse.
+local function ack_parse(value)
+  local ver, at, exp, rest = string.match(value, '^(%d+):(%d+):(%d+)(.*)$')
+  if not exp then
+    return nil
+  end
+  return ver, at, tonumber(exp), rest
 end

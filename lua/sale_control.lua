@@ -28,20 +28,20 @@ if action == 'pause' then
     return {0}
   end
   redis.call('HSET', KEYS[1], 'paused', 1)
-  row = 'pause|' .. now .. '|' .. source
+  row = ledger_row('pause', now, source)
 elseif action == 'resume' then
   if redis.call('HDEL', KEYS[1], 'paused') == 0 then
     return {0}
   end
   -- When admission restarted: vq stats judges the rate from then on.
   redis.call('HSET', KEYS[1], 'resumed_at', now)
-  row = 'resume|' .. now .. '|' .. source
+  row = ledger_row('resume', now, source)
 elseif action == 'close' then
   if redis.call('HGET', KEYS[1], 'closed') == '1' then
     return {0}
   end
   redis.call('HSET', KEYS[1], 'closed', 1, 'close_source', source, 'closed_at', now, 'message', ARGV[3])
-  row = 'close|' .. now .. '|' .. source .. '|' .. ARGV[3]
+  row = ledger_row('close', now, source, ARGV[3])
 elseif action == 'clear' then
   if ARGV[7] ~= '1' then
     local phase = sale_phase(KEYS[1], now)
@@ -53,7 +53,7 @@ elseif action == 'clear' then
   if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then
     return {0}
   end
-  row = 'clear|' .. now .. '|' .. source
+  row = ledger_row('clear', now, source)
 else
   return redis.error_reply('unknown sale action ' .. action)
 end
@@ -64,8 +64,5 @@ if action ~= 'clear' then
     redis.call('EXPIRE', KEYS[1], ttl)
   end
 end
-redis.call('LPUSH', KEYS[2], row)
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
-redis.call('EXPIRE', KEYS[2], ttl)
-record_event(KEYS[5], tonumber(ARGV[6]), row)
+sale_event(KEYS[2], ARGV[5], ttl, KEYS[5], tonumber(ARGV[6]), row)
 return {1}

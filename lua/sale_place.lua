@@ -56,10 +56,6 @@ if ARGV[1] == '1' then
   local now = now_ms()
   redis.call('HSET', KEYS[5], 'opened_at', now)
   redis.call('UNLINK', KEYS[6])
-  local row = 'open|' .. now .. '|' .. s[1] .. '|' .. (s[3] or '') .. '|' .. (s[4] or '')
-  redis.call('LPUSH', KEYS[7], row)
-  record_event(KEYS[8], tonumber(ARGV[5]), row)
-  redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[4]) - 1)
-  redis.call('EXPIRE', KEYS[7], ttl)
+  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, s[1], s[3] or '', s[4] or ''))
 end
 return 1

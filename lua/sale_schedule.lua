@@ -37,10 +37,8 @@ for i, field in ipairs({'prequeue_from', 'closes_at'}) do
 end
 redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[6]))
 -- Every schedule written is in the ledger, so a changed opening is on record.
-local row = 'schedule|' .. now_ms() .. '|' .. ARGV[1] .. '|' .. ARGV[2] .. '|' .. ARGV[3]
-redis.call('LPUSH', KEYS[2], row)
-record_event(KEYS[3], tonumber(ARGV[8]), row)
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[7]) - 1)
+-- The ledger lives at least as long as the schedule (below), not the key ttl.
+sale_event(KEYS[2], ARGV[7], nil, KEYS[3], tonumber(ARGV[8]), ledger_row('schedule', now_ms(), ARGV[1], ARGV[2], ARGV[3]))
 if redis.call('TTL', KEYS[2]) < tonumber(ARGV[6]) - math.floor(now_ms() / 1000) then
   redis.call('EXPIREAT', KEYS[2], tonumber(ARGV[6]))
 end

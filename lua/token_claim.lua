@@ -6,7 +6,8 @@
 -- besides (a user may hold several valid ones: fail-open tokens from an outage, a queue token):
 -- alternating them must not make any of them usable twice.
 --
--- KEYS[1] queue:{T}:token:{user}   STRING token, or "used:<token>" for the last one claimed
+-- KEYS[1] queue:{T}:token:{user}   STRING token, or its used mark (`used_mark` in prelude.lua)
+--                                  for the last one claimed
 -- KEYS[2] queue:{T}:used:{user}    ZSET token -> expiry (ms, Redis' clock) of each used token;
 --                                  pruned of expired members here, expires with its last one
 -- ARGV[1] the token presented
@@ -14,7 +15,7 @@
 -- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when already used
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local used = 'used:' .. ARGV[1]
+local used = used_mark(ARGV[1])
 local v = redis.call('GET', KEYS[1])
 if v == used or redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return {0}

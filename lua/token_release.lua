@@ -8,7 +8,7 @@
 -- ARGV[2] the value of KEYS[1] before the claim ('' = there was none)
 -- returns 1 if the token was marked used and is not any more, 0 otherwise
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('GET', KEYS[1]) == 'used:' .. ARGV[1] then
+if redis.call('GET', KEYS[1]) == used_mark(ARGV[1]) then
   if ARGV[2] == '' then
     redis.call('DEL', KEYS[1])
   else

@@ -25,16 +25,11 @@ local mark = tonumber(st[1] or '0')
 local out = {mark, tonumber(st[2] or '0'), 0}
 local head = 3
 if KEYS[6] then
-  local s = redis.call('HMGET', KEYS[6], 'opens_at', 'closes_at', 'paused', 'closed', 'opened_at')
+  local phase, s = sale_phase(KEYS[6], now_ms())
   local flag = 0
-  if s[4] == '1' or (s[1] and not s[5]) then
+  if phase ~= NO_SALE and phase ~= P_OPEN then
     flag = 2
-  elseif s[2] then
-    if now_ms() >= tonumber(s[2]) then
-      flag = 2
-    end
-  end
-  if flag == 0 and s[3] == '1' then
+  elseif s[4] == '1' then
     flag = 1
   end
   out[4] = flag

@@ -21,5 +21,5 @@ pub use sale::{
     LedgerEntry, SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, hex,
     ledger_admitted, opening_order, parse_instant, seed_commitment, unhex,
 };
-pub use stats::{WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
+pub use stats::{WAIT_BUCKETS, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
 pub use target::{MAX_USER_ID_LEN, ParseError, QueueTarget, QueueTargetType, USER_ID_RULE, UserId, is_user_id_byte};

@@ -2,24 +2,24 @@
 
 use std::collections::BTreeMap;
 
-/// The histogram bucket (its lower bound in seconds) of a wait: whole seconds below 2 min,
-/// 10 s up to 10 min, 1 min up to an hour. `admit.lua` computes the same buckets.
+/// The wait histogram's buckets, as `(below, width)` in seconds: below each `below`, buckets
+/// `width` wide (whole seconds below 2 min, 10 s up to 10 min, 1 min up to an hour); from the
+/// last `below` on, one bucket. The one home of these edges: the Redis store sends them to
+/// `admit.lua` (whose prelude's `wait_bucket` applies them), the embedded store calls
+/// [`wait_bucket`].
+pub const WAIT_BUCKETS: [(u64, u64); 3] = [(120, 1), (600, 10), (3600, 60)];
+
+/// The histogram bucket (its lower bound in seconds) of a wait of `wait_s` whole seconds.
 pub fn wait_bucket(wait_s: u64) -> u64 {
-    match wait_s {
-        s if s < 120 => s,
-        s if s < 600 => s / 10 * 10,
-        s if s < 3600 => s / 60 * 60,
-        _ => 3600,
+    match WAIT_BUCKETS.iter().find(|(below, _)| wait_s < *below) {
+        Some((_, width)) => wait_s / width * width,
+        None => WAIT_BUCKETS[WAIT_BUCKETS.len() - 1].0,
     }
 }
 
+/// The width of the bucket starting at `lower` (0 for the last, open-ended one).
 fn bucket_width(lower: u64) -> u64 {
-    match lower {
-        s if s < 120 => 1,
-        s if s < 600 => 10,
-        s if s < 3600 => 60,
-        _ => 0,
-    }
+    WAIT_BUCKETS.iter().find(|(below, _)| lower < *below).map_or(0, |(_, width)| *width)
 }
 
 /// Waits from entry to admission, as counted by the pump for every admitted user.

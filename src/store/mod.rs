@@ -12,6 +12,7 @@
 mod coalesce;
 mod memory;
 mod redis;
+mod rules;
 
 use std::future::Future;
 use std::time::Duration;

@@ -73,7 +73,7 @@ struct Fence {
 async fn enter_fenced(c: &mut MultiplexedConnection, max: u64, f: Fence, users: &[u64]) -> Vec<String> {
     let (text, names) = script(include_str!("../../lua/enter.lua"));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let head = [max, 1800, f.seq_seen, f.seq_to, f.mark, 1000, 86_400].map(|v| v.to_string());
+    let head = [max, 1800, f.seq_seen, f.seq_to, f.mark, 1000, 86_400, 64].map(|v| v.to_string());
     call(c, &text, &names, &head, users).await
 }
 

@@ -13,6 +13,7 @@ use super::scripts::{Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, SALE_KEYS, STAT
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
+use crate::store::rules::TTL_REFRESH_EVERY;
 use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
 
 impl RedisStore {
@@ -116,6 +117,7 @@ async fn execute(
                 fence.mark,
                 limits.tick_ms,
                 limits.record_ttl_s,
+                TTL_REFRESH_EVERY,
             ],
         ),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),

@@ -11,8 +11,9 @@ pub const TARGETS: &str = "queue:targets";
 pub const SALES: &str = "queue:sales";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
-/// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (`flag_ack.lua`): the live instances' flag
-/// acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
+/// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (written by the
+/// prelude's `ack_value`, read by its `ack_parse`, in `flag_ack.lua` and `flag_acks.lua`): the
+/// instances' flag acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
 pub const FLAG_ACKS: &str = "virtual-queue:acks";
 
 pub fn of(target: QueueTarget, name: &str) -> String {
@@ -21,6 +22,15 @@ pub fn of(target: QueueTarget, name: &str) -> String {
 pub fn token(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:token:{user}")
 }
+/// What the token key (`token`) holds once a purchase claimed its token: this prefix and the
+/// token (`token_claim.lua`, through the prelude's `used_mark`, which tests check against it).
+pub const USED_MARK: &str = "used:";
+
+/// The token of a token key's value marked used, `None` when it is not marked.
+pub fn used_token(value: &str) -> Option<&str> {
+    value.strip_prefix(USED_MARK)
+}
+
 /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
 pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:used:{user}")

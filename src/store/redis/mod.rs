@@ -44,9 +44,10 @@ use self::scripts::{
     ACTIVE_COUNT, ACTIVE_COUNT_KEYS, ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, FLAG_ACK, FLAG_ACKS, FLAG_SET, GATE_PACE,
     GATE_PACE_KEYS, LEAVE, LEAVE_KEYS, OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, SALE_CONTROL, SALE_CONTROL_KEYS,
     SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE, SALE_SCHEDULE_KEYS, TOKEN_CLAIM,
-    TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, num, on_target, reply_err,
+    TOKEN_RELEASE, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS, USER_HOLD, WAIT_BUCKET_EDGES, num, on_target, reply_err,
 };
 use super::coalesce::Coalescer;
+use super::rules::{ADMISSIONS_KEPT, flag_version_floor};
 use super::{
     AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS,
     FlagAck, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView,
@@ -165,7 +166,7 @@ impl RedisStore {
     }
 
     async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
-        let floor = self.flag_acks().await?.iter().map(|a| a.version + 1).max().unwrap_or(0);
+        let floor = flag_version_floor(self.flag_acks().await?.iter().map(|a| a.version));
         let mut inv = FLAG_SET.key(keys::FLAG);
         inv.arg(fields.set.len()).arg(if fields.clear_overrides { "1" } else { "0" }).arg(floor);
         for (k, v) in &fields.set {
@@ -410,6 +411,8 @@ impl QueueStore for RedisStore {
             .arg(fence.seq_to)
             .arg(fence.tick)
             .arg(self.limits.record_ttl_s)
+            .arg(WAIT_BUCKET_EDGES.as_str())
+            .arg(ADMISSIONS_KEPT)
             .invoke_async(&mut self.conn())
             .await?;
         let advanced = num("admit.lua", &r, 0)? == 1;
@@ -689,7 +692,7 @@ impl QueueStore for RedisStore {
             .query_async(&mut self.conn())
             .await?;
         // A member past its expiry belongs to an expired token, which verify refused already.
-        Ok(score.is_some() || v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+        Ok(score.is_some() || v.is_some_and(|v| keys::used_token(&v) == Some(token)))
     }
 
     async fn pace_purchase(

@@ -26,6 +26,11 @@ pub(super) static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(with_pr
 pub(super) static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("status.lua")));
 pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("issue.lua")));
 
+/// `domain::stats::WAIT_BUCKETS` as `admit.lua` takes it (ARGV[11]): "below:width ...".
+pub(super) static WAIT_BUCKET_EDGES: LazyLock<String> = LazyLock::new(|| {
+    crate::domain::WAIT_BUCKETS.iter().map(|(below, width)| format!("{below}:{width}")).collect::<Vec<_>>().join(" ")
+});
+
 /// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
 /// and the sale's keys follow where the script's header says.
 pub(super) const ENTER_KEYS: &[&str] =
@@ -152,6 +157,18 @@ mod tests {
             .filter_map(|l| l.strip_prefix("local ")?.split_once(" = "))
             .filter_map(|(name, v)| Some((name.to_owned(), v.trim().parse().ok()?)))
             .collect()
+    }
+
+    #[test]
+    fn used_mark_is_the_preludes() {
+        assert!(PRELUDE.contains(&format!("local USED_MARK = '{}'", keys::USED_MARK)));
+        assert_eq!(keys::used_token("used:abc"), Some("abc"));
+        assert_eq!(keys::used_token("abc"), None);
+    }
+
+    #[test]
+    fn wait_bucket_edges_are_sent_as_the_prelude_reads_them() {
+        assert_eq!(WAIT_BUCKET_EDGES.as_str(), "120:1 600:10 3600:60");
     }
 
     #[test]

@@ -1,0 +1,33 @@
+//! Numbers both stores and the Lua scripts obey, written once. The scripts never hold them as
+//! literals: the Redis store sends each one as a script argument (see the script headers), and
+//! the embedded store reads the same constant.
+
+/// Ticks kept in a target's admissions list (`queue:{T}:admissions`, newest first): the last
+/// minute at the default tick, which `vq stats` turns into the admission rate. Used by
+/// `admit.lua` (ARGV[12]) and the embedded store's admit.
+pub(crate) const ADMISSIONS_KEPT: u64 = 60;
+
+/// `enter.lua` refreshes the target's key TTLs when a new seq is the first or one past a
+/// multiple of this (ARGV[8]), so keys written before any pump runs still expire; the pump's
+/// ticks refresh them otherwise. Used by `enter.lua` and the embedded store's enter.
+pub(crate) const TTL_REFRESH_EVERY: u64 = 64;
+
+/// The lowest version a flag change may get: one above the highest version any listed
+/// instance acknowledged (live or silent), so that a flag written again after its hash was
+/// lost (FLUSHALL, a restart without persistence) never reuses a version an instance already
+/// applied. `flag_set.lua` takes it as ARGV[3]; the embedded store's flag write uses it too.
+pub(crate) fn flag_version_floor(acknowledged: impl IntoIterator<Item = u64>) -> u64 {
+    acknowledged.into_iter().map(|v| v + 1).max().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_is_one_above_the_highest_acknowledged_version() {
+        assert_eq!(flag_version_floor([]), 0);
+        assert_eq!(flag_version_floor([3, 7, 5]), 8);
+        assert_eq!(flag_version_floor([0]), 1);
+    }
+}
