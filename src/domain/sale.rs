@@ -163,20 +163,38 @@ impl SaleRecord {
         })
     }
 
-    /// The phase at `now_ms` (the same rules as the scripts').
+    /// The phase at `now_ms`; `None` when there is no sale: no opening, no closing time and
+    /// not closed. A pause alone is not a sale (`paused` still holds admission: see
+    /// [`Self::holds_admission`]). The one home of the rule: the prelude's `sale_phase`
+    /// (lua/prelude.lua) is checked against it by tests/it/scripts.rs.
+    pub fn phase(&self, now_ms: u64) -> Option<SalePhase> {
+        if self.opens_at_ms.is_none() && self.closes_at_ms.is_none() && !self.closed {
+            return None;
+        }
+        Some(self.phase_at(now_ms))
+    }
+
+    /// Whether nobody is admitted at `now_ms`: before the opening is done, closed, or paused
+    /// (also a pause without a schedule). The prelude's `sale_holds_admission` (admit.lua).
+    pub fn holds_admission(&self, now_ms: u64) -> bool {
+        self.paused || !matches!(self.phase(now_ms), None | Some(SalePhase::Open))
+    }
+
+    /// The phase at `now_ms`, [`SalePhase::Open`] when there is no sale (see [`Self::phase`]).
     pub fn phase_at(&self, now_ms: u64) -> SalePhase {
         if self.closed || self.closes_at_ms.is_some_and(|c| now_ms >= c) {
             return SalePhase::Closed;
         }
-        let Some(opens) = self.opens_at_ms else { return SalePhase::Open };
+        // Once the opening order is written the sale is open, whatever the clock says.
+        let Some(opens) = self.opens_at_ms.filter(|o| *o > 0 && self.opened_at_ms.is_none()) else {
+            return SalePhase::Open;
+        };
         if now_ms < self.prequeue_from_ms.unwrap_or(opens) {
             SalePhase::Scheduled
         } else if now_ms < opens {
             SalePhase::PreQueue
-        } else if self.opened_at_ms.is_none() {
-            SalePhase::Opening
         } else {
-            SalePhase::Open
+            SalePhase::Opening
         }
     }
 
@@ -429,6 +447,10 @@ mod tests {
         let paused = SaleRecord { paused: true, ..opened };
         assert_eq!(paused.state_at(3000), "paused");
         assert_eq!(paused.state_at(6000), "closed");
+        assert!(paused.holds_admission(3000));
+        let pause_alone = SaleRecord { paused: true, ..SaleRecord::default() };
+        assert_eq!(pause_alone.phase(0), None, "a pause alone is no sale");
+        assert!(pause_alone.holds_admission(0), "but it holds admission");
     }
 
     #[test]

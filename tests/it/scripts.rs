@@ -215,3 +215,146 @@ async fn fences_raise_counters_redis_lost_and_never_lower_them() {
     let ttl: i64 = redis::cmd("TTL").arg(format!("{P}admitted_count")).query_async(&mut c).await.unwrap();
     assert!(ttl > 0, "a raised key keeps the sliding TTL: {ttl}");
 }
+
+/// Runs `body` after the prelude, as vq sends every script (`lua_as_sent`), with `keys` and
+/// `args`; the reply as integers.
+async fn prelude_eval(c: &mut MultiplexedConnection, body: &str, keys: &[String], args: &[String]) -> Vec<i64> {
+    let script = redis::Script::new(&lua_as_sent(body));
+    let mut inv = script.prepare_invoke();
+    for k in keys {
+        inv.key(k);
+    }
+    for a in args {
+        inv.arg(a);
+    }
+    inv.invoke_async(c).await.expect("prelude call")
+}
+
+/// The wait buckets have one home in Rust (`domain::WAIT_BUCKETS`), sent to the prelude's
+/// `wait_bucket` as admit.lua's argument: every second of a wait up to past the last edge
+/// lands in the same bucket on both sides.
+#[tokio::test]
+async fn wait_buckets_of_the_prelude_are_the_domains() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let edges: Vec<String> = vq::domain::WAIT_BUCKETS.iter().map(|(below, width)| format!("{below}:{width}")).collect();
+    let body = "local e, out = wait_bucket_edges(ARGV[1]), {}\n\
+                for s = 0, tonumber(ARGV[2]) do out[#out + 1] = wait_bucket(s, e) end\n\
+                return out";
+    let lua = prelude_eval(&mut c, body, &[], &[edges.join(" "), "4000".into()]).await;
+    let rust: Vec<i64> = (0..=4000).map(|s| vq::domain::wait_bucket(s) as i64).collect();
+    assert_eq!(lua.len(), rust.len());
+    for (s, (l, r)) in lua.iter().zip(&rust).enumerate() {
+        assert_eq!(l, r, "a wait of {s} s: prelude bucket {l}, domain bucket {r}");
+    }
+}
+
+/// One sale state: the hash fields the scripts write, and the time it is read at.
+#[derive(Debug, Default, Clone, Copy)]
+struct SaleCase {
+    opens: Option<u64>,
+    prequeue: Option<u64>,
+    closes: Option<u64>,
+    paused: bool,
+    closed: bool,
+    frozen: Option<u64>,
+    opened: Option<u64>,
+}
+
+impl SaleCase {
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut f = Vec::new();
+        for (name, v) in [
+            ("opens_at", self.opens),
+            ("prequeue_from", self.prequeue),
+            ("closes_at", self.closes),
+            ("frozen", self.frozen),
+            ("opened_at", self.opened),
+        ] {
+            if let Some(v) = v {
+                f.push((name, v.to_string()));
+            }
+        }
+        if self.paused {
+            f.push(("paused", "1".into()));
+        }
+        if self.closed {
+            f.push(("closed", "1".into()));
+        }
+        f
+    }
+
+    fn record(&self) -> vq::domain::SaleRecord {
+        vq::domain::SaleRecord {
+            opens_at_ms: self.opens,
+            prequeue_from_ms: self.prequeue,
+            closes_at_ms: self.closes,
+            paused: self.paused,
+            closed: self.closed,
+            prequeued: self.frozen,
+            opened_at_ms: self.opened,
+            ..Default::default()
+        }
+    }
+}
+
+/// The sale's phase and whether it holds admission have one home in Rust
+/// (`SaleRecord::phase`, `holds_admission`): the prelude's `sale_phase` and
+/// `sale_holds_admission`, which every script uses, answer the same for a grid of sale states
+/// (no sale, a pause alone, scheduled, pre-queue, opening, frozen, open, paused, closed,
+/// `closes_at` passed) at times around each of the sale's instants.
+#[tokio::test]
+async fn sale_phase_of_the_prelude_is_the_domains() {
+    use vq::domain::SalePhase;
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let (pre, opens, closes) = (1_000, 2_000, 5_000);
+    let scheduled = SaleCase { opens: Some(opens), prequeue: Some(pre), ..Default::default() };
+    let mut cases = vec![
+        SaleCase::default(),
+        SaleCase { paused: true, ..Default::default() },
+        SaleCase { closed: true, ..Default::default() },
+        SaleCase { closes: Some(closes), ..Default::default() },
+        SaleCase { opens: Some(opens), ..Default::default() },
+        scheduled,
+        SaleCase { frozen: Some(3), ..scheduled },
+        SaleCase { frozen: Some(3), opened: Some(opens + 1), ..scheduled },
+        SaleCase { closes: Some(closes), opened: Some(opens + 1), ..scheduled },
+    ];
+    for base in cases.clone() {
+        cases.push(SaleCase { paused: true, ..base });
+        cases.push(SaleCase { closed: true, ..base });
+    }
+    let times = [0, pre - 1, pre, opens - 1, opens, opens + 1, closes - 1, closes, closes + 1];
+    let lua_phase = |n: i64| match n {
+        0 => None,
+        1 => Some(SalePhase::Scheduled),
+        2 => Some(SalePhase::PreQueue),
+        3 => Some(SalePhase::Opening),
+        4 => Some(SalePhase::Open),
+        5 => Some(SalePhase::Closed),
+        other => panic!("the prelude names no phase {other}"),
+    };
+    let key = format!("{P}sale");
+    let body = "local out = {}\n\
+                for i = 1, #ARGV do\n\
+                  local phase, sale = sale_phase(KEYS[1], tonumber(ARGV[i]))\n\
+                  out[#out + 1] = phase\n\
+                  out[#out + 1] = sale_holds_admission(phase, sale) and 1 or 0\n\
+                end\n\
+                return out";
+    for case in cases {
+        let _: () = redis::cmd("DEL").arg(&key).query_async(&mut c).await.unwrap();
+        let fields = case.fields();
+        if !fields.is_empty() {
+            let _: () = redis::cmd("HSET").arg(&key).arg(fields).query_async(&mut c).await.unwrap();
+        }
+        let args: Vec<String> = times.iter().map(u64::to_string).collect();
+        let got = prelude_eval(&mut c, body, std::slice::from_ref(&key), &args).await;
+        let record = case.record();
+        for (t, pair) in times.iter().zip(got.chunks_exact(2)) {
+            assert_eq!(lua_phase(pair[0]), record.phase(*t), "phase of {case:?} at {t}");
+            assert_eq!(pair[1] == 1, record.holds_admission(*t), "admission held by {case:?} at {t}");
+        }
+    }
+}
