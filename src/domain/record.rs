@@ -90,7 +90,7 @@ impl Serialize for Answers {
     }
 }
 
-/// What a target's record holds, as read from the store.
+/// What a target's record holds, as read from the store (decoded by `store::redis::codec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TargetRecord {
     /// The tick the per-tick fields were counted in (the pump's; `None` before its first admission).
@@ -115,62 +115,6 @@ pub struct TargetRecord {
     pub direct_tokens_used: u64,
     /// The sale's schedules, opening, pauses, resumes, closes and clears, oldest first.
     pub events: Vec<LedgerEntry>,
-}
-
-impl TargetRecord {
-    /// The record from its hash fields; fields it does not know are ignored.
-    pub fn from_fields<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let mut r = Self::default();
-        let mut events = BTreeMap::new();
-        for (field, value) in fields {
-            let n = || value.parse::<u64>().ok();
-            let (head, tail) = field.split_once(':').unwrap_or((field, ""));
-            let tick = || tail.parse::<u64>().ok();
-            match head {
-                "a" => add(&mut r.arrivals, tick(), n()),
-                "t" => add(&mut r.admissions, tick(), n()),
-                "p" => {
-                    let Some((tick, class)) = tail.split_once(':') else { continue };
-                    let (Ok(tick), Some(c), Some(n)) =
-                        (tick.parse::<u64>(), AnswerClass::ALL.into_iter().find(|c| c.name() == class), n())
-                    else {
-                        continue;
-                    };
-                    r.purchases.entry(tick).or_default().0[c.index()] += n;
-                }
-                "wb" => {
-                    if let (Some(b), Some(n)) = (tick(), n()) {
-                        *r.waits.buckets.entry(b).or_default() += n;
-                    }
-                }
-                "e" => {
-                    if let (Some(i), Some(e)) = (tick(), LedgerEntry::decode(value)) {
-                        events.insert(i, e);
-                    }
-                }
-                "wc" => r.waits.count = n().unwrap_or(0),
-                "ws" => r.waits.sum_ms = n().unwrap_or(0),
-                "wmax" => r.wait_max_ms = n(),
-                "admitted" => r.admitted = n().unwrap_or(0),
-                "left" => r.left = n().unwrap_or(0),
-                "evicted" => r.evicted = n().unwrap_or(0),
-                "ti" => r.tokens_issued = n().unwrap_or(0),
-                "ti_last" => r.last_issue_ms = n(),
-                "tu" => r.tokens_used = n().unwrap_or(0),
-                "tud" => r.direct_tokens_used = n().unwrap_or(0),
-                "tick_ms" => r.tick_ms = n().filter(|t| *t > 0),
-                _ => {}
-            }
-        }
-        r.events = events.into_values().collect();
-        r
-    }
-}
-
-fn add(map: &mut BTreeMap<u64, u64>, tick: Option<u64>, n: Option<u64>) {
-    if let (Some(tick), Some(n)) = (tick, n) {
-        *map.entry(tick).or_default() += n;
-    }
 }
 
 /// What `vq sale report --json` prints: the source of the CSV and HTML forms.
@@ -336,50 +280,6 @@ impl SaleReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fields_become_the_record_and_the_report_adds_them_up() {
-        let fields = [
-            ("a:10", "5"),
-            ("a:11", "2"),
-            ("t:11", "4"),
-            ("p:12:2xx", "3"),
-            ("p:12:5xx", "1"),
-            ("p:12:bogus", "9"),
-            ("wb:3", "4"),
-            ("wc", "4"),
-            ("ws", "14000"),
-            ("wmax", "3900"),
-            ("admitted", "4"),
-            ("left", "1"),
-            ("evicted", "2"),
-            ("ti", "4"),
-            ("ti_last", "1000"),
-            ("tu", "3"),
-            ("tick_ms", "1000"),
-            ("e:2", "pause|12000|command"),
-            ("e:1", "open|11000|7|c0ffee|5eed"),
-            ("events", "2"),
-        ];
-        let r = TargetRecord::from_fields(fields);
-        assert_eq!(r.events.len(), 2);
-        assert!(matches!(r.events[0], LedgerEntry::Opening { prequeued: 7, .. }), "oldest first");
-        let report = SaleReport::build("LIMITED_DROP:1", &r, 100_000, 2000, 60_000);
-        assert_eq!(report.tick_ms, 1000, "the record's own tick");
-        assert_eq!(report.totals.arrivals, 7);
-        assert_eq!(report.totals.purchases_forwarded, 4);
-        assert_eq!(report.totals.answers.get(AnswerClass::ServerError), 1);
-        assert_eq!(report.series.len(), 3);
-        assert_eq!((report.series[2].tick, report.series[2].forwarded), (12, 4));
-        assert_eq!(report.series[0].at, format_instant(10_000));
-        assert_eq!(report.tokens.expired, Some(1), "the last token expired at 61 s");
-        assert!((report.waits.avg_seconds - 3.5).abs() < 1e-9);
-        assert!((3.0..=4.0).contains(&report.waits.p50_seconds));
-        assert!((report.waits.max_seconds - 3.9).abs() < 1e-9);
-        // The buckets say 3-4 s; the longest wait measured was 3.9 s, and no quantile passes it.
-        assert!(report.waits.p95_seconds <= report.waits.max_seconds, "{:?}", report.waits);
-        assert_eq!(report.opening.map(|o| o.seed), Some("5eed".to_owned()));
-    }
 
     #[test]
     fn tokens_still_valid_are_not_called_expired() {

@@ -115,7 +115,7 @@ impl SalePhase {
     }
 }
 
-/// A target's sale as stored (the hash `queue:{T}:sale`).
+/// A target's sale as stored (the hash `queue:{T}:sale`; read by `store::redis::codec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SaleRecord {
     pub opens_at_ms: Option<u64>,
@@ -140,29 +140,6 @@ pub struct SaleRecord {
 }
 
 impl SaleRecord {
-    /// The stored hash's fields, as written by the scripts.
-    pub fn from_fields(fields: &std::collections::HashMap<String, String>) -> Option<Self> {
-        if fields.is_empty() {
-            return None;
-        }
-        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
-        let text = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
-        Some(Self {
-            opens_at_ms: num("opens_at"),
-            prequeue_from_ms: num("prequeue_from"),
-            closes_at_ms: num("closes_at"),
-            seed: text("seed"),
-            commitment: text("commitment"),
-            paused: fields.get("paused").is_some_and(|v| v == "1"),
-            closed: fields.get("closed").is_some_and(|v| v == "1"),
-            message: text("message"),
-            close_source: text("close_source"),
-            prequeued: num("frozen"),
-            opened_at_ms: num("opened_at"),
-            resumed_at_ms: num("resumed_at"),
-        })
-    }
-
     /// The phase at `now_ms`; `None` when there is no sale: no opening, no closing time and
     /// not closed. A pause alone is not a sale (`paused` still holds admission: see
     /// [`Self::holds_admission`]). The one home of the rule: the prelude's `sale_phase`
@@ -275,7 +252,8 @@ pub enum SaleControl {
     Clear,
 }
 
-/// One row of a target's admission ledger (`queue:{T}:ledger`, newest first).
+/// One row of a target's admission ledger (`queue:{T}:ledger`, newest first; its stored form
+/// is `store::redis::codec`'s).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum LedgerEntry {
@@ -301,61 +279,6 @@ pub enum LedgerEntry {
 }
 
 impl LedgerEntry {
-    /// Parses a stored row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
-    /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
-    /// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none),
-    /// `batch|ms|from|to|instance|reason` (from empty at the first decision).
-    pub fn decode(row: &str) -> Option<Self> {
-        let mut p = row.splitn(6, '|');
-        let kind = p.next()?;
-        let at_ms = p.next()?.parse().ok()?;
-        let mut next = || p.next().map(str::to_owned);
-        Some(match kind {
-            "admit" => Self::Admission {
-                at_ms,
-                mark_before: next()?.parse().ok()?,
-                mark_after: next()?.parse().ok()?,
-                admitted: next()?.parse().ok()?,
-                instance: next().unwrap_or_default(),
-            },
-            "open" => Self::Opening {
-                at_ms,
-                prequeued: next()?.parse().ok()?,
-                seed_commitment: next()?,
-                seed: next().unwrap_or_default(),
-            },
-            "pause" => Self::Pause { at_ms, source: next()? },
-            "resume" => Self::Resume { at_ms, source: next()? },
-            "close" => {
-                let source = next()?;
-                // The message may hold '|': it is the rest of the row.
-                let rest: Vec<String> = std::iter::from_fn(&mut next).collect();
-                Self::Close { at_ms, source, message: rest.join("|") }
-            }
-            "clear" => Self::Clear { at_ms, source: next()? },
-            "schedule" => {
-                let opens_at_ms = next()?.parse().ok()?;
-                let mut opt = || next().and_then(|v| v.parse().ok());
-                Self::Schedule { at_ms, opens_at_ms, prequeue_from_ms: opt(), closes_at_ms: opt() }
-            }
-            "batch" => Self::Batch {
-                at_ms,
-                from: next()?.parse().ok(),
-                to: next()?.parse().ok()?,
-                instance: next()?,
-                // The reason is the rest of the row.
-                reason: next().unwrap_or_default(),
-            },
-            _ => return None,
-        })
-    }
-
-    /// The stored row of a batch change (the only kind vq writes outside Lua).
-    pub fn encode_batch(at_ms: u64, from: Option<u64>, to: u64, instance: &str, reason: &str) -> String {
-        let from = from.map(|f| f.to_string()).unwrap_or_default();
-        format!("batch|{at_ms}|{from}|{to}|{}|{reason}", instance.replace('|', "/"))
-    }
-
     pub fn at_ms(&self) -> u64 {
         match self {
             Self::Admission { at_ms, .. }
@@ -472,35 +395,7 @@ mod tests {
     }
 
     #[test]
-    fn ledger_rows_round_trip() {
-        assert_eq!(
-            LedgerEntry::decode("admit|5|0|10|10|host-1:99"),
-            Some(LedgerEntry::Admission {
-                at_ms: 5,
-                mark_before: 0,
-                mark_after: 10,
-                admitted: 10,
-                instance: "host-1:99".into()
-            })
-        );
-        assert_eq!(
-            LedgerEntry::decode("close|7|purchase-api|Sold | out"),
-            Some(LedgerEntry::Close { at_ms: 7, source: "purchase-api".into(), message: "Sold | out".into() })
-        );
-        assert_eq!(LedgerEntry::decode("nonsense"), None);
-        let row = LedgerEntry::encode_batch(9, None, 20, "host-1:7", "target: 10 / (1 − 0.50) | more");
-        assert_eq!(
-            LedgerEntry::decode(&row),
-            Some(LedgerEntry::Batch {
-                at_ms: 9,
-                from: None,
-                to: 20,
-                instance: "host-1:7".into(),
-                reason: "target: 10 / (1 − 0.50) | more".into()
-            })
-        );
-        let row = LedgerEntry::encode_batch(9, Some(20), 14, "h", "down: x");
-        assert!(matches!(LedgerEntry::decode(&row), Some(LedgerEntry::Batch { from: Some(20), to: 14, .. })));
+    fn hex_round_trips_and_commits() {
         assert_eq!(hex(&unhex("00ff10").unwrap()), "00ff10");
         assert_eq!(seed_commitment(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }

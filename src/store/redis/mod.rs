@@ -19,6 +19,7 @@
 //! enter/poll calls and their per-user answers.
 
 mod coalesced;
+mod codec;
 mod conn;
 mod fence;
 pub mod keys;
@@ -54,8 +55,8 @@ use super::{
     ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
 };
 use crate::domain::{
-    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord,
-    SaleSchedule, TargetRecord, UserId, WaitHistogram,
+    AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule,
+    TargetRecord, UserId, WaitHistogram,
 };
 
 /// Production store on one Redis server or a Redis Cluster.
@@ -129,7 +130,7 @@ impl RedisStore {
         let now_ms = num("sale_read.lua", &r, 0)?;
         let prequeued = num("sale_read.lua", &r, 1)?;
         let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
-        Ok((SaleRecord::from_fields(&fields).map(|record| SaleView { record, now_ms }), prequeued))
+        Ok((codec::decode_sale(&fields).map(|record| SaleView { record, now_ms }), prequeued))
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.
@@ -318,7 +319,7 @@ impl QueueStore for RedisStore {
         change: Option<BatchChange>,
     ) -> Result<(), StoreError> {
         let row = change.map_or_else(String::new, |c| {
-            LedgerEntry::encode_batch(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
+            codec::encode_batch_row(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
         });
         let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
         call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
@@ -822,7 +823,7 @@ impl QueueStore for RedisStore {
         if fields.is_empty() {
             return Ok(None);
         }
-        Ok(Some(TargetRecord::from_fields(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
+        Ok(Some(codec::decode_record(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
     }
 
     async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
@@ -906,6 +907,6 @@ impl QueueStore for RedisStore {
 
     async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
         let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
-        Ok(rows.iter().filter_map(|r| LedgerEntry::decode(r)).collect())
+        Ok(rows.iter().filter_map(|r| codec::decode_ledger_row(r)).collect())
     }
 }

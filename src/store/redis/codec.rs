@@ -1,0 +1,234 @@
+//! How the domain's records are stored in Redis, both ways: the ledger's rows, the sale's hash
+//! and the record's hash. The domain keeps the typed values ([`LedgerEntry`], [`SaleRecord`],
+//! [`TargetRecord`]); the Lua scripts write these forms (the prelude's `ledger_row`), this
+//! file is the one place that reads them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::domain::{AnswerClass, LedgerEntry, SaleRecord, TargetRecord};
+
+/// Parses a ledger row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
+/// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
+/// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none),
+/// `batch|ms|from|to|instance|reason` (from empty at the first decision).
+pub(super) fn decode_ledger_row(row: &str) -> Option<LedgerEntry> {
+    let mut p = row.splitn(6, '|');
+    let kind = p.next()?;
+    let at_ms = p.next()?.parse().ok()?;
+    let mut next = || p.next().map(str::to_owned);
+    Some(match kind {
+        "admit" => LedgerEntry::Admission {
+            at_ms,
+            mark_before: next()?.parse().ok()?,
+            mark_after: next()?.parse().ok()?,
+            admitted: next()?.parse().ok()?,
+            instance: next().unwrap_or_default(),
+        },
+        "open" => LedgerEntry::Opening {
+            at_ms,
+            prequeued: next()?.parse().ok()?,
+            seed_commitment: next()?,
+            seed: next().unwrap_or_default(),
+        },
+        "pause" => LedgerEntry::Pause { at_ms, source: next()? },
+        "resume" => LedgerEntry::Resume { at_ms, source: next()? },
+        "close" => {
+            let source = next()?;
+            // The message may hold '|': it is the rest of the row.
+            let rest: Vec<String> = std::iter::from_fn(&mut next).collect();
+            LedgerEntry::Close { at_ms, source, message: rest.join("|") }
+        }
+        "clear" => LedgerEntry::Clear { at_ms, source: next()? },
+        "schedule" => {
+            let opens_at_ms = next()?.parse().ok()?;
+            let mut opt = || next().and_then(|v| v.parse().ok());
+            LedgerEntry::Schedule { at_ms, opens_at_ms, prequeue_from_ms: opt(), closes_at_ms: opt() }
+        }
+        "batch" => LedgerEntry::Batch {
+            at_ms,
+            from: next()?.parse().ok(),
+            to: next()?.parse().ok()?,
+            instance: next()?,
+            // The reason is the rest of the row.
+            reason: next().unwrap_or_default(),
+        },
+        _ => return None,
+    })
+}
+
+/// The stored row of a batch change (the only kind vq writes outside Lua).
+pub(super) fn encode_batch_row(at_ms: u64, from: Option<u64>, to: u64, instance: &str, reason: &str) -> String {
+    let from = from.map(|f| f.to_string()).unwrap_or_default();
+    format!("batch|{at_ms}|{from}|{to}|{}|{reason}", instance.replace('|', "/"))
+}
+
+/// The sale's hash (`queue:{T}:sale`) as the scripts write it; `None` when it is empty.
+pub(super) fn decode_sale(fields: &HashMap<String, String>) -> Option<SaleRecord> {
+    if fields.is_empty() {
+        return None;
+    }
+    let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+    let text = |k: &str| fields.get(k).filter(|v| !v.is_empty()).cloned();
+    Some(SaleRecord {
+        opens_at_ms: num("opens_at"),
+        prequeue_from_ms: num("prequeue_from"),
+        closes_at_ms: num("closes_at"),
+        seed: text("seed"),
+        commitment: text("commitment"),
+        paused: fields.get("paused").is_some_and(|v| v == "1"),
+        closed: fields.get("closed").is_some_and(|v| v == "1"),
+        message: text("message"),
+        close_source: text("close_source"),
+        prequeued: num("frozen"),
+        opened_at_ms: num("opened_at"),
+        resumed_at_ms: num("resumed_at"),
+    })
+}
+
+/// The record (`queue:{T}:record`) from its hash fields (listed in `domain::record`'s module
+/// doc); fields it does not know are ignored.
+pub(super) fn decode_record<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> TargetRecord {
+    let mut r = TargetRecord::default();
+    let mut events = BTreeMap::new();
+    for (field, value) in fields {
+        let n = || value.parse::<u64>().ok();
+        let (head, tail) = field.split_once(':').unwrap_or((field, ""));
+        let tick = || tail.parse::<u64>().ok();
+        match head {
+            "a" => add(&mut r.arrivals, tick(), n()),
+            "t" => add(&mut r.admissions, tick(), n()),
+            "p" => {
+                let Some((tick, class)) = tail.split_once(':') else { continue };
+                let (Ok(tick), Some(c), Some(n)) =
+                    (tick.parse::<u64>(), AnswerClass::ALL.iter().position(|c| c.name() == class), n())
+                else {
+                    continue;
+                };
+                r.purchases.entry(tick).or_default().0[c] += n;
+            }
+            "wb" => {
+                if let (Some(b), Some(n)) = (tick(), n()) {
+                    *r.waits.buckets.entry(b).or_default() += n;
+                }
+            }
+            "e" => {
+                if let (Some(i), Some(e)) = (tick(), decode_ledger_row(value)) {
+                    events.insert(i, e);
+                }
+            }
+            "wc" => r.waits.count = n().unwrap_or(0),
+            "ws" => r.waits.sum_ms = n().unwrap_or(0),
+            "wmax" => r.wait_max_ms = n(),
+            "admitted" => r.admitted = n().unwrap_or(0),
+            "left" => r.left = n().unwrap_or(0),
+            "evicted" => r.evicted = n().unwrap_or(0),
+            "ti" => r.tokens_issued = n().unwrap_or(0),
+            "ti_last" => r.last_issue_ms = n(),
+            "tu" => r.tokens_used = n().unwrap_or(0),
+            "tud" => r.direct_tokens_used = n().unwrap_or(0),
+            "tick_ms" => r.tick_ms = n().filter(|t| *t > 0),
+            _ => {}
+        }
+    }
+    r.events = events.into_values().collect();
+    r
+}
+
+fn add(map: &mut BTreeMap<u64, u64>, tick: Option<u64>, n: Option<u64>) {
+    if let (Some(tick), Some(n)) = (tick, n) {
+        *map.entry(tick).or_default() += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{SaleReport, format_instant};
+
+    #[test]
+    fn ledger_rows_round_trip() {
+        assert_eq!(
+            decode_ledger_row("admit|5|0|10|10|host-1:99"),
+            Some(LedgerEntry::Admission {
+                at_ms: 5,
+                mark_before: 0,
+                mark_after: 10,
+                admitted: 10,
+                instance: "host-1:99".into()
+            })
+        );
+        assert_eq!(
+            decode_ledger_row("close|7|purchase-api|Sold | out"),
+            Some(LedgerEntry::Close { at_ms: 7, source: "purchase-api".into(), message: "Sold | out".into() })
+        );
+        assert_eq!(decode_ledger_row("nonsense"), None);
+        let row = encode_batch_row(9, None, 20, "host-1:7", "target: 10 / (1 − 0.50) | more");
+        assert_eq!(
+            decode_ledger_row(&row),
+            Some(LedgerEntry::Batch {
+                at_ms: 9,
+                from: None,
+                to: 20,
+                instance: "host-1:7".into(),
+                reason: "target: 10 / (1 − 0.50) | more".into()
+            })
+        );
+        let row = encode_batch_row(9, Some(20), 14, "h", "down: x");
+        assert!(matches!(decode_ledger_row(&row), Some(LedgerEntry::Batch { from: Some(20), to: 14, .. })));
+    }
+
+    #[test]
+    fn sale_hash_becomes_the_record() {
+        assert_eq!(decode_sale(&HashMap::new()), None);
+        let fields: HashMap<String, String> = [("opens_at", "2000"), ("paused", "1"), ("frozen", "3"), ("message", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let r = decode_sale(&fields).unwrap();
+        assert_eq!((r.opens_at_ms, r.paused, r.prequeued, r.message), (Some(2000), true, Some(3), None));
+    }
+
+    #[test]
+    fn fields_become_the_record_and_the_report_adds_them_up() {
+        let fields = [
+            ("a:10", "5"),
+            ("a:11", "2"),
+            ("t:11", "4"),
+            ("p:12:2xx", "3"),
+            ("p:12:5xx", "1"),
+            ("p:12:bogus", "9"),
+            ("wb:3", "4"),
+            ("wc", "4"),
+            ("ws", "14000"),
+            ("wmax", "3900"),
+            ("admitted", "4"),
+            ("left", "1"),
+            ("evicted", "2"),
+            ("ti", "4"),
+            ("ti_last", "1000"),
+            ("tu", "3"),
+            ("tick_ms", "1000"),
+            ("e:2", "pause|12000|command"),
+            ("e:1", "open|11000|7|c0ffee|5eed"),
+            ("events", "2"),
+        ];
+        let r = decode_record(fields);
+        assert_eq!(r.events.len(), 2);
+        assert!(matches!(r.events[0], LedgerEntry::Opening { prequeued: 7, .. }), "oldest first");
+        let report = SaleReport::build("LIMITED_DROP:1", &r, 100_000, 2000, 60_000);
+        assert_eq!(report.tick_ms, 1000, "the record's own tick");
+        assert_eq!(report.totals.arrivals, 7);
+        assert_eq!(report.totals.purchases_forwarded, 4);
+        assert_eq!(report.totals.answers.get(AnswerClass::ServerError), 1);
+        assert_eq!(report.series.len(), 3);
+        assert_eq!((report.series[2].tick, report.series[2].forwarded), (12, 4));
+        assert_eq!(report.series[0].at, format_instant(10_000));
+        assert_eq!(report.tokens.expired, Some(1), "the last token expired at 61 s");
+        assert!((report.waits.avg_seconds - 3.5).abs() < 1e-9);
+        assert!((3.0..=4.0).contains(&report.waits.p50_seconds));
+        assert!((report.waits.max_seconds - 3.9).abs() < 1e-9);
+        // The buckets say 3-4 s; the longest wait measured was 3.9 s, and no quantile passes it.
+        assert!(report.waits.p95_seconds <= report.waits.max_seconds, "{:?}", report.waits);
+        assert_eq!(report.opening.map(|o| o.seed), Some("5eed".to_owned()));
+    }
+}
