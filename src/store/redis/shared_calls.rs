@@ -1,5 +1,7 @@
-//! The shared enter/poll calls: one `enter.lua` (`status.lua`) call per target carries every
-//! user queued for it (see `store::coalesce`), and its reply is split into per-user answers.
+//! The Redis side of the shared enter/poll calls: builds the one `enter.lua` (`status.lua`)
+//! call that carries every user `store::coalesce` gathered for a target, splits its reply into
+//! per-user answers, and stores an admitted user's token (`issue.lua`). `store/coalesce.rs` is
+//! the backend-neutral part: the per-target lanes that gather the users and hand them here.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
 
 impl RedisStore {
     /// One user's enter or poll, sent with whatever else is queued for the same target.
-    pub(super) async fn coalesced(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
+    pub(super) async fn shared_call(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
             let fences = self.fences.clone();
@@ -56,7 +58,7 @@ impl RedisStore {
     }
 }
 
-/// Which coalesced script a job is for.
+/// Which shared script a job is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
     Enter,
@@ -69,7 +71,7 @@ pub(super) struct Job {
     reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
-/// One user's part of a coalesced reply.
+/// One user's part of a shared reply.
 pub(super) enum Answer {
     Waiting(Waiting),
     Admitted(String),

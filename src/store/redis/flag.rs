@@ -1,0 +1,76 @@
+//! The `virtual-queue.enabled` flag on Redis: reading and writing its hash (`flag_set.lua`,
+//! versions never reused) and the instances' acknowledgements (`flag_ack.lua`,
+//! `flag_acks.lua`; the value's form is the prelude's `ack_value`).
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+
+use super::RedisStore;
+use super::keys;
+use super::scripts::{FLAG_ACK, FLAG_ACKS, FLAG_SET};
+use crate::domain::{FlagChange, FlagFields, FlagState};
+use crate::store::rules::flag_version_floor;
+use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, StoreError};
+
+impl RedisStore {
+    /// `flag_set.lua` with a version floor one above the highest acknowledged version. The
+    /// flag and the acks hash live in different slots on a cluster, so the floor is read
+    /// first; an instance acknowledges only versions it read from the flag hash.
+    async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
+        let floor = flag_version_floor(self.flag_acks().await?.iter().map(|a| a.version));
+        let mut inv = FLAG_SET.key(keys::FLAG);
+        inv.arg(fields.set.len()).arg(if fields.clear_overrides { "1" } else { "0" }).arg(floor);
+        for (k, v) in &fields.set {
+            inv.arg(k).arg(v);
+        }
+        for k in &fields.delete {
+            inv.arg(k);
+        }
+        Ok(inv.invoke_async(&mut self.conn()).await?)
+    }
+
+    pub(super) async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
+        let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
+        Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
+    }
+
+    pub(super) async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
+        self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
+    }
+
+    pub(super) async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        self.write_flag_fields(change.fields()).await
+    }
+
+    pub(super) async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let (missing, state) = ack.encode_rest();
+        let _: u64 = FLAG_ACK
+            .key(keys::FLAG_ACKS)
+            .arg(&ack.instance)
+            .arg(ack.version)
+            .arg(ack.applied_at_ms)
+            .arg(ttl_ms.max(1))
+            .arg(missing)
+            .arg(state)
+            .arg(FLAG_ACK_KEEP_MS)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        let listed: Vec<String> =
+            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
+        let mut acks: Vec<FlagAck> =
+            listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
+        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(acks)
+    }
+
+    pub(super) async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
+        Ok(())
+    }
+}

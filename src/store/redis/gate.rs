@@ -1,0 +1,135 @@
+//! The gate's operations on Redis: one-time token use (`token_claim.lua`,
+//! `token_release.lua`), the counts of tokens used and expired, proof-of-work spends, and the
+//! pacing of purchases into ticks (`gate_pace.lua`).
+
+use super::RedisStore;
+use super::keys;
+use super::scripts::{
+    ACTIVE_COUNT, ACTIVE_COUNT_KEYS, GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE,
+    TOKENS_EXPIRE_KEYS, on_target, reply_err,
+};
+use crate::domain::{QueueTarget, UserId};
+use crate::store::{PaceSlot, StoreError, TokenClaim};
+
+/// The gate's pacing never reserves a tick that starts within this many ms (by Redis' clock):
+/// a purchase reserved in a tick must have the time to be forwarded and reach the purchase API
+/// inside that tick, so that it is counted in the tick it arrives in.
+pub const PACE_GUARD_MS: u64 = 50;
+
+impl RedisStore {
+    pub(super) async fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> Result<TokenClaim, StoreError> {
+        let r: Vec<String> = TOKEN_CLAIM
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
+            .arg(token)
+            .arg(ttl_s.max(1))
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => Ok(TokenClaim::Claimed { previous: r.get(1).filter(|p| !p.is_empty()).cloned() }),
+            Some("0") => Ok(TokenClaim::AlreadyUsed),
+            _ => Err(reply_err("token_claim.lua", &r)),
+        }
+    }
+
+    pub(super) async fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> Result<(), StoreError> {
+        let _: u64 = TOKEN_RELEASE
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
+            .arg(token)
+            .arg(previous.unwrap_or_default())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
+        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
+        let record = keys::of(target, "record");
+        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
+        // among the unused ones, together.
+        let mut p = redis::pipe();
+        p.atomic()
+            .hincr(keys::of(target, "waits"), field, 1)
+            .ignore()
+            .hincr(&record, in_record, 1)
+            .ignore()
+            .expire(&record, self.limits.record_ttl_s as i64)
+            .ignore();
+        if through_queue {
+            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
+        }
+        let _: () = p.query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    pub(super) async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+
+    pub(super) async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+
+    pub(super) async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(keys::of(target, &format!("pow:{id}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(until_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(set.is_some())
+    }
+
+    pub(super) async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+        let (v, score): (Option<String>, Option<f64>) = redis::pipe()
+            .get(keys::token(target, &user))
+            .zscore(keys::used_tokens(target, &user), token)
+            .query_async(&mut self.conn())
+            .await?;
+        // A member past its expiry belongs to an expired token, which verify refused already.
+        Ok(score.is_some() || v.is_some_and(|v| keys::used_token(&v) == Some(token)))
+    }
+
+    pub(super) async fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<PaceSlot>, StoreError> {
+        let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
+            .arg(tick_ms)
+            .arg(default_budget)
+            .arg(PACE_GUARD_MS)
+            .arg(ahead)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.as_slice() {
+            [1, starts_in_ms, ends_in_ms] => {
+                Ok(Some(PaceSlot { starts_in_ms: *starts_in_ms, ends_in_ms: *ends_in_ms }))
+            }
+            [0, _] => Ok(None),
+            _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
+        }
+    }
+}

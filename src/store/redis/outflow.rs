@@ -1,0 +1,109 @@
+//! The adaptive outflow's storage on Redis: the purchase observations per interval, the claim
+//! of an interval's decision (`outflow_claim.lua`) and the decision with its ledger row
+//! (`outflow_set.lua`).
+
+use super::RedisStore;
+use super::codec;
+use super::keys;
+use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
+use crate::domain::{Observations, QueueTarget};
+use crate::store::{BatchChange, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, StoreError, TokensEnded};
+
+impl RedisStore {
+    pub(super) async fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> Result<(), StoreError> {
+        let key = keys::of(target, &format!("outflow:obs:{interval}"));
+        let mut p = redis::pipe();
+        p.hincr(&key, "n", 1).hincr(&key, format!("l{bucket}"), 1);
+        if error {
+            p.hincr(&key, "e", 1);
+        }
+        if backoff {
+            p.hincr(&key, "b", 1);
+        }
+        // A few intervals: the pump reads the one just ended.
+        let _: () = p.expire(&key, 600).ignore().query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    pub(super) async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+        let reply: Vec<String> = OUTFLOW_CLAIM
+            .key(keys::of(target, "outflow"))
+            .key(keys::of(target, "batch_size"))
+            .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .key(keys::of(target, "waits"))
+            .arg(interval)
+            .arg(self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        let bad = || StoreError::Reply { what: "outflow_claim.lua", detail: format!("unexpected reply {reply:?}") };
+        let current = |v: Option<&String>| v.and_then(|b| b.parse().ok());
+        match reply.first().map(String::as_str) {
+            Some("pinned") => Ok(OutflowClaim::Pinned),
+            Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
+            Some("decide") if reply.len() >= 7 => {
+                let num = |i: usize| reply[i].parse::<u64>().ok();
+                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
+                    used: counters.used.saturating_sub(used),
+                    expired: counters.expired.saturating_sub(expired),
+                });
+                let no_show_bp = num(4);
+                let mut seen = Observations::default();
+                for pair in reply[7..].chunks(2) {
+                    let [field, value] = pair else { return Err(bad()) };
+                    let n: u64 = value.parse().map_err(|_| bad())?;
+                    match field.as_str() {
+                        "n" => seen.purchases = n,
+                        "e" => seen.errors = n,
+                        "b" => seen.backoffs = n,
+                        l => {
+                            if let Some(k) = l.strip_prefix('l').and_then(|k| k.parse::<usize>().ok())
+                                && k < seen.latency.len()
+                            {
+                                seen.latency[k] = n;
+                            }
+                        }
+                    }
+                }
+                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen, no_show_bp, ended, counters })
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    pub(super) async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let row = change.map_or_else(String::new, |c| {
+            codec::encode_batch_row(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
+        });
+        let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
+        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
+        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+        for (field, value) in [
+            ("batch", state.batch.to_string()),
+            ("reason", state.reason.clone()),
+            ("at", state.decided_at_ms.to_string()),
+            ("used", state.tokens_used.to_string()),
+            ("expired", state.tokens_expired.to_string()),
+            ("no_show", opt(state.no_show_bp)),
+            ("purchases", state.purchases.to_string()),
+            ("p95", opt(state.p95_ms)),
+            ("error_bp", state.error_bp.to_string()),
+        ] {
+            call.arg(field).arg(value);
+        }
+        let _: u64 = call.invoke_async(&mut self.conn()).await?;
+        Ok(())
+    }
+}

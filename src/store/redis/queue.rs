@@ -1,0 +1,342 @@
+//! The queue's operations on Redis: enter, poll, leave, admit, evict, the per-user hold on
+//! queues, the active and declared target sets, batch sizes and the stats snapshot. Each is
+//! an inherent method of [`RedisStore`] that the `QueueStore` impl in `mod.rs` delegates to.
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+
+use super::RedisStore;
+use super::keys;
+use super::scripts::{
+    ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, USER_HOLD, WAIT_BUCKET_EDGES, num, on_target,
+};
+use super::shared_calls::{Answer, Op};
+use crate::domain::{QueueTarget, UserId, WaitHistogram};
+use crate::store::rules::ADMISSIONS_KEPT;
+use crate::store::{
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, LEDGER_MAX_ROWS, OutflowState, StatusOutcome, StoreError,
+    TargetSnapshot,
+};
+
+impl RedisStore {
+    pub(super) async fn enter(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<EnterOutcome, StoreError> {
+        // A user admitted, then evicted or gone before the token was stored enters again.
+        for _ in 0..2 {
+            let mut answer = self.shared_call(Op::Enter, target, user.clone()).await?;
+            if let Answer::Issue = answer {
+                answer = self.issue(target, &user, candidate).await?;
+            }
+            match answer {
+                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
+                Answer::Admitted(token) => return Ok(EnterOutcome::Admitted(token)),
+                Answer::Full => return Ok(EnterOutcome::Full),
+                Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
+                Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
+                Answer::Closed(n) => return Ok(EnterOutcome::Closed(n)),
+                Answer::NotInQueue | Answer::Issue => {}
+            }
+        }
+        Err(StoreError::Reply { what: "enter.lua", detail: "user left the queue while being admitted".into() })
+    }
+
+    pub(super) async fn status(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> Result<StatusOutcome, StoreError> {
+        let mut answer = self.shared_call(Op::Status, target, user.clone()).await?;
+        if let Answer::Issue = answer {
+            answer = self.issue(target, &user, candidate).await?;
+        }
+        match answer {
+            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
+            Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
+            Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
+            Answer::PreQueue(n) => Ok(StatusOutcome::PreQueue(n)),
+            Answer::Closed(n) => Ok(StatusOutcome::Closed(n)),
+            Answer::Full | Answer::Issue | Answer::Scheduled(_) => Err(StoreError::Reply {
+                what: "status.lua",
+                detail: "an enter-only answer (full, scheduled) or a second issue".into(),
+            }),
+        }
+    }
+
+    pub(super) async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
+            .arg(user.as_str())
+            .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(removed > 0)
+    }
+
+    pub(super) async fn hold_queue(
+        &self,
+        user: UserId,
+        target: QueueTarget,
+        max: u64,
+    ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
+        let held: Vec<(String, u64)> = USER_HOLD
+            .key(keys::user_queues(&user))
+            .arg(target.to_string())
+            .arg(max)
+            .arg(self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        // A member that no longer parses counts for nothing.
+        Ok(held.into_iter().filter_map(|(t, age)| Some((t.parse().ok()?, age))).collect())
+    }
+
+    pub(super) async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let _: u64 = self.conn().zrem(keys::user_queues(&user), names).await?;
+        Ok(())
+    }
+
+    pub(super) async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
+            .zscore(keys::of(target, "waiting"), user.as_str())
+            .zscore(keys::of(target, "prequeue"), user.as_str())
+            .zscore(keys::of(target, "opening"), user.as_str())
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(waiting.is_some() || prequeued.is_some() || opening.is_some())
+    }
+
+    pub(super) async fn try_lock_admission(
+        &self,
+        target: QueueTarget,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(keys::admission_lock(target))
+            .arg(holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(ok.is_some())
+    }
+
+    pub(super) async fn admit(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+    ) -> Result<AdmitOutcome, StoreError> {
+        self.admit_by(target, default_batch, tick_ms, "").await
+    }
+
+    pub(super) async fn admit_by(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+    ) -> Result<AdmitOutcome, StoreError> {
+        let fence = self.fences.fence(target);
+        let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
+            .arg(default_batch)
+            .arg(tick_ms)
+            .arg(self.limits.key_ttl_s)
+            .arg(instance)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(fence.mark)
+            .arg(fence.seq_seen)
+            .arg(fence.seq_to)
+            .arg(fence.tick)
+            .arg(self.limits.record_ttl_s)
+            .arg(WAIT_BUCKET_EDGES.as_str())
+            .arg(ADMISSIONS_KEPT)
+            .invoke_async(&mut self.conn())
+            .await?;
+        let advanced = num("admit.lua", &r, 0)? == 1;
+        let mark = num("admit.lua", &r, 1)?;
+        let tick = num("admit.lua", &r, 2)?;
+        self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
+        // The waits go to the Prometheus histogram of the instance that admitted.
+        for w in r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse::<u64>().ok()) {
+            crate::metrics::wait_observed(w);
+        }
+        Ok(AdmitOutcome { advanced, mark, tick, admitted: num("admit.lua", &r, 3)?, batch: num("admit.lua", &r, 4)? })
+    }
+
+    pub(super) async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+        Ok(on_target(&EVICT, target, EVICT_KEYS)
+            .arg(timeout_ms)
+            .arg(max)
+            .arg(self.limits.key_ttl_s)
+            .arg(self.limits.record_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
+    pub(super) async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().sadd(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    pub(super) async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let key = keys::of(target, "capacity");
+        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
+        Ok(())
+    }
+
+    pub(super) async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    pub(super) async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    pub(super) async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        // Operators' commands, not clients': the check and the add need not be one step.
+        let mut conn = self.conn();
+        if conn.sismember(keys::TARGETS, target.to_string()).await? {
+            return Ok(DeclareOutcome::AlreadyDeclared);
+        }
+        let count: u64 = conn.scard(keys::TARGETS).await?;
+        if count >= room {
+            return Ok(DeclareOutcome::Full { room });
+        }
+        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
+        Ok(DeclareOutcome::Added)
+    }
+
+    pub(super) async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
+        Ok(removed > 0)
+    }
+
+    pub(super) async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
+        // A member that does not parse was written by hand; skip it rather than stop the pump.
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    pub(super) async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
+        if alive {
+            return Ok(false);
+        }
+        let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
+        self.fences.forget(target);
+        Ok(true)
+    }
+
+    pub(super) async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.conn().get(keys::GLOBAL_BATCH_SIZE).await?)
+    }
+
+    pub(super) async fn set_batch_size(
+        &self,
+        target: Option<QueueTarget>,
+        batch: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let key = target.map_or_else(|| keys::GLOBAL_BATCH_SIZE.to_owned(), |t| keys::of(t, "batch_size"));
+        let mut conn = self.conn();
+        match batch {
+            Some(b) => {
+                let _: () = conn.set(&key, b).await?;
+            }
+            None => {
+                let _: u64 = conn.del(&key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+        let mut conn = self.conn();
+        #[allow(clippy::type_complexity)]
+        let (mark, seq, evicted, batch, capacity, lock, admissions, waits, oldest): (
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<String>,
+            Vec<String>,
+            HashMap<String, u64>,
+            Vec<String>,
+        ) = redis::pipe()
+            .get(keys::of(target, "admitted_count"))
+            .get(keys::of(target, "seq"))
+            .get(keys::of(target, "evicted"))
+            .get(keys::of(target, "batch_size"))
+            .get(keys::of(target, "capacity"))
+            .get(keys::admission_lock(target))
+            .lrange(keys::of(target, "admissions"), 0, -1)
+            .hgetall(keys::of(target, "waits"))
+            // The lowest member of entry_times is the oldest call with a seq the mark has not
+            // passed (admit.lua drops the others): member "<first>-<last>:<ms>".
+            .zrange(keys::of(target, "entry_times"), 0, 0)
+            .query_async(&mut conn)
+            .await?;
+        let mark = mark.unwrap_or(0);
+        let waiting: u64 = conn.zcount(keys::of(target, "waiting"), format!("({mark}"), "+inf").await?;
+        let oldest_entry_ms = (waiting > 0)
+            .then(|| oldest.first().and_then(|m| m.rsplit_once(':')).and_then(|(_, ms)| ms.parse().ok()))
+            .flatten();
+        let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
+        let outflow: HashMap<String, String> = conn.hgetall(keys::of(target, "outflow")).await?;
+        let outflow = outflow.get("batch").and_then(|b| b.parse().ok()).map(|batch| OutflowState {
+            batch,
+            reason: outflow.get("reason").cloned().unwrap_or_default(),
+            decided_at_ms: outflow.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+            no_show_bp: outflow.get("no_show").and_then(|n| n.parse().ok()),
+            tokens_used: outflow.get("used").and_then(|n| n.parse().ok()).unwrap_or(0),
+            tokens_expired: outflow.get("expired").and_then(|n| n.parse().ok()).unwrap_or(0),
+            purchases: outflow.get("purchases").and_then(|n| n.parse().ok()).unwrap_or(0),
+            p95_ms: outflow.get("p95").and_then(|n| n.parse().ok()),
+            error_bp: outflow.get("error_bp").and_then(|n| n.parse().ok()).unwrap_or(0),
+        });
+        Ok(TargetSnapshot {
+            outflow,
+            sale,
+            prequeued,
+            waiting,
+            mark,
+            seq: seq.unwrap_or(0),
+            evicted: evicted.unwrap_or(0),
+            batch_override: batch,
+            capacity,
+            lock_holder: lock,
+            admissions: admissions
+                .iter()
+                .filter_map(|a| {
+                    let (t, n) = a.split_once(':')?;
+                    Some((t.parse().ok()?, n.parse().ok()?))
+                })
+                .collect(),
+            admitted_total: waits.get("admitted").copied().unwrap_or(0),
+            tokens_issued: waits.get("tokens_issued").copied().unwrap_or(0),
+            tokens_used: waits.get("tokens_used").copied().unwrap_or(0),
+            direct_tokens_used: waits.get("direct_tokens_used").copied().unwrap_or(0),
+            tokens_expired: waits.get("tokens_expired").copied().unwrap_or(0),
+            waits: WaitHistogram {
+                buckets: waits.iter().filter_map(|(k, v)| Some((k.strip_prefix("b:")?.parse().ok()?, *v))).collect(),
+                count: waits.get("count").copied().unwrap_or(0),
+                sum_ms: waits.get("sum_ms").copied().unwrap_or(0),
+            },
+            oldest_entry_ms,
+        })
+    }
+}

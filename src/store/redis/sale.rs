@@ -1,0 +1,212 @@
+//! A target's sale on Redis: its schedule, controls (pause, resume, close, clear), the
+//! opening's frozen pre-queue and placing it, the ledger, and the sale's record.
+
+use std::collections::HashMap;
+
+use redis::AsyncCommands;
+
+use super::RedisStore;
+use super::codec;
+use super::keys;
+use super::scripts::{
+    SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
+    SALE_SCHEDULE_KEYS, num, on_target, reply_err,
+};
+use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId};
+use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
+
+impl RedisStore {
+    /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
+    pub(super) async fn read_sale_and_prequeue(
+        &self,
+        target: QueueTarget,
+    ) -> Result<(Option<SaleView>, u64), StoreError> {
+        let r: Vec<String> = on_target(&SALE_READ, target, SALE_READ_KEYS).invoke_async(&mut self.conn()).await?;
+        let now_ms = num("sale_read.lua", &r, 0)?;
+        let prequeued = num("sale_read.lua", &r, 1)?;
+        let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+        Ok((codec::decode_sale(&fields).map(|record| SaleView { record, now_ms }), prequeued))
+    }
+
+    /// One `sale_control.lua` call; `force` matters for a clear only.
+    async fn sale_control(
+        &self,
+        target: QueueTarget,
+        action: &str,
+        source: &str,
+        message: &str,
+        force: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
+            .arg(action)
+            .arg(source)
+            .arg(message)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
+            .arg(u8::from(force))
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
+    pub(super) async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        let last_ms = schedule.closes_at_ms.unwrap_or(schedule.opens_at_ms).max(schedule.opens_at_ms);
+        let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let r: Vec<String> = on_target(&SALE_SCHEDULE, target, SALE_SCHEDULE_KEYS)
+            .arg(schedule.opens_at_ms)
+            .arg(opt(schedule.prequeue_from_ms))
+            .arg(opt(schedule.closes_at_ms))
+            .arg(crate::domain::hex(&seed))
+            .arg(crate::domain::seed_commitment(&seed))
+            .arg(last_ms / 1000 + self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => {
+                // Another slot than the target's keys on a cluster: a command of its own.
+                let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
+                Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() })
+            }
+            Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
+            _ => Err(reply_err("sale_schedule.lua", &r)),
+        }
+    }
+
+    pub(super) async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(self.read_sale_and_prequeue(target).await?.0)
+    }
+
+    pub(super) async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        let (action, source, message) = match &control {
+            SaleControl::Pause => ("pause", "command", ""),
+            SaleControl::Resume => ("resume", "command", ""),
+            SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
+            SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
+        };
+        let r = self.sale_control(target, action, source, message, true).await?;
+        Ok(num("sale_control.lua", &r, 0)? == 1)
+    }
+
+    pub(super) async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        let r = self.sale_control(target, "clear", "command", "", force).await?;
+        let outcome = match num("sale_control.lua", &r, 0)? {
+            1 => ClearOutcome::Cleared,
+            0 => ClearOutcome::NoSale,
+            2 => ClearOutcome::Refused {
+                opening: num("sale_control.lua", &r, 1)? == 3,
+                prequeued: num("sale_control.lua", &r, 2)?,
+            },
+            _ => return Err(reply_err("sale_control.lua", &r)),
+        };
+        if !matches!(outcome, ClearOutcome::Refused { .. }) {
+            // Another slot than the target's keys on a cluster: a command of its own (also
+            // when the sale's hash had expired and only this listing was left).
+            let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
+        }
+        Ok(outcome)
+    }
+
+    pub(super) async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(target, "record")).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(codec::decode_record(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
+    }
+
+    pub(super) async fn record_purchase(
+        &self,
+        target: QueueTarget,
+        tick: u64,
+        answer: AnswerClass,
+    ) -> Result<(), StoreError> {
+        let key = keys::of(target, "record");
+        let _: () = redis::pipe()
+            .hincr(&key, format!("p:{tick}:{}", answer.name()), 1)
+            .ignore()
+            .expire(&key, self.limits.record_ttl_s as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::SALES).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    pub(super) async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        let mut conn = self.conn();
+        let fields: HashMap<String, String> = conn.hgetall(keys::of(target, "sale")).await?;
+        let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let (Some(frozen), Some(base), Some(opens_at_ms)) = (get("frozen"), get("base"), get("opens_at")) else {
+            return Ok(None);
+        };
+        // A closed sale admits nobody again: its pre-queue is never ordered.
+        if fields.contains_key("opened_at") || fields.get("closed").is_some_and(|c| c == "1") {
+            return Ok(None);
+        }
+        let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
+        let seed = fields
+            .get("seed")
+            .and_then(|s| crate::domain::unhex(s))
+            .ok_or_else(|| bad("the sale has no seed".into()))?;
+        // The frozen set does not change: read it in slices so no one reply blocks Redis long.
+        const SLICE: u64 = 10_000;
+        let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
+        let mut from = 0;
+        while from < frozen {
+            let part: Vec<String> =
+                conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
+            if part.is_empty() {
+                break;
+            }
+            from += part.len() as u64;
+            for u in part {
+                users.push(u.parse::<UserId>().map_err(|e| bad(format!("the frozen pre-queue holds {e}")))?);
+            }
+        }
+        if users.len() as u64 != frozen {
+            // Another pump finished the opening (and unlinked the set) meanwhile.
+            let done: bool = conn.hexists(keys::of(target, "sale"), "opened_at").await?;
+            if done {
+                return Ok(None);
+            }
+            return Err(bad(format!("frozen pre-queue holds {} users, the sale says {frozen}", users.len())));
+        }
+        Ok(Some(PendingOpening { base, seed, opens_at_ms, users }))
+    }
+
+    pub(super) async fn place_opening(
+        &self,
+        target: QueueTarget,
+        places: &[(u64, UserId)],
+        opens_at_ms: u64,
+        last: bool,
+    ) -> Result<bool, StoreError> {
+        let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
+        inv.arg(if last { "1" } else { "0" })
+            .arg(opens_at_ms)
+            .arg(self.limits.key_ttl_s)
+            .arg(LEDGER_MAX_ROWS)
+            .arg(self.limits.record_ttl_s);
+        for (seq, user) in places {
+            inv.arg(*seq).arg(user.as_str());
+        }
+        let applied: u64 = inv.invoke_async(&mut self.conn()).await?;
+        Ok(applied == 1)
+    }
+
+    pub(super) async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
+        Ok(rows.iter().filter_map(|r| codec::decode_ledger_row(r)).collect())
+    }
+}
