@@ -5,6 +5,8 @@
 
 mod declared;
 mod flag;
+mod ledger;
+mod opening;
 mod outflow;
 mod position;
 mod record;
@@ -14,12 +16,13 @@ mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
+pub use ledger::{LedgerEntry, ledger_admitted};
+pub use opening::{hex, opening_order, seed_commitment, unhex};
 pub use outflow::{Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket, smooth_no_show};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
-    LedgerEntry, SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, hex,
-    ledger_admitted, opening_order, parse_instant, seed_commitment, unhex,
+    SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, parse_instant,
 };
 pub use stats::{WAIT_BUCKETS, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
 pub use target::{MAX_USER_ID_LEN, ParseError, QueueTarget, QueueTargetType, USER_ID_RULE, UserId, is_user_id_byte};

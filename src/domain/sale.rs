@@ -1,18 +1,8 @@
-//! The sale lifecycle of a target: its schedule, the phase it is in at a given time, the
-//! fair opening order, and the admission ledger's rows.
+//! The sale lifecycle of a target: its schedule, the phase it is in at a given time (the one
+//! home of that rule: `SaleRecord::phase`), and the operators' controls. The opening order is
+//! in `opening.rs`, the ledger's rows in `ledger.rs`.
 //!
-//! Pure: times are epoch milliseconds passed in (the stores read Redis' clock), the seed is
-//! passed in (the store draws it). The opening order is HMAC-SHA256(key = seed, message = the
-//! user id in decimal ASCII), ascending as unsigned big-endian bytes, so anyone holding the
-//! seed and the list of pre-queued users can recompute it.
-//!
-//! Over 400 lines with its tests: the schedule, the phases and the opening order are read and
-//! tested together, the code itself is under 400.
-
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
-
-use super::UserId;
+//! Pure: times are epoch milliseconds passed in (the stores read Redis' clock).
 
 /// Why a schedule or a time given by an operator is refused; the text is shown as is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,40 +180,6 @@ impl SaleRecord {
     }
 }
 
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Bytes of lowercase or uppercase hex; `None` if it is not hex.
-pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
-}
-
-/// Lowercase hex SHA-256 of the seed bytes: what is published before the opening.
-pub fn seed_commitment(seed: &[u8]) -> String {
-    hex(&Sha256::digest(seed))
-}
-
-/// The opening order: users sorted by HMAC-SHA256(seed, user id as sent), ascending as
-/// unsigned big-endian bytes (ties, which need a collision, by user id).
-pub fn opening_order(seed: &[u8], users: &[UserId]) -> Vec<UserId> {
-    let mut keyed: Vec<([u8; 32], UserId)> = users
-        .iter()
-        .map(|u| {
-            let mut mac = Hmac::<Sha256>::new_from_slice(seed).expect("hmac accepts keys of any length");
-            mac.update(u.as_str().as_bytes());
-            (mac.finalize().into_bytes().into(), u.clone())
-        })
-        .collect();
-    keyed.sort_unstable();
-    keyed.dedup_by(|a, b| a.1 == b.1);
-    keyed.into_iter().map(|(_, u)| u).collect()
-}
-
 /// Who changed the sale's state (written as the variant in kebab-case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
 #[strum(serialize_all = "kebab-case")]
@@ -250,52 +206,6 @@ pub enum SaleControl {
     },
     /// Back to the always-open behaviour: the schedule, seed and pre-queue go; the ledger stays.
     Clear,
-}
-
-/// One row of a target's admission ledger (`queue:{T}:ledger`, newest first; its stored form
-/// is `store::redis::codec`'s).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum LedgerEntry {
-    /// One admission step: the mark before and after, users admitted, the instance that ran it.
-    #[serde(rename_all = "camelCase")]
-    Admission { at_ms: u64, mark_before: u64, mark_after: u64, admitted: u64, instance: String },
-    #[serde(rename_all = "camelCase")]
-    Opening { at_ms: u64, prequeued: u64, seed_commitment: String, seed: String },
-    #[serde(rename_all = "camelCase")]
-    Pause { at_ms: u64, source: String },
-    #[serde(rename_all = "camelCase")]
-    Resume { at_ms: u64, source: String },
-    #[serde(rename_all = "camelCase")]
-    Close { at_ms: u64, source: String, message: String },
-    #[serde(rename_all = "camelCase")]
-    Clear { at_ms: u64, source: String },
-    /// A schedule written (`vq sale schedule`, first or again), with the times now in force.
-    #[serde(rename_all = "camelCase")]
-    Schedule { at_ms: u64, opens_at_ms: u64, prequeue_from_ms: Option<u64>, closes_at_ms: Option<u64> },
-    /// The adaptive outflow changed the batch (`from` is `None` at its first decision).
-    #[serde(rename_all = "camelCase")]
-    Batch { at_ms: u64, from: Option<u64>, to: u64, instance: String, reason: String },
-}
-
-impl LedgerEntry {
-    pub fn at_ms(&self) -> u64 {
-        match self {
-            Self::Admission { at_ms, .. }
-            | Self::Opening { at_ms, .. }
-            | Self::Pause { at_ms, .. }
-            | Self::Resume { at_ms, .. }
-            | Self::Close { at_ms, .. }
-            | Self::Clear { at_ms, .. }
-            | Self::Schedule { at_ms, .. }
-            | Self::Batch { at_ms, .. } => *at_ms,
-        }
-    }
-}
-
-/// Users admitted in all the ledger's admission rows.
-pub fn ledger_admitted(entries: &[LedgerEntry]) -> u64 {
-    entries.iter().map(|e| if let LedgerEntry::Admission { admitted, .. } = e { *admitted } else { 0 }).sum()
 }
 
 #[cfg(test)]
@@ -374,29 +284,5 @@ mod tests {
         let pause_alone = SaleRecord { paused: true, ..SaleRecord::default() };
         assert_eq!(pause_alone.phase(0), None, "a pause alone is no sale");
         assert!(pause_alone.holds_admission(0), "but it holds admission");
-    }
-
-    #[test]
-    fn opening_order_sorts_by_hmac() {
-        let seed = [7u8; 32];
-        let users: Vec<UserId> = (1..=50).map(UserId::from).collect();
-        let order = opening_order(&seed, &users);
-        assert_eq!(order.len(), 50);
-        let mac = |u: &UserId| {
-            let mut m = Hmac::<Sha256>::new_from_slice(&seed).unwrap();
-            m.update(u.as_str().as_bytes());
-            m.finalize().into_bytes().to_vec()
-        };
-        assert!(order.windows(2).all(|w| mac(&w[0]) < mac(&w[1])));
-        assert_ne!(order, users, "the order is not the arrival order");
-        let mut reversed = users.clone();
-        reversed.reverse();
-        assert_eq!(opening_order(&seed, &reversed), order, "independent of the input order");
-    }
-
-    #[test]
-    fn hex_round_trips_and_commits() {
-        assert_eq!(hex(&unhex("00ff10").unwrap()), "00ff10");
-        assert_eq!(seed_commitment(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 }
