@@ -358,3 +358,30 @@ async fn sale_phase_of_the_prelude_is_the_domains() {
         }
     }
 }
+
+/// The users ahead of a waiting user are counted by the prelude's `ahead_counter` (enter.lua,
+/// status.lua) and, for polls answered from an instance's copy, by `TargetView::ahead`: the
+/// same arithmetic (seqs between the mark and theirs, less the departed), checked on a grid.
+#[tokio::test]
+async fn users_ahead_of_the_prelude_are_the_views() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let departed = [3u64, 4, 9, 15];
+    let key = format!("{P}departed");
+    for d in departed {
+        let _: () = redis::cmd("ZADD").arg(&key).arg(d).arg(d).query_async(&mut c).await.unwrap();
+    }
+    let body = "local ahead, out = ahead_counter(KEYS[1], tonumber(ARGV[1])), {}\n\
+                for seq = tonumber(ARGV[1]) + 1, tonumber(ARGV[2]) do out[#out + 1] = ahead(seq) end\n\
+                return out";
+    for mark in [0u64, 2, 4, 10] {
+        let got = prelude_eval(&mut c, body, std::slice::from_ref(&key), &[mark.to_string(), "20".into()]).await;
+        let view = vq::store::TargetView {
+            mark,
+            departed: departed.iter().copied().filter(|&d| d > mark).collect(),
+            ..Default::default()
+        };
+        let want: Vec<i64> = (mark + 1..=20).map(|seq| view.ahead(seq) as i64).collect();
+        assert_eq!(got, want, "users ahead above mark {mark}");
+    }
+}
