@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
 use crate::service::OutflowBatches;
-use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
+use crate::store::prelude::*;
+use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, StoreError};
 
 /// What the pump did for one target in one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -39,7 +39,8 @@ use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::{OnStoreFailure, Settings};
 use crate::domain::{QueuePosition, QueueTarget, SaleControl, SaleSource, UserId};
-use crate::store::{AnyStore, EnterOutcome, QueueStore, SaleNotice, StatusOutcome, StoreError, Waiting};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, EnterOutcome, SaleNotice, StatusOutcome, StoreError, Waiting};
 
 /// What a closed sale tells users when it was closed without a message.
 pub const DEFAULT_CLOSE_MESSAGE: &str = "The sale is closed";
@@ -146,7 +147,7 @@ impl QueueService {
             settings.declared_targets().unwrap_or_default(),
         );
         let q = &settings.queue;
-        let local = (q.local_polls && matches!(store, AnyStore::Redis(_)))
+        let local = (q.local_polls && store.serves_local_polls())
             .then(|| LocalPolls::new(q.tick_ms, q.max_capacity, q.heartbeat_timeout_s));
         Self {
             store,

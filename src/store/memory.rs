@@ -15,15 +15,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS, FlagAck,
-    OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView, ScheduleOutcome, StatusOutcome,
-    StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded, Waiting,
+    FlagOps, GateOps, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, SaleOps, SaleView,
+    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetOps, TargetSnapshot, TokenClaim, TokensEnded,
+    Waiting,
 };
 use crate::domain::{
     AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleSchedule,
     TargetRecord, UserId, WaitHistogram,
 };
 
-use crate::clock::now_epoch_ms as now_ms;
+use crate::clock::{SharedClock, system};
 
 mod sale;
 
@@ -172,8 +173,8 @@ struct Inner {
     declared: BTreeSet<QueueTarget>,
     flag: HashMap<String, String>,
     global_batch: Option<u64>,
-    /// instance -> (its acknowledgement as Redis stores it, expiry ms)
-    acks: HashMap<String, (String, u64)>,
+    /// instance -> (its acknowledgement, expiry ms)
+    acks: HashMap<String, (FlagAck, u64)>,
     /// (target, tick) -> purchases forwarded by the gate
     forwarded: HashMap<(QueueTarget, u64), u64>,
     /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).
@@ -227,15 +228,13 @@ impl Inner {
         now / self.tick_ms.max(1)
     }
 
-    /// The acknowledgements still alive, by instance, decoded from what `flag_ack.lua` stores.
+    /// The acknowledgements still listed, by instance, silent ones with how long they have been.
     fn live_acks(&self, now: u64) -> Vec<FlagAck> {
         let mut acks: Vec<FlagAck> = self
             .acks
-            .iter()
-            .filter(|(_, (_, until))| until + FLAG_ACK_KEEP_MS > now)
-            .filter_map(|(instance, (value, until))| {
-                FlagAck::decode(instance, value, (*until <= now).then(|| now - until))
-            })
+            .values()
+            .filter(|(_, until)| until + FLAG_ACK_KEEP_MS > now)
+            .map(|(ack, until)| FlagAck { silent_ms: (*until <= now).then(|| now - until), ..ack.clone() })
             .collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));
         acks
@@ -247,12 +246,24 @@ impl Inner {
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
     limits: StoreLimits,
+    /// Its only clock (the system's, or a test's [`crate::clock::ManualClock`]).
+    clock: SharedClock,
 }
 
 impl MemoryStore {
     pub fn new(limits: StoreLimits) -> Self {
+        Self::with_clock(limits, system())
+    }
+
+    /// A store that reads `clock` for every decision (tests step a manual one).
+    pub fn with_clock(limits: StoreLimits, clock: SharedClock) -> Self {
         let inner = Inner { record_ttl_ms: limits.record_ttl_s * 1000, tick_ms: limits.tick_ms, ..Inner::default() };
-        Self { inner: Arc::new(Mutex::new(inner)), limits }
+        Self { inner: Arc::new(Mutex::new(inner)), limits, clock }
+    }
+
+    /// Now by the store's clock, epoch ms.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -267,7 +278,7 @@ impl MemoryStore {
     /// What `flag_set.lua` does, under the lock: overrides cleared with the write, the new
     /// version above every acknowledged one.
     fn write_flag_fields(&self, fields: FlagFields) -> u64 {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         if fields.clear_overrides {
             inner.flag.retain(|k, _| !k.starts_with("target:"));
@@ -284,7 +295,7 @@ impl MemoryStore {
     }
 }
 
-impl QueueStore for MemoryStore {
+impl QueueOps for MemoryStore {
     async fn enter(
         &self,
         target: QueueTarget,
@@ -292,7 +303,7 @@ impl QueueStore for MemoryStore {
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
         let user = &user;
-        let now = now_ms();
+        let now = self.now_ms();
         let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
@@ -347,7 +358,7 @@ impl QueueStore for MemoryStore {
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
         let user = &user;
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         if let Some(t) = inner.existing(target, now)
             && !t.queue.seq_of.contains_key(user)
@@ -379,7 +390,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let prequeued = sale::forget_prequeued(&mut inner, target, &user);
         let waiting = inner.existing(target, now).is_some_and(|t| t.queue.remove(&user));
@@ -389,102 +400,13 @@ impl QueueStore for MemoryStore {
         Ok(waiting)
     }
 
-    async fn observe_purchase(
-        &self,
-        target: QueueTarget,
-        interval: u64,
-        bucket: usize,
-        error: bool,
-        backoff: bool,
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        let t = inner.target(target, now_ms());
-        let seen = t.observations.entry(interval).or_default();
-        seen.purchases += 1;
-        seen.errors += u64::from(error);
-        seen.backoffs += u64::from(backoff);
-        if let Some(n) = seen.latency.get_mut(bucket) {
-            *n += 1;
-        }
-        while t.observations.len() > 8 {
-            t.observations.pop_first();
-        }
-        Ok(())
-    }
-
-    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
-        let mut inner = self.lock();
-        let t = inner.target(target, now_ms());
-        if t.batch_override.is_some() {
-            return Ok(OutflowClaim::Pinned);
-        }
-        let current = t.outflow.as_ref().map(|o| o.batch);
-        if t.outflow_interval.is_some_and(|i| i >= interval) {
-            return Ok(OutflowClaim::Decided { current });
-        }
-        t.outflow_interval = Some(interval);
-        let counters = TokensEnded { used: t.queue.tokens_used, expired: t.queue.tokens_expired };
-        let (no_show_bp, ended) = match &t.outflow {
-            Some(o) => (
-                o.no_show_bp,
-                Some(TokensEnded {
-                    used: counters.used.saturating_sub(o.tokens_used),
-                    expired: counters.expired.saturating_sub(o.tokens_expired),
-                }),
-            ),
-            None => (None, None),
-        };
-        let seen = t.observations.get(&interval).cloned().unwrap_or_default();
-        Ok(OutflowClaim::Decide { current, seen, no_show_bp, ended, counters })
-    }
-
-    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let t = inner.target(target, now);
-        let admitted = t.queue.waiting.range(..=t.queue.mark).count() as u64;
-        Ok(admitted + t.unused.values().filter(|expiry| **expiry > now).count() as u64)
-    }
-
-    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let t = inner.target(target, now);
-        let before = t.unused.len();
-        t.unused.retain(|_, expiry| *expiry > now);
-        let expired = (before - t.unused.len()) as u64;
-        t.queue.tokens_expired += expired;
-        Ok(expired)
-    }
-
-    async fn set_outflow(
-        &self,
-        target: QueueTarget,
-        state: &OutflowState,
-        change: Option<BatchChange>,
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        inner.target(target, now_ms()).outflow = Some(state.clone());
-        if let Some(c) = change {
-            let entry = LedgerEntry::Batch {
-                at_ms: state.decided_at_ms,
-                from: c.from,
-                to: state.batch,
-                instance: c.instance,
-                reason: state.reason.clone(),
-            };
-            sale::ledger_entry(&mut inner, target, entry);
-        }
-        Ok(())
-    }
-
     async fn hold_queue(
         &self,
         user: UserId,
         target: QueueTarget,
         max: u64,
     ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let until = now + self.key_ttl_ms();
         let held = inner.user_queues.entry(user).or_default();
@@ -510,14 +432,14 @@ impl QueueStore for MemoryStore {
     }
 
     async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let waiting = inner.existing(target, now).is_some_and(|t| t.queue.seq_of.contains_key(&user));
         Ok(waiting || sale::holds_prequeued(&inner, target, &user))
     }
 
     async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
         if t.lock.as_ref().is_some_and(|(_, until)| *until > now) {
@@ -528,7 +450,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let tick = now / tick_ms.max(1);
         let ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
@@ -596,7 +518,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let cutoff = now.saturating_sub(timeout_ms);
         let mut inner = self.lock();
         let Some(t) = inner.existing(target, now) else {
@@ -620,6 +542,359 @@ impl QueueStore for MemoryStore {
         Ok(stale.len() as u64)
     }
 
+    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let Some(t) = inner.existing(target, now) else {
+            return Ok(TargetSnapshot::default());
+        };
+        let q = &t.queue;
+        Ok(TargetSnapshot {
+            waiting: q.waiting_count(),
+            mark: q.mark,
+            seq: q.seq,
+            evicted: q.evicted,
+            batch_override: t.batch_override,
+            outflow: t.outflow.clone(),
+            capacity: t.capacity.filter(|(_, until)| *until > now).map(|(c, _)| c),
+            lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
+            admissions: if t.admissions.1 > now { t.admissions.0.clone() } else { Vec::new() },
+            admitted_total: q.admitted_total,
+            tokens_issued: q.tokens_issued,
+            tokens_used: q.tokens_used,
+            direct_tokens_used: q.direct_tokens_used,
+            tokens_expired: q.tokens_expired,
+            waits: q.waits.clone(),
+            oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
+            sale: sale::read(&inner, target, now).0,
+            prequeued: sale::read(&inner, target, now).1,
+        })
+    }
+}
+
+impl SaleOps for MemoryStore {
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        Ok(sale::schedule(&mut self.lock(), target, schedule, seed, self.now_ms()))
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.sales.keys().copied().filter(|t| sale::read(&inner, *t, 0).0.is_some()).collect())
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(sale::read(&self.lock(), target, self.now_ms()).0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        Ok(sale::control(&mut self.lock(), target, control, self.now_ms()))
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        Ok(sale::clear(&mut self.lock(), target, force, self.now_ms()))
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.records.get(&target).filter(|(_, until)| *until > self.now_ms()).map(|(r, _)| r.clone()))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, self.now_ms());
+        r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
+    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        // The embedded store writes the opening order in the step that freezes the pre-queue.
+        Ok(None)
+    }
+
+    async fn place_opening(
+        &self,
+        _target: QueueTarget,
+        _places: &[(u64, UserId)],
+        _opens_at_ms: u64,
+        _last: bool,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(sale::ledger(&self.lock(), target))
+    }
+}
+
+impl FlagOps for MemoryStore {
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        let inner = self.lock();
+        Ok((!inner.flag.is_empty()).then(|| FlagState::from_fields(&inner.flag)))
+    }
+
+    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
+        Ok(self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }))
+    }
+
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        Ok(self.write_flag_fields(change.fields()))
+    }
+
+    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.lock().global_batch)
+    }
+
+    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        match target {
+            Some(t) => inner.target(t, now).batch_override = batch,
+            None => inner.global_batch = batch,
+        }
+        Ok(())
+    }
+
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let until = self.now_ms() + ttl_ms.max(1);
+        let ack = ack.stored();
+        self.lock().acks.insert(ack.instance.clone(), (ack, until));
+        Ok(())
+    }
+
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        inner.acks.retain(|_, (_, until)| *until + FLAG_ACK_KEEP_MS > now);
+        Ok(inner.live_acks(now))
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        self.lock().acks.remove(instance);
+        Ok(())
+    }
+}
+
+impl GateOps for MemoryStore {
+    async fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> Result<TokenClaim, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let used = format!("used:{token}");
+        let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
+        let spent = t.used.entry(user.clone()).or_default();
+        spent.retain(|_, exp| *exp > now);
+        if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
+            return Ok(TokenClaim::AlreadyUsed);
+        }
+        let expires = now + ttl_s.max(1) * 1000;
+        spent.insert(token.to_owned(), expires);
+        t.tokens.insert(user, (used, expires));
+        Ok(TokenClaim::Claimed { previous })
+    }
+
+    async fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let Some(t) = inner.existing(target, self.now_ms()) else { return Ok(()) };
+        if let Some(spent) = t.used.get_mut(&user) {
+            spent.remove(token);
+        }
+        let used = format!("used:{token}");
+        if t.tokens.get(&user).is_some_and(|(v, _)| *v == used) {
+            match previous {
+                Some(p) => {
+                    if let Some(entry) = t.tokens.get_mut(&user) {
+                        entry.0 = p;
+                    }
+                }
+                None => {
+                    t.tokens.remove(&user);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let q = &mut t.queue;
+        if through_queue {
+            q.tokens_used += 1;
+            t.unused.remove(&user);
+        } else {
+            q.direct_tokens_used += 1;
+        }
+        let r = inner.record(target, now);
+        if through_queue {
+            r.tokens_used += 1;
+        } else {
+            r.direct_tokens_used += 1;
+        }
+        Ok(())
+    }
+
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let spent = &mut inner.target(target, now).spent;
+        spent.retain(|_, until| *until > now);
+        if spent.contains_key(id) {
+            return Ok(false);
+        }
+        spent.insert(id.to_owned(), until_ms);
+        Ok(true)
+    }
+
+    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+        let now = self.now_ms();
+        let inner = self.lock();
+        let Some(t) = inner.targets.get(&target) else { return Ok(false) };
+        let spent = t.used.get(&user).and_then(|s| s.get(token)).is_some_and(|exp| *exp > now);
+        Ok(spent || t.tokens.get(&user).is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<PaceSlot>, StoreError> {
+        let now = self.now_ms();
+        let tick_ms = tick_ms.max(1);
+        let first = (now + super::redis::PACE_GUARD_MS) / tick_ms;
+        let mut inner = self.lock();
+        let budget = inner.targets.get(&target).and_then(|t| t.batch_override).unwrap_or(default_budget);
+        inner.forwarded.retain(|(_, tick), _| *tick + 3 > first);
+        for tick in first..=first + ahead {
+            let n = inner.forwarded.entry((target, tick)).or_default();
+            if *n < budget {
+                *n += 1;
+                return Ok(Some(PaceSlot {
+                    starts_in_ms: (tick * tick_ms).saturating_sub(now),
+                    ends_in_ms: ((tick + 1) * tick_ms).saturating_sub(now),
+                }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl OutflowOps for MemoryStore {
+    async fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let t = inner.target(target, self.now_ms());
+        let seen = t.observations.entry(interval).or_default();
+        seen.purchases += 1;
+        seen.errors += u64::from(error);
+        seen.backoffs += u64::from(backoff);
+        if let Some(n) = seen.latency.get_mut(bucket) {
+            *n += 1;
+        }
+        while t.observations.len() > 8 {
+            t.observations.pop_first();
+        }
+        Ok(())
+    }
+
+    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+        let mut inner = self.lock();
+        let t = inner.target(target, self.now_ms());
+        if t.batch_override.is_some() {
+            return Ok(OutflowClaim::Pinned);
+        }
+        let current = t.outflow.as_ref().map(|o| o.batch);
+        if t.outflow_interval.is_some_and(|i| i >= interval) {
+            return Ok(OutflowClaim::Decided { current });
+        }
+        t.outflow_interval = Some(interval);
+        let counters = TokensEnded { used: t.queue.tokens_used, expired: t.queue.tokens_expired };
+        let (no_show_bp, ended) = match &t.outflow {
+            Some(o) => (
+                o.no_show_bp,
+                Some(TokensEnded {
+                    used: counters.used.saturating_sub(o.tokens_used),
+                    expired: counters.expired.saturating_sub(o.tokens_expired),
+                }),
+            ),
+            None => (None, None),
+        };
+        let seen = t.observations.get(&interval).cloned().unwrap_or_default();
+        Ok(OutflowClaim::Decide { current, seen, no_show_bp, ended, counters })
+    }
+
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let admitted = t.queue.waiting.range(..=t.queue.mark).count() as u64;
+        Ok(admitted + t.unused.values().filter(|expiry| **expiry > now).count() as u64)
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        let now = self.now_ms();
+        let mut inner = self.lock();
+        let t = inner.target(target, now);
+        let before = t.unused.len();
+        t.unused.retain(|_, expiry| *expiry > now);
+        let expired = (before - t.unused.len()) as u64;
+        t.queue.tokens_expired += expired;
+        Ok(expired)
+    }
+
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.target(target, self.now_ms()).outflow = Some(state.clone());
+        if let Some(c) = change {
+            let entry = LedgerEntry::Batch {
+                at_ms: state.decided_at_ms,
+                from: c.from,
+                to: state.batch,
+                instance: c.instance,
+                reason: state.reason.clone(),
+            };
+            sale::ledger_entry(&mut inner, target, entry);
+        }
+        Ok(())
+    }
+}
+
+impl TargetOps for MemoryStore {
     async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
         self.lock().active.insert(target);
         Ok(())
@@ -651,7 +926,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let until = now + self.key_ttl_ms();
         self.lock().target(target, now).capacity = Some((self.limits.capacity(target.kind), until));
         Ok(())
@@ -662,7 +937,7 @@ impl QueueStore for MemoryStore {
     }
 
     async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut inner = self.lock();
         // Redis asks whether the `seq` key still exists.
         // A pre-queue keeps it too (enter.lua writes `seq` for it).
@@ -682,263 +957,8 @@ impl QueueStore for MemoryStore {
         Ok(expired)
     }
 
-    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
-        let inner = self.lock();
-        Ok((!inner.flag.is_empty()).then(|| FlagState::from_fields(&inner.flag)))
-    }
-
-    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        Ok(self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }))
-    }
-
-    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
-        Ok(self.write_flag_fields(change.fields()))
-    }
-
-    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.lock().global_batch)
-    }
-
-    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        match target {
-            Some(t) => inner.target(t, now).batch_override = batch,
-            None => inner.global_batch = batch,
-        }
-        Ok(())
-    }
-
-    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let Some(t) = inner.existing(target, now) else {
-            return Ok(TargetSnapshot::default());
-        };
-        let q = &t.queue;
-        Ok(TargetSnapshot {
-            waiting: q.waiting_count(),
-            mark: q.mark,
-            seq: q.seq,
-            evicted: q.evicted,
-            batch_override: t.batch_override,
-            outflow: t.outflow.clone(),
-            capacity: t.capacity.filter(|(_, until)| *until > now).map(|(c, _)| c),
-            lock_holder: t.lock.as_ref().filter(|(_, until)| *until > now).map(|(h, _)| h.clone()),
-            admissions: if t.admissions.1 > now { t.admissions.0.clone() } else { Vec::new() },
-            admitted_total: q.admitted_total,
-            tokens_issued: q.tokens_issued,
-            tokens_used: q.tokens_used,
-            direct_tokens_used: q.direct_tokens_used,
-            tokens_expired: q.tokens_expired,
-            waits: q.waits.clone(),
-            oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
-            sale: sale::read(&inner, target, now).0,
-            prequeued: sale::read(&inner, target, now).1,
-        })
-    }
-
-    async fn claim_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        ttl_s: u64,
-    ) -> Result<TokenClaim, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let t = inner.target(target, now);
-        let used = format!("used:{token}");
-        let previous = t.tokens.get(&user).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone());
-        let spent = t.used.entry(user.clone()).or_default();
-        spent.retain(|_, exp| *exp > now);
-        if previous.as_deref() == Some(used.as_str()) || spent.contains_key(token) {
-            return Ok(TokenClaim::AlreadyUsed);
-        }
-        let expires = now + ttl_s.max(1) * 1000;
-        spent.insert(token.to_owned(), expires);
-        t.tokens.insert(user, (used, expires));
-        Ok(TokenClaim::Claimed { previous })
-    }
-
-    async fn release_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        previous: Option<String>,
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        let Some(t) = inner.existing(target, now_ms()) else { return Ok(()) };
-        if let Some(spent) = t.used.get_mut(&user) {
-            spent.remove(token);
-        }
-        let used = format!("used:{token}");
-        if t.tokens.get(&user).is_some_and(|(v, _)| *v == used) {
-            match previous {
-                Some(p) => {
-                    if let Some(entry) = t.tokens.get_mut(&user) {
-                        entry.0 = p;
-                    }
-                }
-                None => {
-                    t.tokens.remove(&user);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn confirm_token_used(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        through_queue: bool,
-    ) -> Result<(), StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let t = inner.target(target, now);
-        let q = &mut t.queue;
-        if through_queue {
-            q.tokens_used += 1;
-            t.unused.remove(&user);
-        } else {
-            q.direct_tokens_used += 1;
-        }
-        let r = inner.record(target, now);
-        if through_queue {
-            r.tokens_used += 1;
-        } else {
-            r.direct_tokens_used += 1;
-        }
-        Ok(())
-    }
-
-    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        let spent = &mut inner.target(target, now).spent;
-        spent.retain(|_, until| *until > now);
-        if spent.contains_key(id) {
-            return Ok(false);
-        }
-        spent.insert(id.to_owned(), until_ms);
-        Ok(true)
-    }
-
-    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
-        let now = now_ms();
-        let inner = self.lock();
-        let Some(t) = inner.targets.get(&target) else { return Ok(false) };
-        let spent = t.used.get(&user).and_then(|s| s.get(token)).is_some_and(|exp| *exp > now);
-        Ok(spent || t.tokens.get(&user).is_some_and(|(v, exp)| *exp > now && v.strip_prefix("used:") == Some(token)))
-    }
-
-    async fn pace_purchase(
-        &self,
-        target: QueueTarget,
-        default_budget: u64,
-        tick_ms: u64,
-        ahead: u64,
-    ) -> Result<Option<PaceSlot>, StoreError> {
-        let now = now_ms();
-        let tick_ms = tick_ms.max(1);
-        let first = (now + super::redis::PACE_GUARD_MS) / tick_ms;
-        let mut inner = self.lock();
-        let budget = inner.targets.get(&target).and_then(|t| t.batch_override).unwrap_or(default_budget);
-        inner.forwarded.retain(|(_, tick), _| *tick + 3 > first);
-        for tick in first..=first + ahead {
-            let n = inner.forwarded.entry((target, tick)).or_default();
-            if *n < budget {
-                *n += 1;
-                return Ok(Some(PaceSlot {
-                    starts_in_ms: (tick * tick_ms).saturating_sub(now),
-                    ends_in_ms: ((tick + 1) * tick_ms).saturating_sub(now),
-                }));
-            }
-        }
-        Ok(None)
-    }
-
-    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
-        let until = now_ms() + ttl_ms.max(1);
-        let (missing, state) = ack.encode_rest();
-        let value = format!("{}:{}:{missing}:{state}", ack.version, ack.applied_at_ms);
-        self.lock().acks.insert(ack.instance, (value, until));
-        Ok(())
-    }
-
-    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
-        let now = now_ms();
-        let mut inner = self.lock();
-        inner.acks.retain(|_, (_, until)| *until + FLAG_ACK_KEEP_MS > now);
-        Ok(inner.live_acks(now))
-    }
-
-    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
-        self.lock().acks.remove(instance);
-        Ok(())
-    }
-
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
-    }
-
-    async fn schedule_sale(
-        &self,
-        target: QueueTarget,
-        schedule: SaleSchedule,
-        seed: [u8; 32],
-    ) -> Result<ScheduleOutcome, StoreError> {
-        Ok(sale::schedule(&mut self.lock(), target, schedule, seed, now_ms()))
-    }
-
-    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let inner = self.lock();
-        Ok(inner.sales.keys().copied().filter(|t| sale::read(&inner, *t, 0).0.is_some()).collect())
-    }
-
-    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
-        Ok(sale::read(&self.lock(), target, now_ms()).0)
-    }
-
-    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
-        Ok(sale::control(&mut self.lock(), target, control, now_ms()))
-    }
-
-    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
-        Ok(sale::clear(&mut self.lock(), target, force, now_ms()))
-    }
-
-    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
-        let inner = self.lock();
-        Ok(inner.records.get(&target).filter(|(_, until)| *until > now_ms()).map(|(r, _)| r.clone()))
-    }
-
-    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
-        let mut inner = self.lock();
-        let r = inner.record(target, now_ms());
-        r.purchases.entry(tick).or_default().count(answer);
-        Ok(())
-    }
-
-    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
-        // The embedded store writes the opening order in the step that freezes the pre-queue.
-        Ok(None)
-    }
-
-    async fn place_opening(
-        &self,
-        _target: QueueTarget,
-        _places: &[(u64, UserId)],
-        _opens_at_ms: u64,
-        _last: bool,
-    ) -> Result<bool, StoreError> {
-        Ok(false)
-    }
-
-    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
-        Ok(sale::ledger(&self.lock(), target))
     }
 }
 

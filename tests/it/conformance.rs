@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use vq::config::Settings;
 use vq::domain::{QueueTarget, UserId};
-use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
+use vq::store::prelude::*;
+use vq::store::{AnyStore, EnterOutcome, StatusOutcome};
 
 use crate::support::{RedisServer, next_tick, open_store, test_settings};
 

@@ -547,7 +547,7 @@ pub async fn flag_on(redis: &RedisServer) {
     let store = open_store(&test_settings(Some(redis)));
     let started = Instant::now();
     loop {
-        let acks = vq::store::QueueStore::flag_acks(&store).await.unwrap_or_default();
+        let acks = vq::store::FlagOps::flag_acks(&store).await.unwrap_or_default();
         let live: Vec<_> = acks.iter().filter(|a| a.silent_ms.is_none()).collect();
         if !live.is_empty() && live.iter().all(|a| a.version >= version) {
             return;

@@ -20,7 +20,9 @@
 
 mod coalesced;
 mod conn;
+mod error;
 mod fence;
+mod flag_ack;
 pub mod keys;
 mod pulse;
 mod scripts;
@@ -49,8 +51,9 @@ use self::scripts::{
 use super::coalesce::Coalescer;
 use super::{
     AdmitOutcome, BUSY_WAIT_MAX, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FLAG_ACK_KEEP_MS,
-    FlagAck, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, PaceSlot, PendingOpening, QueueStore, SaleView,
-    ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetSnapshot, TokenClaim, TokensEnded,
+    FlagAck, FlagOps, GateOps, LEDGER_MAX_ROWS, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening,
+    QueueOps, SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, StoreLimits, TargetOps, TargetSnapshot,
+    TokenClaim, TokensEnded,
 };
 use crate::domain::{
     AnswerClass, FlagChange, FlagFields, FlagState, LedgerEntry, Observations, QueueTarget, SaleControl, SaleRecord,
@@ -183,7 +186,7 @@ impl RedisStore {
 /// inside that tick, so that it is counted in the tick it arrives in.
 pub const PACE_GUARD_MS: u64 = 50;
 
-impl QueueStore for RedisStore {
+impl QueueOps for RedisStore {
     async fn enter(
         &self,
         target: QueueTarget,
@@ -240,103 +243,6 @@ impl QueueStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
-    }
-
-    async fn observe_purchase(
-        &self,
-        target: QueueTarget,
-        interval: u64,
-        bucket: usize,
-        error: bool,
-        backoff: bool,
-    ) -> Result<(), StoreError> {
-        let key = keys::of(target, &format!("outflow:obs:{interval}"));
-        let mut p = redis::pipe();
-        p.hincr(&key, "n", 1).hincr(&key, format!("l{bucket}"), 1);
-        if error {
-            p.hincr(&key, "e", 1);
-        }
-        if backoff {
-            p.hincr(&key, "b", 1);
-        }
-        // A few intervals: the pump reads the one just ended.
-        let _: () = p.expire(&key, 600).ignore().query_async(&mut self.conn()).await?;
-        Ok(())
-    }
-
-    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
-        let reply: Vec<String> = OUTFLOW_CLAIM
-            .key(keys::of(target, "outflow"))
-            .key(keys::of(target, "batch_size"))
-            .key(keys::of(target, &format!("outflow:obs:{interval}")))
-            .key(keys::of(target, "waits"))
-            .arg(interval)
-            .arg(self.limits.key_ttl_s)
-            .invoke_async(&mut self.conn())
-            .await?;
-        let bad = || StoreError::Reply { what: "outflow_claim.lua", detail: format!("unexpected reply {reply:?}") };
-        let current = |v: Option<&String>| v.and_then(|b| b.parse().ok());
-        match reply.first().map(String::as_str) {
-            Some("pinned") => Ok(OutflowClaim::Pinned),
-            Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
-            Some("decide") if reply.len() >= 7 => {
-                let num = |i: usize| reply[i].parse::<u64>().ok();
-                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
-                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
-                    used: counters.used.saturating_sub(used),
-                    expired: counters.expired.saturating_sub(expired),
-                });
-                let no_show_bp = num(4);
-                let mut seen = Observations::default();
-                for pair in reply[7..].chunks(2) {
-                    let [field, value] = pair else { return Err(bad()) };
-                    let n: u64 = value.parse().map_err(|_| bad())?;
-                    match field.as_str() {
-                        "n" => seen.purchases = n,
-                        "e" => seen.errors = n,
-                        "b" => seen.backoffs = n,
-                        l => {
-                            if let Some(k) = l.strip_prefix('l').and_then(|k| k.parse::<usize>().ok())
-                                && k < seen.latency.len()
-                            {
-                                seen.latency[k] = n;
-                            }
-                        }
-                    }
-                }
-                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen, no_show_bp, ended, counters })
-            }
-            _ => Err(bad()),
-        }
-    }
-
-    async fn set_outflow(
-        &self,
-        target: QueueTarget,
-        state: &OutflowState,
-        change: Option<BatchChange>,
-    ) -> Result<(), StoreError> {
-        let row = change.map_or_else(String::new, |c| {
-            LedgerEntry::encode_batch(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
-        });
-        let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
-        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
-        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
-        for (field, value) in [
-            ("batch", state.batch.to_string()),
-            ("reason", state.reason.clone()),
-            ("at", state.decided_at_ms.to_string()),
-            ("used", state.tokens_used.to_string()),
-            ("expired", state.tokens_expired.to_string()),
-            ("no_show", opt(state.no_show_bp)),
-            ("purchases", state.purchases.to_string()),
-            ("p95", opt(state.p95_ms)),
-            ("error_bp", state.error_bp.to_string()),
-        ] {
-            call.arg(field).arg(value);
-        }
-        let _: u64 = call.invoke_async(&mut self.conn()).await?;
-        Ok(())
     }
 
     async fn hold_queue(
@@ -433,95 +339,6 @@ impl QueueStore for RedisStore {
             .await?)
     }
 
-    async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let _: u64 = self.conn().sadd(keys::ACTIVE, target.to_string()).await?;
-        Ok(())
-    }
-
-    async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let key = keys::of(target, "capacity");
-        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
-        Ok(())
-    }
-
-    async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
-        Ok(())
-    }
-
-    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
-        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
-    }
-
-    async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
-        // Operators' commands, not clients': the check and the add need not be one step.
-        let mut conn = self.conn();
-        if conn.sismember(keys::TARGETS, target.to_string()).await? {
-            return Ok(DeclareOutcome::AlreadyDeclared);
-        }
-        let count: u64 = conn.scard(keys::TARGETS).await?;
-        if count >= room {
-            return Ok(DeclareOutcome::Full { room });
-        }
-        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
-        Ok(DeclareOutcome::Added)
-    }
-
-    async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
-        Ok(removed > 0)
-    }
-
-    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
-        // A member that does not parse was written by hand; skip it rather than stop the pump.
-        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
-    }
-
-    async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
-        if alive {
-            return Ok(false);
-        }
-        let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
-        self.fences.forget(target);
-        Ok(true)
-    }
-
-    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
-        // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
-        let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
-        Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
-    }
-
-    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
-    }
-
-    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
-        self.write_flag_fields(change.fields()).await
-    }
-
-    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.conn().get(keys::GLOBAL_BATCH_SIZE).await?)
-    }
-
-    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
-        let key = target.map_or_else(|| keys::GLOBAL_BATCH_SIZE.to_owned(), |t| keys::of(t, "batch_size"));
-        let mut conn = self.conn();
-        match batch {
-            Some(b) => {
-                let _: () = conn.set(&key, b).await?;
-            }
-            None => {
-                let _: u64 = conn.del(&key).await?;
-            }
-        }
-        Ok(())
-    }
-
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
@@ -598,158 +415,9 @@ impl QueueStore for RedisStore {
             oldest_entry_ms,
         })
     }
+}
 
-    async fn claim_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        ttl_s: u64,
-    ) -> Result<TokenClaim, StoreError> {
-        let r: Vec<String> = TOKEN_CLAIM
-            .key(keys::token(target, &user))
-            .key(keys::used_tokens(target, &user))
-            .arg(token)
-            .arg(ttl_s.max(1))
-            .invoke_async(&mut self.conn())
-            .await?;
-        match r.first().map(String::as_str) {
-            Some("1") => Ok(TokenClaim::Claimed { previous: r.get(1).filter(|p| !p.is_empty()).cloned() }),
-            Some("0") => Ok(TokenClaim::AlreadyUsed),
-            _ => Err(reply_err("token_claim.lua", &r)),
-        }
-    }
-
-    async fn release_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        previous: Option<String>,
-    ) -> Result<(), StoreError> {
-        let _: u64 = TOKEN_RELEASE
-            .key(keys::token(target, &user))
-            .key(keys::used_tokens(target, &user))
-            .arg(token)
-            .arg(previous.unwrap_or_default())
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(())
-    }
-
-    async fn confirm_token_used(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        through_queue: bool,
-    ) -> Result<(), StoreError> {
-        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
-        let record = keys::of(target, "record");
-        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
-        // among the unused ones, together.
-        let mut p = redis::pipe();
-        p.atomic()
-            .hincr(keys::of(target, "waits"), field, 1)
-            .ignore()
-            .hincr(&record, in_record, 1)
-            .ignore()
-            .expire(&record, self.limits.record_ttl_s as i64)
-            .ignore();
-        if through_queue {
-            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
-        }
-        let _: () = p.query_async(&mut self.conn()).await?;
-        Ok(())
-    }
-
-    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
-    }
-
-    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
-    }
-
-    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
-        let set: Option<String> = redis::cmd("SET")
-            .arg(keys::of(target, &format!("pow:{id}")))
-            .arg(1)
-            .arg("NX")
-            .arg("PXAT")
-            .arg(until_ms)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(set.is_some())
-    }
-
-    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
-        let (v, score): (Option<String>, Option<f64>) = redis::pipe()
-            .get(keys::token(target, &user))
-            .zscore(keys::used_tokens(target, &user), token)
-            .query_async(&mut self.conn())
-            .await?;
-        // A member past its expiry belongs to an expired token, which verify refused already.
-        Ok(score.is_some() || v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
-    }
-
-    async fn pace_purchase(
-        &self,
-        target: QueueTarget,
-        default_budget: u64,
-        tick_ms: u64,
-        ahead: u64,
-    ) -> Result<Option<PaceSlot>, StoreError> {
-        let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
-            .arg(tick_ms)
-            .arg(default_budget)
-            .arg(PACE_GUARD_MS)
-            .arg(ahead)
-            .invoke_async(&mut self.conn())
-            .await?;
-        match r.as_slice() {
-            [1, starts_in_ms, ends_in_ms] => {
-                Ok(Some(PaceSlot { starts_in_ms: *starts_in_ms, ends_in_ms: *ends_in_ms }))
-            }
-            [0, _] => Ok(None),
-            _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
-        }
-    }
-
-    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
-        let (missing, state) = ack.encode_rest();
-        let _: u64 = FLAG_ACK
-            .key(keys::FLAG_ACKS)
-            .arg(&ack.instance)
-            .arg(ack.version)
-            .arg(ack.applied_at_ms)
-            .arg(ttl_ms.max(1))
-            .arg(missing)
-            .arg(state)
-            .arg(FLAG_ACK_KEEP_MS)
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(())
-    }
-
-    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
-        let listed: Vec<String> =
-            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
-        let mut acks: Vec<FlagAck> =
-            listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
-        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
-        Ok(acks)
-    }
-
-    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
-        let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
-        Ok(())
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        let _: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
-        Ok(())
-    }
-
+impl SaleOps for RedisStore {
     async fn schedule_sale(
         &self,
         target: QueueTarget,
@@ -904,5 +572,350 @@ impl QueueStore for RedisStore {
     async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
         let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
         Ok(rows.iter().filter_map(|r| LedgerEntry::decode(r)).collect())
+    }
+}
+
+impl FlagOps for RedisStore {
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+        // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
+        let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
+        Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
+    }
+
+    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
+        self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
+    }
+
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+        self.write_flag_fields(change.fields()).await
+    }
+
+    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.conn().get(keys::GLOBAL_BATCH_SIZE).await?)
+    }
+
+    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
+        let key = target.map_or_else(|| keys::GLOBAL_BATCH_SIZE.to_owned(), |t| keys::of(t, "batch_size"));
+        let mut conn = self.conn();
+        match batch {
+            Some(b) => {
+                let _: () = conn.set(&key, b).await?;
+            }
+            None => {
+                let _: u64 = conn.del(&key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+        let (missing, state) = ack.encode_rest();
+        let _: u64 = FLAG_ACK
+            .key(keys::FLAG_ACKS)
+            .arg(&ack.instance)
+            .arg(ack.version)
+            .arg(ack.applied_at_ms)
+            .arg(ttl_ms.max(1))
+            .arg(missing)
+            .arg(state)
+            .arg(FLAG_ACK_KEEP_MS)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+        let listed: Vec<String> =
+            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
+        let mut acks: Vec<FlagAck> =
+            listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
+        acks.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(acks)
+    }
+
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+        let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
+        Ok(())
+    }
+}
+
+impl GateOps for RedisStore {
+    async fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> Result<TokenClaim, StoreError> {
+        let r: Vec<String> = TOKEN_CLAIM
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
+            .arg(token)
+            .arg(ttl_s.max(1))
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("1") => Ok(TokenClaim::Claimed { previous: r.get(1).filter(|p| !p.is_empty()).cloned() }),
+            Some("0") => Ok(TokenClaim::AlreadyUsed),
+            _ => Err(reply_err("token_claim.lua", &r)),
+        }
+    }
+
+    async fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> Result<(), StoreError> {
+        let _: u64 = TOKEN_RELEASE
+            .key(keys::token(target, &user))
+            .key(keys::used_tokens(target, &user))
+            .arg(token)
+            .arg(previous.unwrap_or_default())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    async fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> Result<(), StoreError> {
+        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
+        let record = keys::of(target, "record");
+        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
+        // among the unused ones, together.
+        let mut p = redis::pipe();
+        p.atomic()
+            .hincr(keys::of(target, "waits"), field, 1)
+            .ignore()
+            .hincr(&record, in_record, 1)
+            .ignore()
+            .expire(&record, self.limits.record_ttl_s as i64)
+            .ignore();
+        if through_queue {
+            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
+        }
+        let _: () = p.query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(keys::of(target, &format!("pow:{id}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(until_ms)
+            .query_async(&mut self.conn())
+            .await?;
+        Ok(set.is_some())
+    }
+
+    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+        let (v, score): (Option<String>, Option<f64>) = redis::pipe()
+            .get(keys::token(target, &user))
+            .zscore(keys::used_tokens(target, &user), token)
+            .query_async(&mut self.conn())
+            .await?;
+        // A member past its expiry belongs to an expired token, which verify refused already.
+        Ok(score.is_some() || v.is_some_and(|v| v.strip_prefix("used:") == Some(token)))
+    }
+
+    async fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> Result<Option<PaceSlot>, StoreError> {
+        let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
+            .arg(tick_ms)
+            .arg(default_budget)
+            .arg(PACE_GUARD_MS)
+            .arg(ahead)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match r.as_slice() {
+            [1, starts_in_ms, ends_in_ms] => {
+                Ok(Some(PaceSlot { starts_in_ms: *starts_in_ms, ends_in_ms: *ends_in_ms }))
+            }
+            [0, _] => Ok(None),
+            _ => Err(StoreError::Reply { what: "gate_pace.lua", detail: format!("{r:?}") }),
+        }
+    }
+}
+
+impl OutflowOps for RedisStore {
+    async fn observe_purchase(
+        &self,
+        target: QueueTarget,
+        interval: u64,
+        bucket: usize,
+        error: bool,
+        backoff: bool,
+    ) -> Result<(), StoreError> {
+        let key = keys::of(target, &format!("outflow:obs:{interval}"));
+        let mut p = redis::pipe();
+        p.hincr(&key, "n", 1).hincr(&key, format!("l{bucket}"), 1);
+        if error {
+            p.hincr(&key, "e", 1);
+        }
+        if backoff {
+            p.hincr(&key, "b", 1);
+        }
+        // A few intervals: the pump reads the one just ended.
+        let _: () = p.expire(&key, 600).ignore().query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+        let reply: Vec<String> = OUTFLOW_CLAIM
+            .key(keys::of(target, "outflow"))
+            .key(keys::of(target, "batch_size"))
+            .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .key(keys::of(target, "waits"))
+            .arg(interval)
+            .arg(self.limits.key_ttl_s)
+            .invoke_async(&mut self.conn())
+            .await?;
+        let bad = || StoreError::Reply { what: "outflow_claim.lua", detail: format!("unexpected reply {reply:?}") };
+        let current = |v: Option<&String>| v.and_then(|b| b.parse().ok());
+        match reply.first().map(String::as_str) {
+            Some("pinned") => Ok(OutflowClaim::Pinned),
+            Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
+            Some("decide") if reply.len() >= 7 => {
+                let num = |i: usize| reply[i].parse::<u64>().ok();
+                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
+                    used: counters.used.saturating_sub(used),
+                    expired: counters.expired.saturating_sub(expired),
+                });
+                let no_show_bp = num(4);
+                let mut seen = Observations::default();
+                for pair in reply[7..].chunks(2) {
+                    let [field, value] = pair else { return Err(bad()) };
+                    let n: u64 = value.parse().map_err(|_| bad())?;
+                    match field.as_str() {
+                        "n" => seen.purchases = n,
+                        "e" => seen.errors = n,
+                        "b" => seen.backoffs = n,
+                        l => {
+                            if let Some(k) = l.strip_prefix('l').and_then(|k| k.parse::<usize>().ok())
+                                && k < seen.latency.len()
+                            {
+                                seen.latency[k] = n;
+                            }
+                        }
+                    }
+                }
+                Ok(OutflowClaim::Decide { current: current(reply.get(1)), seen, no_show_bp, ended, counters })
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    async fn set_outflow(
+        &self,
+        target: QueueTarget,
+        state: &OutflowState,
+        change: Option<BatchChange>,
+    ) -> Result<(), StoreError> {
+        let row = change.map_or_else(String::new, |c| {
+            LedgerEntry::encode_batch(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
+        });
+        let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
+        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
+        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+        for (field, value) in [
+            ("batch", state.batch.to_string()),
+            ("reason", state.reason.clone()),
+            ("at", state.decided_at_ms.to_string()),
+            ("used", state.tokens_used.to_string()),
+            ("expired", state.tokens_expired.to_string()),
+            ("no_show", opt(state.no_show_bp)),
+            ("purchases", state.purchases.to_string()),
+            ("p95", opt(state.p95_ms)),
+            ("error_bp", state.error_bp.to_string()),
+        ] {
+            call.arg(field).arg(value);
+        }
+        let _: u64 = call.invoke_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+}
+
+impl TargetOps for RedisStore {
+    async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().sadd(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let key = keys::of(target, "capacity");
+        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
+        Ok(())
+    }
+
+    async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        // Operators' commands, not clients': the check and the add need not be one step.
+        let mut conn = self.conn();
+        if conn.sismember(keys::TARGETS, target.to_string()).await? {
+            return Ok(DeclareOutcome::AlreadyDeclared);
+        }
+        let count: u64 = conn.scard(keys::TARGETS).await?;
+        if count >= room {
+            return Ok(DeclareOutcome::Full { room });
+        }
+        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
+        Ok(DeclareOutcome::Added)
+    }
+
+    async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
+        Ok(removed > 0)
+    }
+
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
+        // A member that does not parse was written by hand; skip it rather than stop the pump.
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
+        if alive {
+            return Ok(false);
+        }
+        let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
+        self.fences.forget(target);
+        Ok(true)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
+        Ok(())
     }
 }
