@@ -583,8 +583,7 @@ impl SaleOps for MemoryStore {
     }
 
     async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let inner = self.lock();
-        Ok(inner.sales.keys().copied().filter(|t| sale::read(&inner, *t, 0).0.is_some()).collect())
+        Ok(sale::scheduled_targets(&self.lock()))
     }
 
     async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {

@@ -64,7 +64,7 @@ pub(super) enum Gate {
 
 /// The phase of `target`'s sale at `now`, writing the opening first if it is due.
 fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Option<SalePhase> {
-    let phase = inner.sales.get(&target).filter(|s| has_schedule(&s.record))?.record.phase_at(now);
+    let phase = inner.sales.get(&target).filter(|s| has_phase(&s.record))?.record.phase_at(now);
     if phase == SalePhase::Opening {
         open(inner, target, now, ttl_ms);
         return Some(SalePhase::Open);
@@ -72,8 +72,17 @@ fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Optio
     Some(phase)
 }
 
-fn has_schedule(r: &SaleRecord) -> bool {
-    r.opens_at_ms.is_some() || r.closes_at_ms.is_some() || r.closed || r.paused
+/// Whether the sale has a phase at all, as `prelude.lua`'s `sale_phase` decides: an opening
+/// time, a closing time or a close. A pause alone is no phase (it holds admission, see
+/// [`admission_held`], and waiting answers say paused).
+fn has_phase(r: &SaleRecord) -> bool {
+    r.opens_at_ms.is_some() || r.closes_at_ms.is_some() || r.closed
+}
+
+/// Whether anything of the sale is stored (Redis: the sale hash or a pre-queue exists), which
+/// `read` shows and a clear removes: a schedule, a pause, a resume, a close.
+fn is_stored(sale: &MemSale) -> bool {
+    sale.record != SaleRecord::default() || !sale.prequeue.is_empty()
 }
 
 /// Freezes the pre-queue and writes its order: seqs after the last one given, in the order
@@ -163,8 +172,7 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         event(inner, target, now, LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
     }
     match phase(inner, target, now, ttl_ms) {
-        None => false,
-        Some(SalePhase::Open) => inner.sales.get(&target).is_some_and(|s| s.record.paused),
+        None | Some(SalePhase::Open) => paused(inner, target),
         Some(_) => true,
     }
 }
@@ -213,8 +221,7 @@ pub(super) fn schedule(
 }
 
 pub(super) fn read(inner: &Inner, target: QueueTarget, now: u64) -> (Option<SaleView>, u64) {
-    let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record) || s.record.commitment.is_some())
-    else {
+    let Some(sale) = inner.sales.get(&target).filter(|s| is_stored(s)) else {
         return (None, 0);
     };
     (Some(SaleView { record: sale.record.clone(), now_ms: now }), sale.prequeue.len() as u64)
@@ -239,7 +246,7 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
             r.message = Some(message.clone());
             LedgerEntry::Close { at_ms: now, source: source.as_str().into(), message }
         }
-        SaleControl::Clear if has_schedule(r) || r.commitment.is_some() || !sale.prequeue.is_empty() => {
+        SaleControl::Clear if is_stored(sale) => {
             let ledger = std::mem::take(&mut sale.ledger);
             *sale = MemSale { ledger, ..MemSale::default() };
             LedgerEntry::Clear { at_ms: now, source: "command".into() }
@@ -253,7 +260,7 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
 /// `vq sale clear`: without `force`, refused while it would drop users (pre-queued before the
 /// opening, or being placed at it), as `sale_control.lua` decides.
 pub(super) fn clear(inner: &mut Inner, target: QueueTarget, force: bool, now: u64) -> ClearOutcome {
-    if !force && let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record)) {
+    if !force && let Some(sale) = inner.sales.get(&target).filter(|s| has_phase(&s.record)) {
         let users = sale.prequeue.len() as u64;
         match sale.record.phase_at(now) {
             SalePhase::Opening => return ClearOutcome::Refused { opening: true, prequeued: users },
@@ -334,4 +341,9 @@ pub(super) fn status_gate(
 /// Whether waiting answers say paused.
 pub(super) fn paused(inner: &Inner, target: QueueTarget) -> bool {
     inner.sales.get(&target).is_some_and(|s| s.record.paused)
+}
+
+/// The targets scheduled since their last clear (Redis: `queue:sales`, added by a schedule).
+pub(super) fn scheduled_targets(inner: &Inner) -> Vec<QueueTarget> {
+    inner.sales.iter().filter(|(_, s)| s.record.commitment.is_some()).map(|(t, _)| *t).collect()
 }

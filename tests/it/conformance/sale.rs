@@ -161,3 +161,36 @@ async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both
     })
     .await;
 }
+
+/// A pause is not a schedule (`prelude.lua`'s `sale_phase`: only an opening, a closing time or
+/// a close make a sale phase): without one, a paused target still takes users in as without a
+/// sale, holds admission while paused, and once resumed keeps a record that a clear removes.
+#[tokio::test]
+async fn a_pause_without_a_schedule_holds_admission_but_makes_no_sale_phase_on_both_stores() {
+    use vq::domain::SaleControl;
+    use vq::store::ClearOutcome;
+    with_both(async |s, tick_ms| {
+        assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        let waiting = |o: EnterOutcome| match o {
+            EnterOutcome::Waiting(w) => w,
+            o => panic!("no schedule: into the queue, got {o:?}"),
+        };
+        assert!(waiting(s.enter(t(), UserId::from(1), &"tok").await.unwrap()).paused);
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "a pause alone is no pre-queue");
+        assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        next_tick(tick_ms).await;
+        assert!(!s.admit(t(), 5, tick_ms).await.unwrap().advanced, "paused: nobody is admitted");
+        assert!(s.sale_targets().await.unwrap().is_empty(), "never scheduled");
+        assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
+        assert!(!waiting(s.enter(t(), UserId::from(2), &"tok").await.unwrap()).paused);
+        let view = s.read_sale(t()).await.unwrap().expect("a resumed sale keeps its record");
+        assert!(!view.record.paused && view.record.resumed_at_ms.is_some(), "{view:?}");
+        assert_eq!(view.record.state_at(view.now_ms), "open");
+        next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 5, tick_ms).await.unwrap().admitted, 2);
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "the record is cleared");
+        assert!(s.read_sale(t()).await.unwrap().is_none());
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::NoSale);
+    })
+    .await;
+}
