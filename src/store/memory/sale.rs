@@ -7,9 +7,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::Inner;
-use crate::domain::{LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, UserId};
-use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
+use super::{Inner, MemoryStore};
+use crate::domain::{
+    AnswerClass, LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, TargetRecord, UserId,
+};
+use crate::store::{
+    ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleNotice, SaleOps, SaleView, ScheduleOutcome, StoreError,
+};
 
 /// One target's sale.
 #[derive(Default)]
@@ -346,4 +350,62 @@ pub(super) fn paused(inner: &Inner, target: QueueTarget) -> bool {
 /// The targets scheduled since their last clear (Redis: `queue:sales`, added by a schedule).
 pub(super) fn scheduled_targets(inner: &Inner) -> Vec<QueueTarget> {
     inner.sales.iter().filter(|(_, s)| s.record.commitment.is_some()).map(|(t, _)| *t).collect()
+}
+
+impl SaleOps for MemoryStore {
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        Ok(self::schedule(&mut self.lock(), target, schedule, seed, self.now_ms()))
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        Ok(scheduled_targets(&self.lock()))
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(read(&self.lock(), target, self.now_ms()).0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        Ok(self::control(&mut self.lock(), target, control, self.now_ms()))
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        Ok(clear(&mut self.lock(), target, force, self.now_ms()))
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.records.get(&target).filter(|(_, until)| *until > self.now_ms()).map(|(r, _)| r.clone()))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, self.now_ms());
+        r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
+    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        // The embedded store writes the opening order in the step that freezes the pre-queue.
+        Ok(None)
+    }
+
+    async fn place_opening(
+        &self,
+        _target: QueueTarget,
+        _places: &[(u64, UserId)],
+        _opens_at_ms: u64,
+        _last: bool,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(ledger(&self.lock(), target))
+    }
 }
