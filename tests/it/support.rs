@@ -571,6 +571,15 @@ async fn write_flag_on(redis: &RedisServer) -> u64 {
     c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr")
 }
 
+/// Waits, if need be, until at least `need_ms` of the current admission tick of `tick_ms` are
+/// left (ticks start at multiples of it), so steps that must share a tick do.
+pub async fn tick_room(tick_ms: u64, need_ms: u64) {
+    let left = tick_ms - vq::service::now_epoch_ms() % tick_ms;
+    if left < need_ms {
+        tokio::time::sleep(Duration::from_millis(left + 30)).await;
+    }
+}
+
 /// Sleeps until 30 ms into the next admission tick of `tick_ms` (ticks start at multiples of it).
 pub async fn next_tick(tick_ms: u64) {
     let now = vq::service::now_epoch_ms();
