@@ -50,6 +50,14 @@ pub mod prelude {
     pub use super::{FlagOps, GateOps, OutflowOps, QueueOps, QueueStore, SaleOps, TargetOps};
 }
 
+/// Records the waits (ms) of the users one admission let in, in this instance's wait
+/// histogram: the one place every store reports them (the instance that admitted does).
+pub(crate) fn observe_waits(waits: &[u64]) {
+    for w in waits {
+        crate::metrics::wait_observed(*w);
+    }
+}
+
 /// What the store needs to know of the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreLimits {

@@ -189,10 +189,10 @@ impl QueueOps for MemoryStore {
         for (_, user) in &front {
             if let Some(at) = q.entered_at.remove(user) {
                 q.waits.record(now.saturating_sub(at));
-                crate::metrics::wait_observed(now.saturating_sub(at));
                 waits.push(now.saturating_sub(at));
             }
         }
+        crate::store::observe_waits(&waits);
         let admitted = front.len() as u64;
         q.admitted_total += admitted;
         // The sliding TTL of admit.lua: only while anyone waits (admitted users count until
