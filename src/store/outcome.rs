@@ -148,7 +148,7 @@ pub struct FlagAck {
     pub applied_at_ms: u64,
     /// The flag hash is missing from the store and the instance keeps its last known flag.
     pub kept_missing: bool,
-    /// The flag the instance applies, one line ([`FlagState::summary`]); empty if unknown.
+    /// The flag the instance applies, one line ([`crate::domain::FlagState::summary`]); empty if unknown.
     pub state: String,
     /// `None` while the acknowledgement is live; else for how long it has been expired (the
     /// instance stopped refreshing it: frozen, cut off from Redis, or gone without a
