@@ -5,6 +5,11 @@ use super::{Inner, MemoryStore};
 use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget};
 use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, FlagOps, StoreError};
 
+/// A new flag version is at least this above every acknowledged one (`flag_set.lua`'s floor),
+/// so it is new to every instance also when the flag hash was lost; wired to `store/rules.rs`
+/// at merge.
+const VERSION_ABOVE_ACKS: u64 = 1;
+
 impl Inner {
     /// The acknowledgements still listed, by instance, silent ones with how long they have been.
     fn live_acks(&self, now: u64) -> Vec<FlagAck> {
@@ -32,7 +37,7 @@ impl MemoryStore {
         for k in fields.delete {
             inner.flag.remove(&k);
         }
-        let floor = inner.live_acks(now).iter().map(|a| a.version + 1).max();
+        let floor = inner.live_acks(now).iter().map(|a| a.version + VERSION_ABOVE_ACKS).max();
         let next = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
         let version = next.max(floor.unwrap_or(0));
         inner.flag.insert("version".into(), version.to_string());

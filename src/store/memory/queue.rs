@@ -7,6 +7,14 @@ use crate::store::{
     AdmitOutcome, Candidate, EnterOutcome, QueueOps, StatusOutcome, StoreError, TargetSnapshot, Waiting,
 };
 
+/// `enter.lua` refreshes a target's keys' expiry at seq 1, 65, 129, … (every 64th seq); the
+/// Lua constant's twin, wired to `store/rules.rs` at merge.
+const SEQ_REFRESH_EVERY: u64 = 64;
+
+/// The (tick, admitted) rows `admit.lua` keeps in `queue:{T}:admissions`, newest first; the Lua
+/// constant's twin, wired to `store/rules.rs` at merge.
+const ADMISSIONS_KEPT: usize = 60;
+
 impl QueueOps for MemoryStore {
     async fn enter(
         &self,
@@ -44,7 +52,7 @@ impl QueueOps for MemoryStore {
                 q.waiting.insert(q.seq, user.clone());
                 q.seq_of.insert(user.clone(), q.seq);
                 q.entered_at.insert(user.clone(), now);
-                if q.seq % 64 == 1 {
+                if q.seq % SEQ_REFRESH_EVERY == 1 {
                     q.expires_at = Some(now + ttl_ms);
                 }
                 let seq = q.seq;
@@ -206,7 +214,7 @@ impl QueueOps for MemoryStore {
             admissions.clear();
         }
         admissions.insert(0, (tick, admitted));
-        admissions.truncate(60);
+        admissions.truncate(ADMISSIONS_KEPT);
         *until = now + ttl_ms;
         if admitted > 0 {
             let r = inner.record(target, now);
