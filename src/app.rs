@@ -20,7 +20,8 @@ use crate::http::page::Page;
 use crate::http::{AppState, router};
 use crate::pump::Pump;
 use crate::service::{QueueService, now_epoch_ms};
-use crate::store::{AnyStore, FlagAck, MemoryStore, QueueStore, RedisStore};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, FlagAck, MemoryStore, RedisStore};
 use crate::token::Secret;
 
 /// Opens the configured store: Redis Cluster when `redis.cluster_nodes` is set, else the
@@ -46,7 +47,7 @@ pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
 /// "Redis URL did not parse - InvalidClientConfig: Redis URL did not parse - …").
 fn invalid_redis_url(shown: &str, e: &crate::store::StoreError) -> anyhow::Error {
     match e {
-        crate::store::StoreError::Redis(r) if r.kind() == redis::ErrorKind::InvalidClientConfig => anyhow::anyhow!(
+        crate::store::StoreError::Backend(b) if b.invalid_config => anyhow::anyhow!(
             "invalid redis.url `{shown}` (VQ_REDIS__URL): not a Redis URL; expected redis://[user:password@]host[:port][/db], \
              rediss://… for TLS or redis+unix:///path/to/socket"
         ),

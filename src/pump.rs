@@ -1,7 +1,9 @@
 //! The admission pump: every tick, for each active declared target, the instance that wins the
 //! target's lock admits one batch, evicts stale users and forgets expired targets.
 //!
-//! `tick()` is one round (tests call it directly); `run()` is a short loop around it. One
+//! `tick()` is one round (tests call it directly); `run()` is a short loop around it. The pump's
+//! time is its store's ([`AnyStore::now_ms`], and every admission by the store's own clock):
+//! Redis' `TIME`, or the embedded store's clock, which tests step. One
 //! failing target is logged and never stops the loop or the other targets. Targets are worked
 //! on [`PUMP_CONCURRENCY`] at a time, all admissions before any eviction.
 //!
@@ -18,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Outflow, Settings};
 use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
 use crate::service::OutflowBatches;
-use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, QueueStore, StoreError};
+use crate::store::prelude::*;
+use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, StoreError};
 
 /// What the pump did for one target in one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::domain::QueueTarget;
-use crate::store::QueueStore;
+use crate::store::prelude::*;
 
 #[derive(clap::Args)]
 #[command(

@@ -12,7 +12,8 @@ use super::{ConfigArg, runtime};
 use crate::app::{FLAG_ACK_TTL_MS, open_store};
 use crate::clock::now_epoch_ms;
 use crate::domain::{FlagChange, FlagState, QueueTarget, TargetOverride};
-use crate::store::{AnyStore, FlagAck, QueueStore};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, FlagAck};
 
 #[derive(clap::Args)]
 #[command(after_help = "Examples:

@@ -17,7 +17,8 @@ use super::{ConfigArg, runtime};
 use crate::config::{Overrides, Settings, StoreKind};
 use crate::domain::QueueTarget;
 use crate::loadgen::{self, ArrivalCurve, Arrivals, Bounds, Live, Options, ServerFacts, Sink, SinkModel, check_bounds};
-use crate::store::{QueueStore, RedisStore};
+use crate::store::RedisStore;
+use crate::store::prelude::*;
 
 /// Exit code when the run completed but broke an `--assert-…` bound.
 const EXIT_BOUND_BROKEN: u8 = 3;

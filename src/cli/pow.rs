@@ -10,7 +10,7 @@ use super::flag::change_and_confirm;
 use super::{ConfigArg, redis_location, runtime};
 use crate::app::open_store;
 use crate::domain::FlagChange;
-use crate::store::QueueStore;
+use crate::store::prelude::*;
 
 #[derive(clap::Args)]
 #[command(

@@ -20,7 +20,8 @@ use crate::domain::{
     parse_instant,
 };
 use crate::service::{DEFAULT_CLOSE_MESSAGE, now_epoch_ms};
-use crate::store::{AnyStore, ClearOutcome, QueueStore, SaleView, ScheduleOutcome};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, ClearOutcome, SaleView, ScheduleOutcome};
 
 #[derive(clap::Args)]
 #[command(

@@ -19,7 +19,8 @@ use crate::app::open_store;
 use crate::config::Settings;
 use crate::domain::{FlagState, LedgerEntry, QueueTarget, admission_rate_over, format_instant};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
-use crate::store::{AnyStore, QueueStore, TargetSnapshot};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, TargetSnapshot};
 
 /// Share of capacity above which a row is flagged.
 const CAPACITY_ALERT: f64 = 0.9;

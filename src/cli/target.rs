@@ -9,7 +9,8 @@ use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
 use crate::domain::{DeclaredTargets, QueueTarget};
-use crate::store::{AnyStore, DeclareOutcome, QueueStore};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, DeclareOutcome};
 
 #[derive(clap::Args)]
 #[command(

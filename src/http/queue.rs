@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::{format_instant, poll_after_seconds};
 use crate::service::{EntryCheck, QueueStats, QueueStatus};
-use crate::store::QueueStore;
+use crate::store::prelude::*;
 
 /// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
 const STORE_RETRY_AFTER_S: u64 = 2;

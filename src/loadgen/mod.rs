@@ -47,7 +47,8 @@ pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};
 pub use self::sink::{CapacitySchedule, Sink, SinkFigures, SinkModel, SinkSecond};
 use crate::domain::QueueTarget;
-use crate::store::{QueueStore, RedisStore};
+use crate::store::RedisStore;
+use crate::store::prelude::*;
 
 /// A request that has not answered after this long counts as a transport error (its
 /// latency is still recorded).

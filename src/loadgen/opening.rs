@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::recorder::Recorder;
 use super::{OpeningFigures, epoch_ms};
 use crate::domain::QueueTarget;
-use crate::store::{QueueStore, RedisStore};
+use crate::store::RedisStore;
+use crate::store::prelude::*;
 
 /// Schedules the target's sale for [`Options::opening_in`]: pre-queue from now, opening
 /// `opens_in` from now, a seed drawn from the run's seed (loadgen's order is reproducible; a

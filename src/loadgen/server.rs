@@ -13,7 +13,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::QueueTarget;
-use crate::store::{QueueStore, RedisStore};
+use crate::store::RedisStore;
+use crate::store::prelude::*;
 
 /// Samples Redis while the run goes on: growth of `used_memory` per waiting user at the
 /// moment most users wait.

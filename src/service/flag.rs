@@ -7,7 +7,8 @@ use std::sync::{Arc, RwLock};
 use super::QueueService;
 use crate::config::Outflow;
 use crate::domain::{FlagState, QueueTarget, QueueTargetType, UserId, batch_in_force};
-use crate::store::{QueueStore, StoreError};
+use crate::store::StoreError;
+use crate::store::prelude::*;
 
 /// The flag as this instance applies it.
 pub(super) struct FlagCache {

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
-use crate::store::{QueueStore, StoreError, TokenClaim};
+use crate::store::prelude::*;
+use crate::store::{StoreError, TokenClaim};
 use crate::token::{self, TokenError};
 
 /// What the gate lets through.

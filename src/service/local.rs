@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
-use crate::store::{AnyStore, TargetView, Waiting};
+use crate::store::{TargetView, Waiting};
 
 /// How often the heartbeats of locally answered polls go to Redis and the copy is refreshed:
 /// a quarter of a tick, at most 250 ms.
@@ -180,11 +180,12 @@ impl QueueService {
     /// Sends the heartbeats of the polls answered here and refreshes the copies: one round,
     /// every [`sync_every`] (`app.rs`). Nothing to do without `queue.local_polls`.
     pub async fn sync_local_views(&self) {
-        let (Some(local), AnyStore::Redis(redis)) = (&self.local, &self.store) else { return };
+        let Some(local) = &self.local else { return };
         for (target, polled) in local.take_polled() {
-            match redis.sync_view(target, &polled).await {
-                Ok(sync) => local.synced(target, sync.view, &sync.gone),
-                Err(e) => {
+            match self.store.sync_poll_view(target, &polled).await {
+                None => return,
+                Some(Ok(sync)) => local.synced(target, sync.view, &sync.gone),
+                Some(Err(e)) => {
                     self.degraded.record("poll heartbeats", target, &e);
                     local.sync_failed(target, polled);
                 }

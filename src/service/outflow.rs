@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::QueueService;
 use crate::domain::{AnswerClass, QueueTarget, latency_bucket};
-use crate::store::QueueStore;
+use crate::store::prelude::*;
 
 /// The adaptive batch of each target as this instance's pump last chose or read it
 /// (pump.rs), for the ETA the waiting page shows; empty on an instance without a pump.

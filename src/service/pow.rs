@@ -5,7 +5,7 @@
 use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
 use crate::pow::{self, Challenge, PowError};
-use crate::store::QueueStore;
+use crate::store::prelude::*;
 
 /// What an enter must do before the queue sees it.
 #[derive(Debug)]

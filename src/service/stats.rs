@@ -4,7 +4,8 @@
 use super::QueueService;
 use crate::config::Settings;
 use crate::domain::{QueueTarget, QueueTargetType, admission_rate_per_sec, batch_in_force};
-use crate::store::{AnyStore, QueueStore, StoreError, TargetSnapshot};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, StoreError, TargetSnapshot};
 
 /// Cluster-wide figures of one target, computed from the store's snapshot only,
 /// so every instance and `vq stats` answer the same.

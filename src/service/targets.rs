@@ -10,7 +10,8 @@ use std::sync::{Arc, RwLock};
 
 use super::QueueService;
 use crate::domain::{DeclaredTargets, QueueTarget, QueueTargetType};
-use crate::store::{QueueStore, StoreError};
+use crate::store::StoreError;
+use crate::store::prelude::*;
 
 pub(super) struct TargetCache {
     /// The configured types: a target of another type is never declared, whatever Redis holds

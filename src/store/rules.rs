@@ -2,6 +2,10 @@
 //! literals: the Redis store sends each one as a script argument (see the script headers), and
 //! the embedded store reads the same constant.
 
+/// Ledger rows kept per target (newest first): a sale of 100k users at 100 per tick needs 1000.
+/// Sent to every script that writes a row; the embedded store's ledger keeps as many.
+pub const LEDGER_MAX_ROWS: u64 = 10_000;
+
 /// Ticks kept in a target's admissions list (`queue:{T}:admissions`, newest first): the last
 /// minute at the default tick, which `vq stats` turns into the admission rate. Used by
 /// `admit.lua` (ARGV[12]) and the embedded store's admit.

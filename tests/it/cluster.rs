@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::Value;
 use vq::domain::{QueueTarget, UserId};
-use vq::store::{EnterOutcome, QueueStore, StatusOutcome};
+use vq::store::prelude::*;
+use vq::store::{EnterOutcome, StatusOutcome};
 
 use crate::support::{RedisCluster, VqProcess, cluster_settings, lua_as_sent, open_store, spawn_app, vq_command};
 

@@ -1,57 +1,124 @@
 //! One suite, two stores: the embedded store must behave like the Redis scripts, or it goes.
-//! Redis is the reference; every `QueueStore` operation runs here (this file: entering,
-//! admitting, polling, leaving; the submodules: the rest) on both.
+//! Redis is the reference; every operation of the store contract runs here on both (this file:
+//! entering, admitting, polling, leaving; the submodules: the rest; `admit_by`,
+//! `pending_opening` and `place_opening` through the pump's tick in `sale.rs`). The embedded
+//! store runs on a manual clock each check steps ([`Time`]); Redis' `TIME` cannot be stepped,
+//! so there the same steps wait until Redis' clock has moved.
 
 mod expiry;
 mod gate;
 mod operator;
 mod queue;
 mod record;
+mod redis_only;
 mod sale;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vq::config::Settings;
+use vq::clock::ManualClock;
+use vq::config::{Settings, StoreKind};
 use vq::domain::{QueueTarget, UserId};
-use vq::store::{AnyStore, EnterOutcome, QueueStore, StatusOutcome};
+use vq::store::prelude::*;
+use vq::store::{AnyStore, EnterOutcome, MemoryStore, StatusOutcome, StoreLimits};
 
-use crate::support::{RedisServer, next_tick, open_store, test_settings};
+use crate::support::{RedisServer, open_store, test_settings};
 
 fn t() -> QueueTarget {
     "limited-drop:42".parse().expect("target")
 }
 
-async fn with_both(check: impl AsyncFn(AnyStore, u64)) {
+async fn with_both(check: impl AsyncFn(AnyStore, Time)) {
     with_both_configured(|_| {}, check).await;
 }
 
-/// Runs `check` on a Redis store, then on the embedded one, both configured alike (capacity 5,
-/// then `configure`); the store under test is printed first, so a failure names it.
-async fn with_both_configured(configure: impl Fn(&mut Settings), check: impl AsyncFn(AnyStore, u64)) {
+/// Runs `check` on a Redis store, then on the embedded one (on a manual clock), both configured
+/// alike (capacity 5, then `configure`); the store under test is printed first, so a failure
+/// names it.
+async fn with_both_configured(configure: impl Fn(&mut Settings), check: impl AsyncFn(AnyStore, Time)) {
     let redis = RedisServer::spawn();
     for mut s in [test_settings(Some(&redis)), test_settings(None)] {
         s.queue.max_capacity = 5;
         configure(&mut s);
         eprintln!("conformance: {:?} store", s.store);
-        check(open_store(&s), 500).await;
+        let (store, time) = Time::open(&s);
+        check(store, time).await;
+    }
+}
+
+/// The time a check runs on: the embedded store's manual clock, stepped at once; Redis'
+/// `TIME`, waited for.
+#[derive(Clone)]
+struct Time {
+    /// The tick the checks admit with.
+    tick_ms: u64,
+    store: AnyStore,
+    manual: Option<ManualClock>,
+}
+
+impl Time {
+    /// The store to check and its time: an embedded store is opened anew, on a manual clock
+    /// standing at this host's now.
+    fn open(settings: &Settings) -> (AnyStore, Time) {
+        Self::open_with(settings.store.clone(), settings.limits(), || open_store(settings))
+    }
+
+    /// [`Self::open`] with the stores' limits given; `redis` opens the Redis store.
+    fn open_with(kind: StoreKind, limits: StoreLimits, redis: impl FnOnce() -> AnyStore) -> (AnyStore, Time) {
+        let (store, manual) = match kind {
+            StoreKind::Memory => {
+                let clock = ManualClock::at_system_now();
+                (AnyStore::Memory(MemoryStore::with_clock(limits, Arc::new(clock.clone()))), Some(clock))
+            }
+            StoreKind::Redis => (redis(), None),
+        };
+        (store.clone(), Time { tick_ms: 500, store, manual })
+    }
+
+    /// The time of a Redis store opened by the check itself.
+    fn of_redis(store: &AnyStore) -> Time {
+        Time { tick_ms: 500, store: store.clone(), manual: None }
+    }
+
+    /// Now by the store's clock, epoch ms.
+    fn now_ms(&self) -> u64 {
+        self.store.now_ms()
+    }
+
+    /// Lets `ms` pass on the store's clock.
+    async fn pass(&self, ms: u64) {
+        match &self.manual {
+            Some(clock) => clock.advance(ms),
+            None => {
+                let until = self.now_ms() + ms;
+                while let Some(left) = until.checked_sub(self.now_ms()).filter(|l| *l > 0) {
+                    tokio::time::sleep(Duration::from_millis(left)).await;
+                }
+            }
+        }
+    }
+
+    /// Until just after the next boundary of a `tick_ms` tick (30 ms in).
+    async fn next_tick(&self, tick_ms: u64) {
+        let now = self.now_ms();
+        self.pass(tick_ms - now % tick_ms + 30).await;
+    }
+
+    /// Lets time pass (50 ms at a time, 10 s at most) until `done` holds; false if it never did.
+    async fn eventually(&self, done: impl AsyncFn() -> bool) -> bool {
+        for _ in 0..200 {
+            if done().await {
+                return true;
+            }
+            self.pass(50).await;
+        }
+        false
     }
 }
 
 /// Target keys live 1 s after their last refresh, so expiry is seen within a test.
 fn short_key_ttl(s: &mut Settings) {
     s.queue.key_ttl_s = 1;
-}
-
-/// Waits (bounded, 10 s) until `done` holds; false if it never did.
-async fn eventually(done: impl AsyncFn() -> bool) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
-        if done().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 fn seq(o: EnterOutcome) -> u64 {
@@ -91,12 +158,13 @@ async fn full_queue_refuses_new_users_but_not_waiting_ones() {
 
 #[tokio::test]
 async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         for u in 1..=5 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         assert!(s.leave(t(), UserId::from(2)).await.unwrap());
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         let a = s.admit(t(), 2, tick_ms).await.unwrap();
         assert!(a.advanced);
         assert_eq!((a.admitted, a.mark), (2, 3), "users 1 and 3: the leaver used no slot");
@@ -108,10 +176,10 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
             StatusOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead, w.mark), (4, 0, 3)),
             o => panic!("{o:?}"),
         }
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         let b = s.admit(t(), 2, tick_ms).await.unwrap();
         assert_eq!((b.admitted, b.mark), (2, 5));
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         let c = s.admit(t(), 2, tick_ms).await.unwrap();
         assert_eq!((c.admitted, c.mark), (0, 5), "never above the last seq");
         let snap = s.snapshot(t()).await.unwrap();
@@ -123,10 +191,11 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
 
 #[tokio::test]
 async fn admitted_user_gets_one_token_and_leaves_the_queue() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         s.enter(t(), UserId::from(1), &"first").await.unwrap();
         s.enter(t(), UserId::from(2), &"first").await.unwrap();
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
         assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         assert_eq!(s.status(t(), UserId::from(1), &"other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
@@ -141,11 +210,12 @@ async fn admitted_user_gets_one_token_and_leaves_the_queue() {
 
 #[tokio::test]
 async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         for u in 1..=4 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        time.pass(300).await;
         s.status(t(), UserId::from(4), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 2).await.unwrap(), 2, "bounded per call");
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
@@ -153,7 +223,7 @@ async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         // An evicted user re-enters at the back with a new seq.
         assert_eq!(seq(s.enter(t(), UserId::from(1), &"tok").await.unwrap()), 5);
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         let a = s.admit(t(), 10, tick_ms).await.unwrap();
         assert_eq!(a.admitted, 2, "evicted users use no admission slot");
         assert_eq!(s.snapshot(t()).await.unwrap().evicted, 3);
@@ -163,11 +233,11 @@ async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
 
 #[tokio::test]
 async fn admission_lock_is_exclusive_until_it_expires() {
-    with_both(async |s, _| {
+    with_both(async |s, time| {
         assert!(s.try_lock_admission(t(), "a", 200).await.unwrap());
         assert!(!s.try_lock_admission(t(), "b", 200).await.unwrap());
         assert_eq!(s.snapshot(t()).await.unwrap().lock_holder.as_deref(), Some("a"));
-        tokio::time::sleep(Duration::from_millis(260)).await;
+        time.pass(260).await;
         assert!(s.try_lock_admission(t(), "b", 200).await.unwrap());
     })
     .await;
@@ -175,7 +245,8 @@ async fn admission_lock_is_exclusive_until_it_expires() {
 
 #[tokio::test]
 async fn flag_and_batch_size_round_trip() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         assert!(!s.read_flag().await.unwrap().enabled);
         let v1 =
             s.write_flag(vec![("enabled".into(), "1".into()), ("percent".into(), "40".into())], vec![]).await.unwrap();
@@ -193,7 +264,7 @@ async fn flag_and_batch_size_round_trip() {
         for u in 1..=3 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         let a = s.admit(t(), 100, tick_ms).await.unwrap();
         assert_eq!((a.admitted, a.batch), (1, 1), "the target's runtime batch size wins");
     })
@@ -220,7 +291,8 @@ async fn active_targets_are_registered_and_listed() {
 
 #[tokio::test]
 async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         let ahead = async |u: u64| match s.status(t(), UserId::from(u), &"tok").await.unwrap() {
             StatusOutcome::Waiting(w) => w.ahead,
             o => panic!("user {u}: {o:?}"),
@@ -230,20 +302,20 @@ async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
         }
         assert!(s.leave(t(), UserId::from(2)).await.unwrap());
         assert_eq!(ahead(5).await, 3, "1, 3 and 4: the leaver is not ahead");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        time.pass(300).await;
         for u in [1, 4, 5] {
             s.status(t(), UserId::from(u), &"tok").await.unwrap();
         }
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1, "user 3 stopped polling");
         assert_eq!(ahead(5).await, 2, "1 and 4");
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
         assert_eq!(ahead(5).await, 1, "only 4: 1 is admitted");
         match s.enter(t(), UserId::from(6), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (6, 2), "4 and 5 wait before a newcomer"),
             o => panic!("{o:?}"),
         }
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 4, "the next live user, past the departed");
         assert_eq!(ahead(5).await, 0);
         assert_eq!(ahead(6).await, 1);
@@ -253,159 +325,6 @@ async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
         }
     })
     .await;
-}
-
-/// Calls made at once reach Redis coalesced into shared script calls (a user may even be in
-/// one call twice): every answer must still be the one the user would get alone.
-#[tokio::test]
-async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
-    let redis = RedisServer::spawn();
-    let s = open_store(&test_settings(Some(&redis)));
-    let users = 1..=200u64;
-    let mut tasks = Vec::new();
-    // Each user's two calls are made one after the other, so they often share a script call.
-    for u in users.clone() {
-        for round in 0..2 {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move {
-                match s.enter(t(), UserId::from(u), &format!("e{u}-{round}").as_str()).await.unwrap() {
-                    EnterOutcome::Waiting(w) => (u, w.seq, w.ahead),
-                    o => panic!("user {u}: {o:?}"),
-                }
-            }));
-        }
-    }
-    let mut seq_of = std::collections::HashMap::new();
-    for task in tasks {
-        let (u, seq, ahead) = task.await.unwrap();
-        assert_eq!(ahead, seq - 1, "user {u}: nobody left, nobody admitted");
-        assert_eq!(*seq_of.entry(u).or_insert(seq), seq, "user {u} keeps one seq");
-    }
-    let mut seqs: Vec<u64> = seq_of.values().copied().collect();
-    seqs.sort_unstable();
-    assert_eq!(seqs, users.clone().collect::<Vec<_>>(), "no gap, no duplicate");
-
-    let tick_ms = 500;
-    next_tick(tick_ms).await;
-    assert_eq!(s.admit(t(), 50, tick_ms).await.unwrap().mark, 50);
-    let mut tasks = Vec::new();
-    for u in users.clone() {
-        for round in 0..2 {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move {
-                (u, s.status(t(), UserId::from(u), &format!("p{u}-{round}").as_str()).await.unwrap())
-            }));
-        }
-    }
-    let mut token_of = std::collections::HashMap::new();
-    for task in tasks {
-        let (u, outcome) = task.await.unwrap();
-        let seq = seq_of[&u];
-        match outcome {
-            StatusOutcome::Admitted(token) if seq <= 50 => {
-                assert!(token.starts_with(&format!("p{u}-")), "user {u}: {token}");
-                assert_eq!(*token_of.entry(u).or_insert(token.clone()), token, "user {u}: one token");
-            }
-            StatusOutcome::Waiting(w) if seq > 50 => assert_eq!((w.seq, w.ahead), (seq, seq - 51), "user {u}"),
-            o => panic!("user {u} (seq {seq}): {o:?}"),
-        }
-    }
-    let snap = s.snapshot(t()).await.unwrap();
-    assert_eq!((snap.tokens_issued, snap.waiting), (50, 150));
-    let mut c = redis.conn().await;
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
-    let calls: u64 =
-        stats.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:calls=")?.split(',').next()?.parse().ok()).unwrap();
-    assert!(calls < 400, "800 enters and polls went out in {calls} script calls: they were not coalesced");
-}
-
-/// A Redis store with users 1..=9000 waiting, entered at once (more than Lua unpacks in one go).
-async fn redis_store_with_9000_waiting() -> (RedisServer, AnyStore) {
-    let redis = RedisServer::spawn();
-    let mut settings = test_settings(Some(&redis));
-    settings.queue.max_capacity = 100_000;
-    // This is about Lua's unpack limit, not about timeouts: the enters go in waves of 500 (each
-    // wave still coalesced), so none waits behind thousands of others for its script call,
-    // which on a loaded machine can take longer than any timeout a store accepts.
-    settings.redis.timeout_ms = 5000;
-    let s = open_store(&settings);
-    for wave in (1..=9000u64).collect::<Vec<_>>().chunks(500) {
-        let mut tasks = Vec::new();
-        for &u in wave {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move { s.enter(t(), UserId::from(u), &"tok").await.unwrap() }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-    }
-    (redis, s)
-}
-
-/// The eviction bound is the operator's (`queue.max_evict_per_tick`): a large one must not hit
-/// Lua's limit on unpacked values (about 8000).
-#[tokio::test]
-async fn eviction_with_a_large_bound_removes_every_stale_user() {
-    let (_redis, s) = redis_store_with_9000_waiting().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(s.evict(t(), 200, 20_000).await.unwrap(), 9000);
-    let snap = s.snapshot(t()).await.unwrap();
-    assert_eq!((snap.waiting, snap.evicted), (0, 9000));
-    match s.enter(t(), UserId::from(1), &"tok").await.unwrap() {
-        EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (9001, 0), "the evicted are not ahead"),
-        o => panic!("{o:?}"),
-    }
-}
-
-/// The batch size is the operator's (`vq batch set`): admitting a large batch must not hit
-/// Lua's limit on unpacked values either.
-#[tokio::test]
-async fn a_large_batch_is_admitted_in_one_tick() {
-    let (_redis, s) = redis_store_with_9000_waiting().await;
-    next_tick(500).await;
-    let a = s.admit(t(), 20_000, 500).await.unwrap();
-    assert_eq!((a.admitted, a.mark), (9000, 9000));
-    let snap = s.snapshot(t()).await.unwrap();
-    assert_eq!((snap.waiting, snap.waits.count), (0, 9000));
-}
-
-/// A wait is measured from the entry time of the enter.lua call that gave the seq; seqs
-/// without one (given by an older vq) are admitted but not counted, and the entry times of
-/// users the mark passed are dropped.
-#[tokio::test]
-async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() {
-    let redis = RedisServer::spawn();
-    let s = open_store(&test_settings(Some(&redis)));
-    let began = Instant::now();
-    for u in 1..=3 {
-        s.enter(t(), UserId::from(u), &"tok").await.unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    for u in 4..=5 {
-        s.enter(t(), UserId::from(u), &"tok").await.unwrap();
-    }
-    // Seq 6 given the way a vq without entry times did.
-    let mut c = redis.conn().await;
-    let _: u64 = redis::cmd("INCR").arg("queue:{LIMITED_DROP:42}:seq").query_async(&mut c).await.unwrap();
-    let _: u64 =
-        redis::cmd("ZADD").arg("queue:{LIMITED_DROP:42}:waiting").arg(6).arg(66).query_async(&mut c).await.unwrap();
-    next_tick(500).await;
-    assert_eq!(s.admit(t(), 3, 500).await.unwrap().admitted, 3);
-    let snap = s.snapshot(t()).await.unwrap();
-    assert_eq!(snap.waits.count, 3);
-    assert!(snap.waits.sum_ms >= 3 * 700, "users 1-3 entered 700 ms before 4-5: {:?}", snap.waits);
-    let entry_times = async |c: &mut redis::aio::MultiplexedConnection| -> u64 {
-        redis::cmd("ZCARD").arg("queue:{LIMITED_DROP:42}:entry_times").query_async(c).await.unwrap()
-    };
-    assert_eq!(entry_times(&mut c).await, 2, "users 4 and 5 keep theirs");
-    next_tick(500).await;
-    let a = s.admit(t(), 10, 500).await.unwrap();
-    assert_eq!((a.admitted, a.mark), (3, 6));
-    let snap = s.snapshot(t()).await.unwrap();
-    assert_eq!(snap.waits.count, 5, "seq 6 has no entry time");
-    let most = began.elapsed().as_millis() as u64;
-    assert!(snap.waits.sum_ms <= 5 * most, "no wait is longer than the test: {:?}, {most} ms", snap.waits);
-    assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
 }
 
 /// A token that bought stays used whichever other tokens its user claims; releasing one gives

@@ -342,7 +342,8 @@ async fn a_frozen_instance_stays_listed_as_not_applied_after_its_acknowledgement
 #[tokio::test]
 async fn both_stores_clear_overrides_with_off_and_keep_versions_above_acknowledged_ones() {
     use vq::domain::{FlagChange, TargetOverride};
-    use vq::store::{FlagAck, QueueStore};
+    use vq::store::FlagAck;
+    use vq::store::prelude::*;
     let redis = RedisServer::spawn();
     let stores = [
         crate::support::open_store(&crate::support::test_settings(Some(&redis))),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use redis::AsyncCommands;
 use vq::domain::{QueueTarget, UserId};
-use vq::store::QueueStore;
+use vq::store::prelude::*;
 
 use crate::support::{RedisServer, flag_on, next_tick, open_store, secret, spawn_app, test_settings};
 

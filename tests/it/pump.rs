@@ -4,9 +4,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use vq::clock::ManualClock;
+use vq::domain::{QueueTarget, UserId};
 use vq::pump::Pump;
+use vq::store::prelude::*;
+use vq::store::{AnyStore, MemoryStore};
 
-use crate::support::{RedisServer, flag_on, next_tick, open_store, spawn_app, test_settings};
+use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings, tick_room};
+
+/// The pump's time is its store's: on the embedded store, a step of its clock is a new tick.
+#[tokio::test]
+async fn a_pump_admits_one_batch_per_tick_of_its_stores_clock() {
+    let s = Arc::new(test_settings(None));
+    let clock = ManualClock::at_system_now();
+    let store = AnyStore::Memory(MemoryStore::with_clock(s.limits(), Arc::new(clock.clone())));
+    let t: QueueTarget = "limited-drop:1".parse().unwrap();
+    for u in 1..=25 {
+        store.enter(t, UserId::from(u), &"tok").await.unwrap();
+    }
+    store.register_active(t).await.unwrap();
+    let pump = Pump::new(store.clone(), s.clone(), "p".into());
+    let mark = async || {
+        pump.tick().await.unwrap();
+        store.snapshot(t).await.unwrap().mark
+    };
+    assert_eq!(mark().await, 10, "one batch");
+    assert_eq!(mark().await, 10, "nobody more in the same tick");
+    clock.advance(s.queue.tick_ms);
+    assert_eq!(mark().await, 20);
+    clock.advance(s.queue.tick_ms);
+    assert_eq!(mark().await, 25, "the last ones");
+}
 
 #[tokio::test]
 async fn two_pumps_in_one_tick_admit_one_batch_even_without_the_lock() {
@@ -19,7 +47,8 @@ async fn two_pumps_in_one_tick_admit_one_batch_even_without_the_lock() {
     }
     let a = Pump::new(open_store(&s), s.clone(), "a".into());
     let b = Pump::new(open_store(&s), s.clone(), "b".into());
-    next_tick(s.queue.tick_ms).await;
+    // Both rounds in one tick of Redis' clock, which cannot be stepped: wait for room in it.
+    tick_room(s.queue.tick_ms, s.queue.tick_ms / 2).await;
     let first = a.tick().await.unwrap();
     let mut c = redis.conn().await;
     let _: u64 = c.del("queue:admission:{LIMITED_DROP:1}").await.unwrap();
@@ -45,7 +74,6 @@ async fn one_broken_target_does_not_stop_the_others() {
     // Someone overwrote target 1's queue with the wrong type: its scripts fail.
     let _: () = c.set("queue:{LIMITED_DROP:1}:waiting", "oops").await.unwrap();
     let pump = Pump::new(open_store(&s), s.clone(), "p".into());
-    next_tick(s.queue.tick_ms).await;
     let results = pump.tick().await.unwrap();
     assert_eq!(results.len(), 2);
     assert!(results.iter().any(|r| r.is_err()));

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use vq::config::Settings;
 use vq::pump::Pump;
-use vq::store::QueueStore;
+use vq::store::prelude::*;
 
 use crate::support::{
     RedisServer, TestApp, VqProcess, flag_on, flag_on_before_start, next_tick, open_store, spawn_app, test_settings,

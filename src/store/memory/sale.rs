@@ -7,9 +7,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::Inner;
-use crate::domain::{LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, UserId};
-use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, SaleNotice, SaleView, ScheduleOutcome};
+use super::{Inner, MemoryStore};
+use crate::domain::{
+    AnswerClass, LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, TargetRecord, UserId,
+};
+use crate::store::{
+    ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleNotice, SaleOps, SaleView, ScheduleOutcome, StoreError,
+};
 
 /// One target's sale.
 #[derive(Default)]
@@ -64,7 +68,7 @@ pub(super) enum Gate {
 
 /// The phase of `target`'s sale at `now`, writing the opening first if it is due.
 fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Option<SalePhase> {
-    let phase = inner.sales.get(&target).filter(|s| has_schedule(&s.record))?.record.phase_at(now);
+    let phase = inner.sales.get(&target)?.record.phase(now)?;
     if phase == SalePhase::Opening {
         open(inner, target, now, ttl_ms);
         return Some(SalePhase::Open);
@@ -72,8 +76,10 @@ fn phase(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Optio
     Some(phase)
 }
 
-fn has_schedule(r: &SaleRecord) -> bool {
-    r.opens_at_ms.is_some() || r.closes_at_ms.is_some() || r.closed || r.paused
+/// Whether anything of the sale is stored (Redis: the sale hash or a pre-queue exists), which
+/// `read` shows and a clear removes: a schedule, a pause, a resume, a close.
+fn is_stored(sale: &MemSale) -> bool {
+    sale.record != SaleRecord::default() || !sale.prequeue.is_empty()
 }
 
 /// Freezes the pre-queue and writes its order: seqs after the last one given, in the order
@@ -163,8 +169,7 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         event(inner, target, now, LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
     }
     match phase(inner, target, now, ttl_ms) {
-        None => false,
-        Some(SalePhase::Open) => inner.sales.get(&target).is_some_and(|s| s.record.paused),
+        None | Some(SalePhase::Open) => paused(inner, target),
         Some(_) => true,
     }
 }
@@ -213,8 +218,7 @@ pub(super) fn schedule(
 }
 
 pub(super) fn read(inner: &Inner, target: QueueTarget, now: u64) -> (Option<SaleView>, u64) {
-    let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record) || s.record.commitment.is_some())
-    else {
+    let Some(sale) = inner.sales.get(&target).filter(|s| is_stored(s)) else {
         return (None, 0);
     };
     (Some(SaleView { record: sale.record.clone(), now_ms: now }), sale.prequeue.len() as u64)
@@ -239,7 +243,7 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
             r.message = Some(message.clone());
             LedgerEntry::Close { at_ms: now, source: source.as_str().into(), message }
         }
-        SaleControl::Clear if has_schedule(r) || r.commitment.is_some() || !sale.prequeue.is_empty() => {
+        SaleControl::Clear if is_stored(sale) => {
             let ledger = std::mem::take(&mut sale.ledger);
             *sale = MemSale { ledger, ..MemSale::default() };
             LedgerEntry::Clear { at_ms: now, source: "command".into() }
@@ -253,9 +257,12 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
 /// `vq sale clear`: without `force`, refused while it would drop users (pre-queued before the
 /// opening, or being placed at it), as `sale_control.lua` decides.
 pub(super) fn clear(inner: &mut Inner, target: QueueTarget, force: bool, now: u64) -> ClearOutcome {
-    if !force && let Some(sale) = inner.sales.get(&target).filter(|s| has_schedule(&s.record)) {
+    if !force
+        && let Some(sale) = inner.sales.get(&target)
+        && let Some(phase) = sale.record.phase(now)
+    {
         let users = sale.prequeue.len() as u64;
-        match sale.record.phase_at(now) {
+        match phase {
             SalePhase::Opening => return ClearOutcome::Refused { opening: true, prequeued: users },
             SalePhase::Scheduled | SalePhase::PreQueue if users > 0 => {
                 return ClearOutcome::Refused { opening: false, prequeued: users };
@@ -334,4 +341,67 @@ pub(super) fn status_gate(
 /// Whether waiting answers say paused.
 pub(super) fn paused(inner: &Inner, target: QueueTarget) -> bool {
     inner.sales.get(&target).is_some_and(|s| s.record.paused)
+}
+
+/// The targets scheduled since their last clear (Redis: `queue:sales`, added by a schedule).
+pub(super) fn scheduled_targets(inner: &Inner) -> Vec<QueueTarget> {
+    inner.sales.iter().filter(|(_, s)| s.record.commitment.is_some()).map(|(t, _)| *t).collect()
+}
+
+impl SaleOps for MemoryStore {
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        Ok(self::schedule(&mut self.lock(), target, schedule, seed, self.now_ms()))
+    }
+
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        Ok(scheduled_targets(&self.lock()))
+    }
+
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        Ok(read(&self.lock(), target, self.now_ms()).0)
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        Ok(self::control(&mut self.lock(), target, control, self.now_ms()))
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        Ok(clear(&mut self.lock(), target, force, self.now_ms()))
+    }
+
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner.records.get(&target).filter(|(_, until)| *until > self.now_ms()).map(|(r, _)| r.clone()))
+    }
+
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, self.now_ms());
+        r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
+    async fn pending_opening(&self, _target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+        // The embedded store writes the opening order in the step that freezes the pre-queue.
+        Ok(None)
+    }
+
+    async fn place_opening(
+        &self,
+        _target: QueueTarget,
+        _places: &[(u64, UserId)],
+        _opens_at_ms: u64,
+        _last: bool,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+        Ok(ledger(&self.lock(), target))
+    }
 }

@@ -9,7 +9,9 @@ use redis::AsyncCommands;
 use super::RedisStore;
 use super::keys;
 use super::scripts::{FLAG_ACK, FLAG_ACKS, FLAG_SET};
+use crate::domain::QueueTarget;
 use crate::domain::{FlagChange, FlagFields, FlagState};
+use crate::store::FlagOps;
 use crate::store::rules::flag_version_floor;
 use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, StoreError};
 
@@ -29,22 +31,24 @@ impl RedisStore {
         }
         Ok(inv.invoke_async(&mut self.conn()).await?)
     }
+}
 
-    pub(super) async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
+impl FlagOps for RedisStore {
+    async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
         // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
         let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
         Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
     }
 
-    pub(super) async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
+    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
         self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
     }
 
-    pub(super) async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
+    async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
         self.write_flag_fields(change.fields()).await
     }
 
-    pub(super) async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
+    async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
         let (missing, state) = ack.encode_rest();
         let _: u64 = FLAG_ACK
             .key(keys::FLAG_ACKS)
@@ -60,7 +64,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
+    async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let listed: Vec<String> =
             FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
         let mut acks: Vec<FlagAck> =
@@ -69,8 +73,26 @@ impl RedisStore {
         Ok(acks)
     }
 
-    pub(super) async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
+    async fn withdraw_flag_ack(&self, instance: &str) -> Result<(), StoreError> {
         let _: u64 = self.conn().hdel(keys::FLAG_ACKS, instance).await?;
+        Ok(())
+    }
+
+    async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.conn().get(keys::GLOBAL_BATCH_SIZE).await?)
+    }
+
+    async fn set_batch_size(&self, target: Option<QueueTarget>, batch: Option<u64>) -> Result<(), StoreError> {
+        let key = target.map_or_else(|| keys::GLOBAL_BATCH_SIZE.to_owned(), |t| keys::of(t, "batch_size"));
+        let mut conn = self.conn();
+        match batch {
+            Some(b) => {
+                let _: () = conn.set(&key, b).await?;
+            }
+            None => {
+                let _: u64 = conn.del(&key).await?;
+            }
+        }
         Ok(())
     }
 }

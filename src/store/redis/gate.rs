@@ -1,14 +1,12 @@
 //! The gate's operations on Redis: one-time token use (`token_claim.lua`,
-//! `token_release.lua`), the counts of tokens used and expired, proof-of-work spends, and the
-//! pacing of purchases into ticks (`gate_pace.lua`).
+//! `token_release.lua`), proof-of-work spends, and the pacing of purchases into ticks
+//! (`gate_pace.lua`).
 
 use super::RedisStore;
 use super::keys;
-use super::scripts::{
-    ACTIVE_COUNT, ACTIVE_COUNT_KEYS, GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, TOKENS_EXPIRE,
-    TOKENS_EXPIRE_KEYS, on_target, reply_err,
-};
+use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
 use crate::domain::{QueueTarget, UserId};
+use crate::store::GateOps;
 use crate::store::{PaceSlot, StoreError, TokenClaim};
 
 /// The gate's pacing never reserves a tick that starts within this many ms (by Redis' clock):
@@ -16,8 +14,8 @@ use crate::store::{PaceSlot, StoreError, TokenClaim};
 /// inside that tick, so that it is counted in the tick it arrives in.
 pub const PACE_GUARD_MS: u64 = 50;
 
-impl RedisStore {
-    pub(super) async fn claim_token(
+impl GateOps for RedisStore {
+    async fn claim_token(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -38,7 +36,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn release_token(
+    async fn release_token(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -55,7 +53,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn confirm_token_used(
+    async fn confirm_token_used(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -80,15 +78,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
-    }
-
-    pub(super) async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
-    }
-
-    pub(super) async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
+    async fn spend_once(&self, target: QueueTarget, id: &str, until_ms: u64) -> Result<bool, StoreError> {
         let set: Option<String> = redis::cmd("SET")
             .arg(keys::of(target, &format!("pow:{id}")))
             .arg(1)
@@ -100,7 +90,7 @@ impl RedisStore {
         Ok(set.is_some())
     }
 
-    pub(super) async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
+    async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
         let (v, score): (Option<String>, Option<f64>) = redis::pipe()
             .get(keys::token(target, &user))
             .zscore(keys::used_tokens(target, &user), token)
@@ -110,7 +100,7 @@ impl RedisStore {
         Ok(score.is_some() || v.is_some_and(|v| keys::used_token(&v) == Some(token)))
     }
 
-    pub(super) async fn pace_purchase(
+    async fn pace_purchase(
         &self,
         target: QueueTarget,
         default_budget: u64,

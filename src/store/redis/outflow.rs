@@ -1,16 +1,18 @@
 //! The adaptive outflow's storage on Redis: the purchase observations per interval, the claim
-//! of an interval's decision (`outflow_claim.lua`) and the decision with its ledger row
-//! (`outflow_set.lua`).
+//! of an interval's decision (`outflow_claim.lua`), the decision with its ledger row
+//! (`outflow_set.lua`), and the counts it reads: active buyers, tokens expired.
 
 use super::RedisStore;
 use super::codec;
 use super::keys;
+use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
 use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
 use crate::domain::{Observations, QueueTarget};
+use crate::store::OutflowOps;
 use crate::store::{BatchChange, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, StoreError, TokensEnded};
 
-impl RedisStore {
-    pub(super) async fn observe_purchase(
+impl OutflowOps for RedisStore {
+    async fn observe_purchase(
         &self,
         target: QueueTarget,
         interval: u64,
@@ -32,7 +34,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
+    async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
         let reply: Vec<String> = OUTFLOW_CLAIM
             .key(keys::of(target, "outflow"))
             .key(keys::of(target, "batch_size"))
@@ -78,7 +80,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn set_outflow(
+    async fn set_outflow(
         &self,
         target: QueueTarget,
         state: &OutflowState,
@@ -105,5 +107,13 @@ impl RedisStore {
         }
         let _: u64 = call.invoke_async(&mut self.conn()).await?;
         Ok(())
+    }
+
+    async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
+    }
+
+    async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
+        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
     }
 }

@@ -1,6 +1,6 @@
-//! The queue's operations on Redis: enter, poll, leave, admit, evict, the per-user hold on
-//! queues, the active and declared target sets, batch sizes and the stats snapshot. Each is
-//! an inherent method of [`RedisStore`] that the `QueueStore` impl in `mod.rs` delegates to.
+//! The queue's operations on Redis (`QueueOps`: enter, poll, leave, admit, evict, the per-user
+//! hold on queues, the stats snapshot) and its targets (`TargetOps`: the active and declared
+//! target sets, the liveness ping).
 
 use std::collections::HashMap;
 
@@ -18,9 +18,10 @@ use crate::store::{
     AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, LEDGER_MAX_ROWS, OutflowState, StatusOutcome, StoreError,
     TargetSnapshot,
 };
+use crate::store::{QueueOps, TargetOps};
 
-impl RedisStore {
-    pub(super) async fn enter(
+impl QueueOps for RedisStore {
+    async fn enter(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -45,7 +46,7 @@ impl RedisStore {
         Err(StoreError::Reply { what: "enter.lua", detail: "user left the queue while being admitted".into() })
     }
 
-    pub(super) async fn status(
+    async fn status(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -68,7 +69,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+    async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
             .arg(user.as_str())
             .arg(self.limits.key_ttl_s)
@@ -78,7 +79,7 @@ impl RedisStore {
         Ok(removed > 0)
     }
 
-    pub(super) async fn hold_queue(
+    async fn hold_queue(
         &self,
         user: UserId,
         target: QueueTarget,
@@ -95,7 +96,7 @@ impl RedisStore {
         Ok(held.into_iter().filter_map(|(t, age)| Some((t.parse().ok()?, age))).collect())
     }
 
-    pub(super) async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
+    async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
         if targets.is_empty() {
             return Ok(());
         }
@@ -104,7 +105,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+    async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
             .zscore(keys::of(target, "waiting"), user.as_str())
             .zscore(keys::of(target, "prequeue"), user.as_str())
@@ -114,12 +115,7 @@ impl RedisStore {
         Ok(waiting.is_some() || prequeued.is_some() || opening.is_some())
     }
 
-    pub(super) async fn try_lock_admission(
-        &self,
-        target: QueueTarget,
-        holder: &str,
-        ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
+    async fn try_lock_admission(&self, target: QueueTarget, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         let ok: Option<String> = redis::cmd("SET")
             .arg(keys::admission_lock(target))
             .arg(holder)
@@ -131,16 +127,11 @@ impl RedisStore {
         Ok(ok.is_some())
     }
 
-    pub(super) async fn admit(
-        &self,
-        target: QueueTarget,
-        default_batch: u64,
-        tick_ms: u64,
-    ) -> Result<AdmitOutcome, StoreError> {
+    async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
         self.admit_by(target, default_batch, tick_ms, "").await
     }
 
-    pub(super) async fn admit_by(
+    async fn admit_by(
         &self,
         target: QueueTarget,
         default_batch: u64,
@@ -168,13 +159,12 @@ impl RedisStore {
         let tick = num("admit.lua", &r, 2)?;
         self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
         // The waits go to the Prometheus histogram of the instance that admitted.
-        for w in r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse::<u64>().ok()) {
-            crate::metrics::wait_observed(w);
-        }
+        let waits: Vec<u64> = r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse().ok()).collect();
+        crate::store::observe_waits(&waits);
         Ok(AdmitOutcome { advanced, mark, tick, admitted: num("admit.lua", &r, 3)?, batch: num("admit.lua", &r, 4)? })
     }
 
-    pub(super) async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
         Ok(on_target(&EVICT, target, EVICT_KEYS)
             .arg(timeout_ms)
             .arg(max)
@@ -184,86 +174,7 @@ impl RedisStore {
             .await?)
     }
 
-    pub(super) async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let _: u64 = self.conn().sadd(keys::ACTIVE, target.to_string()).await?;
-        Ok(())
-    }
-
-    pub(super) async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let key = keys::of(target, "capacity");
-        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
-        Ok(())
-    }
-
-    pub(super) async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
-        Ok(())
-    }
-
-    pub(super) async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
-        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
-    }
-
-    pub(super) async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
-        // Operators' commands, not clients': the check and the add need not be one step.
-        let mut conn = self.conn();
-        if conn.sismember(keys::TARGETS, target.to_string()).await? {
-            return Ok(DeclareOutcome::AlreadyDeclared);
-        }
-        let count: u64 = conn.scard(keys::TARGETS).await?;
-        if count >= room {
-            return Ok(DeclareOutcome::Full { room });
-        }
-        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
-        Ok(DeclareOutcome::Added)
-    }
-
-    pub(super) async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
-        Ok(removed > 0)
-    }
-
-    pub(super) async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
-        let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
-        // A member that does not parse was written by hand; skip it rather than stop the pump.
-        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
-    }
-
-    pub(super) async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
-        if alive {
-            return Ok(false);
-        }
-        let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
-        self.fences.forget(target);
-        Ok(true)
-    }
-
-    pub(super) async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self.conn().get(keys::GLOBAL_BATCH_SIZE).await?)
-    }
-
-    pub(super) async fn set_batch_size(
-        &self,
-        target: Option<QueueTarget>,
-        batch: Option<u64>,
-    ) -> Result<(), StoreError> {
-        let key = target.map_or_else(|| keys::GLOBAL_BATCH_SIZE.to_owned(), |t| keys::of(t, "batch_size"));
-        let mut conn = self.conn();
-        match batch {
-            Some(b) => {
-                let _: () = conn.set(&key, b).await?;
-            }
-            None => {
-                let _: u64 = conn.del(&key).await?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
         let (mark, seq, evicted, batch, capacity, lock, admissions, waits, oldest): (
@@ -338,5 +249,69 @@ impl RedisStore {
             },
             oldest_entry_ms,
         })
+    }
+}
+
+impl TargetOps for RedisStore {
+    async fn register_active(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().sadd(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let key = keys::of(target, "capacity");
+        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
+        Ok(())
+    }
+
+    async fn deactivate(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let _: u64 = self.conn().srem(keys::ACTIVE, target.to_string()).await?;
+        Ok(())
+    }
+
+    async fn declared_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::TARGETS).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    async fn declare_target(&self, target: QueueTarget, room: u64) -> Result<DeclareOutcome, StoreError> {
+        // Operators' commands, not clients': the check and the add need not be one step.
+        let mut conn = self.conn();
+        if conn.sismember(keys::TARGETS, target.to_string()).await? {
+            return Ok(DeclareOutcome::AlreadyDeclared);
+        }
+        let count: u64 = conn.scard(keys::TARGETS).await?;
+        if count >= room {
+            return Ok(DeclareOutcome::Full { room });
+        }
+        let _: u64 = conn.sadd(keys::TARGETS, target.to_string()).await?;
+        Ok(DeclareOutcome::Added)
+    }
+
+    async fn undeclare_target(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let removed: u64 = self.conn().srem(keys::TARGETS, target.to_string()).await?;
+        Ok(removed > 0)
+    }
+
+    async fn active_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::ACTIVE).await?;
+        // A member that does not parse was written by hand; skip it rather than stop the pump.
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
+    }
+
+    async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        let mut conn = self.conn();
+        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
+        if alive {
+            return Ok(false);
+        }
+        let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
+        self.fences.forget(target);
+        Ok(true)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let _: String = redis::cmd("PING").query_async(&mut self.conn()).await?;
+        Ok(())
     }
 }

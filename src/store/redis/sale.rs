@@ -13,6 +13,7 @@ use super::scripts::{
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
 };
 use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId};
+use crate::store::SaleOps;
 use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
 
 impl RedisStore {
@@ -48,8 +49,10 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await?)
     }
+}
 
-    pub(super) async fn schedule_sale(
+impl SaleOps for RedisStore {
+    async fn schedule_sale(
         &self,
         target: QueueTarget,
         schedule: SaleSchedule,
@@ -79,11 +82,11 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
         Ok(self.read_sale_and_prequeue(target).await?.0)
     }
 
-    pub(super) async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
         let (action, source, message) = match &control {
             SaleControl::Pause => ("pause", "command", ""),
             SaleControl::Resume => ("resume", "command", ""),
@@ -94,7 +97,7 @@ impl RedisStore {
         Ok(num("sale_control.lua", &r, 0)? == 1)
     }
 
-    pub(super) async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
         let r = self.sale_control(target, "clear", "command", "", force).await?;
         let outcome = match num("sale_control.lua", &r, 0)? {
             1 => ClearOutcome::Cleared,
@@ -113,7 +116,7 @@ impl RedisStore {
         Ok(outcome)
     }
 
-    pub(super) async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
+    async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
         let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(target, "record")).await?;
         if fields.is_empty() {
             return Ok(None);
@@ -121,12 +124,7 @@ impl RedisStore {
         Ok(Some(codec::decode_record(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))))
     }
 
-    pub(super) async fn record_purchase(
-        &self,
-        target: QueueTarget,
-        tick: u64,
-        answer: AnswerClass,
-    ) -> Result<(), StoreError> {
+    async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
         let key = keys::of(target, "record");
         let _: () = redis::pipe()
             .hincr(&key, format!("p:{tick}:{}", answer.name()), 1)
@@ -138,12 +136,12 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+    async fn sale_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
         let members: Vec<String> = self.conn().smembers(keys::SALES).await?;
         Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
     }
 
-    pub(super) async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
+    async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         let mut conn = self.conn();
         let fields: HashMap<String, String> = conn.hgetall(keys::of(target, "sale")).await?;
         let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
@@ -185,7 +183,7 @@ impl RedisStore {
         Ok(Some(PendingOpening { base, seed, opens_at_ms, users }))
     }
 
-    pub(super) async fn place_opening(
+    async fn place_opening(
         &self,
         target: QueueTarget,
         places: &[(u64, UserId)],
@@ -205,7 +203,7 @@ impl RedisStore {
         Ok(applied == 1)
     }
 
-    pub(super) async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
+    async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
         let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
         Ok(rows.iter().filter_map(|r| codec::decode_ledger_row(r)).collect())
     }

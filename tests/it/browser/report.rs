@@ -2,7 +2,7 @@
 //! request beyond itself, whose charts draw the report's own figures.
 
 use vq::domain::{AnswerClass, SaleControl};
-use vq::store::QueueStore;
+use vq::store::prelude::*;
 
 use super::*;
 use crate::support::{next_tick, open_store, vq_command};

@@ -3,7 +3,8 @@
 //! itself, pause and resume, and a close whose message is shown as text and stops the polls.
 
 use vq::domain::{SaleControl, SaleSchedule, SaleSource};
-use vq::store::{AnyStore, QueueStore, ScheduleOutcome};
+use vq::store::prelude::*;
+use vq::store::{AnyStore, ScheduleOutcome};
 
 use super::*;
 use crate::support::open_store;

@@ -12,7 +12,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         short_key_ttl(s);
         s.queue.max_capacity = 8;
     };
-    with_both_configured(configure, async |s, _| {
+    with_both_configured(configure, async |s, time| {
         // Ticks of 250 ms, well inside the key TTL (1 s) even on a loaded machine.
         let tick_ms = 250;
         s.register_active(t()).await.unwrap();
@@ -21,7 +21,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         }
         // Eight ticks of one admission each: 2 s, twice the key TTL, with someone waiting.
         for _ in 1..=8 {
-            next_tick(tick_ms).await;
+            time.next_tick(tick_ms).await;
             let a = s.admit(t(), 1, tick_ms).await.unwrap();
             assert_eq!(a.admitted, 1);
             for u in 1..=8 {
@@ -31,12 +31,13 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         }
         assert_eq!(s.snapshot(t()).await.unwrap().waiting, 0);
         // Nobody waits now: ticking on does not keep the target.
-        let forgotten = eventually(async || {
-            next_tick(tick_ms).await;
-            s.admit(t(), 1, tick_ms).await.unwrap();
-            s.forget_if_expired(t()).await.unwrap()
-        })
-        .await;
+        let forgotten = time
+            .eventually(async || {
+                time.next_tick(tick_ms).await;
+                s.admit(t(), 1, tick_ms).await.unwrap();
+                s.forget_if_expired(t()).await.unwrap()
+            })
+            .await;
         assert!(forgotten, "an idle target is forgotten although the pump ticks");
         assert!(s.active_targets().await.unwrap().is_empty());
     })
@@ -47,11 +48,11 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
 /// seq 1, and those who waited in it are no longer in the queue.
 #[tokio::test]
 async fn an_idle_target_starts_again_at_seq_1_once_its_keys_expire() {
-    with_both_configured(short_key_ttl, async |s, _| {
+    with_both_configured(short_key_ttl, async |s, time| {
         for u in 1..=3 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        assert!(eventually(async || s.snapshot(t()).await.unwrap().seq == 0).await, "the keys never expired");
+        assert!(time.eventually(async || s.snapshot(t()).await.unwrap().seq == 0).await, "the keys never expired");
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         assert_eq!(seq(s.enter(t(), UserId::from(3), &"tok").await.unwrap()), 1);
         assert_eq!(s.snapshot(t()).await.unwrap().waiting, 1);
@@ -63,15 +64,16 @@ async fn an_idle_target_starts_again_at_seq_1_once_its_keys_expire() {
 /// and used marks (the token's lifetime), the runtime batch size (no expiry), the lock.
 #[tokio::test]
 async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
-    with_both_configured(short_key_ttl, async |s, tick_ms| {
+    with_both_configured(short_key_ttl, async |s, time| {
+        let tick_ms = time.tick_ms;
         s.register_active(t()).await.unwrap();
         s.set_batch_size(Some(t()), Some(3)).await.unwrap();
         s.enter(t(), UserId::from(1), &"tok1").await.unwrap();
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 10, tick_ms).await.unwrap().batch, 3);
         assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
         assert!(matches!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::Claimed { .. }));
-        assert!(eventually(async || s.forget_if_expired(t()).await.unwrap()).await, "never forgotten");
+        assert!(time.eventually(async || s.forget_if_expired(t()).await.unwrap()).await, "never forgotten");
         assert!(s.try_lock_admission(t(), "a", 60_000).await.unwrap());
         assert_eq!(s.enter(t(), UserId::from(1), &"other").await.unwrap(), EnterOutcome::Admitted("tok1".into()));
         assert_eq!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::AlreadyUsed);
@@ -85,11 +87,11 @@ async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
 
 #[tokio::test]
 async fn the_capacity_in_force_is_known_once_published_and_expires_with_the_target() {
-    with_both_configured(short_key_ttl, async |s, _| {
+    with_both_configured(short_key_ttl, async |s, time| {
         assert_eq!(s.snapshot(t()).await.unwrap().capacity, None, "no instance published one");
         s.publish_capacity(t()).await.unwrap();
         assert_eq!(s.snapshot(t()).await.unwrap().capacity, Some(5));
-        assert!(eventually(async || s.snapshot(t()).await.unwrap().capacity.is_none()).await, "never expired");
+        assert!(time.eventually(async || s.snapshot(t()).await.unwrap().capacity.is_none()).await, "never expired");
     })
     .await;
 }
@@ -99,14 +101,15 @@ async fn the_capacity_in_force_is_known_once_published_and_expires_with_the_targ
 async fn a_user_whose_token_expired_enters_again_at_the_back() {
     with_both_configured(
         |s| s.token.ttl_s = 1,
-        async |s, tick_ms| {
+        async |s, time| {
+            let tick_ms = time.tick_ms;
             s.enter(t(), UserId::from(1), &"tok").await.unwrap();
             s.enter(t(), UserId::from(2), &"tok").await.unwrap();
-            next_tick(tick_ms).await;
+            time.next_tick(tick_ms).await;
             s.admit(t(), 1, tick_ms).await.unwrap();
             assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
-            let expired =
-                eventually(async || s.status(t(), UserId::from(1), &"x").await.unwrap() == StatusOutcome::NotInQueue);
+            let expired = time
+                .eventually(async || s.status(t(), UserId::from(1), &"x").await.unwrap() == StatusOutcome::NotInQueue);
             assert!(expired.await, "the token never expired");
             match s.enter(t(), UserId::from(1), &"tok").await.unwrap() {
                 EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (3, 1), "behind user 2"),

@@ -7,10 +7,11 @@ use super::*;
 /// The claim/release cycle around one purchase, with the token the queue issued.
 #[tokio::test]
 async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         let u = UserId::from(1);
         s.enter(t(), u.clone(), &"tok").await.unwrap();
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
         assert_eq!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
         assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
@@ -51,18 +52,19 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
 async fn a_token_issued_and_never_used_is_counted_expired_once() {
     with_both_configured(
         |s| s.token.ttl_s = 1,
-        async |s, tick_ms| {
+        async |s, time| {
+            let tick_ms = time.tick_ms;
             for u in 1..=3 {
                 s.enter(t(), UserId::from(u), &"x").await.unwrap();
             }
-            next_tick(tick_ms).await;
+            time.next_tick(tick_ms).await;
             s.admit(t(), 3, tick_ms).await.unwrap();
             for u in 1..=3 {
                 assert!(matches!(s.status(t(), UserId::from(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
             }
             s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "none has expired yet");
-            tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+            time.pass(1100).await;
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 2, "users 2 and 3 never bought");
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "counted once");
             let snap = s.snapshot(t()).await.unwrap();
@@ -74,12 +76,12 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
 
 #[tokio::test]
 async fn a_used_mark_lives_as_long_as_its_token() {
-    with_both(async |s, _| {
+    with_both(async |s, time| {
         let u = UserId::from(3);
         assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
         assert_eq!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
         assert!(
-            eventually(async || !s.token_used(t(), u.clone(), "short").await.unwrap()).await,
+            time.eventually(async || !s.token_used(t(), u.clone(), "short").await.unwrap()).await,
             "the mark never expired"
         );
         assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
@@ -91,9 +93,9 @@ async fn a_used_mark_lives_as_long_as_its_token() {
 /// tick up to `ahead` ticks, then there is no room.
 #[tokio::test]
 async fn pace_purchase_fills_the_current_tick_then_the_next_then_refuses() {
-    with_both(async |s, _| {
+    with_both(async |s, time| {
         let tick_ms = 1000;
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         for _ in 0..2 {
             let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room now");
             assert_eq!(slot.starts_in_ms, 0, "{slot:?}");
@@ -110,6 +112,33 @@ async fn pace_purchase_fills_the_current_tick_then_the_next_then_refuses() {
         s.set_batch_size(Some(other), Some(1)).await.unwrap();
         assert!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap().is_some());
         assert_eq!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap(), None);
+    })
+    .await;
+}
+
+/// A proof of work's challenge is spent once while its mark lives; buyers holding a place are
+/// the admitted not yet told and the holders of unused, unexpired tokens.
+#[tokio::test]
+async fn a_challenge_is_spent_once_and_active_buyers_are_counted() {
+    with_both(async |s, time| {
+        let until = time.now_ms() + 200;
+        assert!(s.spend_once(t(), "c1", until).await.unwrap());
+        assert!(!s.spend_once(t(), "c1", until).await.unwrap(), "spent");
+        assert!(s.spend_once(t(), "c2", until).await.unwrap(), "per challenge");
+        time.pass(250).await;
+        assert!(s.spend_once(t(), "c1", time.now_ms() + 200).await.unwrap(), "the mark expired");
+
+        assert_eq!(s.active_buyers(t()).await.unwrap(), 0);
+        for u in 1..=3 {
+            s.enter(t(), UserId::from(u), &"tok").await.unwrap();
+        }
+        time.next_tick(time.tick_ms).await;
+        s.admit(t(), 2, time.tick_ms).await.unwrap();
+        assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "admitted, not yet told");
+        s.status(t(), UserId::from(1), &"t1").await.unwrap();
+        assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "one told, holding an unused token");
+        s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
+        assert_eq!(s.active_buyers(t()).await.unwrap(), 1, "user 1 bought");
     })
     .await;
 }

@@ -5,7 +5,8 @@ use super::*;
 /// Ids as shops have them go through every step as sent, and `7` and `007` are two users.
 #[tokio::test]
 async fn opaque_ids_are_kept_as_sent_through_every_step() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         let ids: Vec<UserId> = ["3f2a9c1e-7b4d-4c1e-9a8f-2b6c1d0e9f3a", "user_8f3k", "7", "007", "a.b+c@x:1"]
             .iter()
             .map(|i| i.parse().unwrap())
@@ -15,7 +16,7 @@ async fn opaque_ids_are_kept_as_sent_through_every_step() {
             assert!(s.holds_place(t(), u.clone()).await.unwrap(), "{u}");
             assert!(s.hold_queue(u.clone(), t(), 5).await.unwrap().is_empty(), "{u}");
         }
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 3, tick_ms).await.unwrap().admitted, 3);
         for (i, u) in ids.iter().enumerate() {
             let token = format!("token-of-{u}");
@@ -40,12 +41,13 @@ async fn opaque_ids_are_kept_as_sent_through_every_step() {
 /// Admitted users who never poll again are evicted like waiting ones, and get no token.
 #[tokio::test]
 async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         s.enter(t(), UserId::from(2), &"tok").await.unwrap();
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        time.pass(300).await;
         s.status(t(), UserId::from(2), &"tok").await.unwrap();
         assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
@@ -58,10 +60,11 @@ async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
 /// The wait histogram is bucketed as `domain::wait_bucket` says, in both stores.
 #[tokio::test]
 async fn waits_are_bucketed_by_the_domain_rule() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        next_tick(tick_ms).await;
+        time.pass(1100).await;
+        time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().admitted, 1);
         let waits = s.snapshot(t()).await.unwrap().waits;
         assert_eq!(waits.count, 1);
@@ -78,7 +81,8 @@ async fn waits_are_bucketed_by_the_domain_rule() {
 /// user left.
 #[tokio::test]
 async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
-    with_both(async |s, tick_ms| {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
         let (u, other) = (UserId::from(7), UserId::from(8));
         let tt = |id: u64| QueueTarget::new(t().kind, id);
         for id in [1, 2, 1, 2] {
@@ -97,7 +101,7 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
         s.enter(t(), u.clone(), &"tok").await.unwrap();
         s.enter(t(), other.clone(), &"tok").await.unwrap();
         assert!(s.holds_place(t(), u.clone()).await.unwrap());
-        next_tick(tick_ms).await;
+        time.next_tick(tick_ms).await;
         s.admit(t(), 1, tick_ms).await.unwrap();
         assert!(s.holds_place(t(), u.clone()).await.unwrap(), "admitted, not yet told");
         assert!(matches!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));

@@ -3,27 +3,23 @@
 
 use std::time::Duration;
 
-use vq::config::StoreKind;
 use vq::domain::{AnswerClass, LedgerEntry, SaleControl, SaleSchedule, SaleSource};
-use vq::store::{ClearOutcome, MemoryStore, RedisStore, ScheduleOutcome};
+use vq::store::{ClearOutcome, RedisStore, ScheduleOutcome};
 
 use super::*;
 
 /// Runs `check` on a Redis store and on the embedded one, each keeping records `record_ttl_s`.
-async fn with_both_records(record_ttl_s: u64, check: impl AsyncFn(AnyStore)) {
+async fn with_both_records(record_ttl_s: u64, check: impl AsyncFn(AnyStore, Time)) {
     let redis = RedisServer::spawn();
     for s in [test_settings(Some(&redis)), test_settings(None)] {
         let mut limits = s.limits();
         limits.record_ttl_s = record_ttl_s;
         limits.tick_ms = 250;
         eprintln!("conformance: {:?} store", s.store);
-        let store = match s.store {
-            StoreKind::Redis => AnyStore::Redis(
-                RedisStore::connect(&s.redis.url, limits, Duration::from_millis(500)).expect("redis store"),
-            ),
-            StoreKind::Memory => AnyStore::Memory(MemoryStore::new(limits)),
-        };
-        check(store).await;
+        let (store, time) = Time::open_with(s.store, limits.clone(), || {
+            AnyStore::Redis(RedisStore::connect(&s.redis.url, limits, Duration::from_millis(500)).expect("redis store"))
+        });
+        check(store, time).await;
     }
 }
 
@@ -31,13 +27,13 @@ async fn with_both_records(record_ttl_s: u64, check: impl AsyncFn(AnyStore)) {
 /// `record_ttl_s` passed without a write (the queue's own keys are not what keeps it).
 #[tokio::test]
 async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_write() {
-    with_both_records(2, async |s| {
+    with_both_records(2, async |s, time| {
         s.register_active(t()).await.unwrap();
         for u in 1..=4 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
-        next_tick(250).await;
+        time.next_tick(250).await;
         let a = s.admit(t(), 2, 250).await.unwrap();
         assert_eq!(a.admitted, 2);
         assert!(matches!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
@@ -51,7 +47,7 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
         let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        time.pass(5).await;
         assert_eq!(s.evict(t(), 0, 100).await.unwrap(), 2, "users 2 and 3 stopped polling");
 
         let r = s.target_record(t()).await.unwrap().expect("a record");
@@ -80,7 +76,10 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         assert_eq!(kinds, ["pause", "resume", "close"]);
 
         // Nothing writes now: the record goes `record_ttl_s` later.
-        assert!(eventually(async || s.target_record(t()).await.unwrap().is_none()).await, "the record never expired");
+        assert!(
+            time.eventually(async || s.target_record(t()).await.unwrap().is_none()).await,
+            "the record never expired"
+        );
     })
     .await;
 }
@@ -89,8 +88,8 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
 /// pre-queued or the opening is under way; they keep their place. With force, cleared.
 #[tokio::test]
 async fn clear_without_force_refuses_to_drop_pre_queued_users_in_the_same_step() {
-    with_both_records(60, async |s| {
-        let now = vq::service::now_epoch_ms();
+    with_both_records(60, async |s, time| {
+        let now = time.now_ms();
         let sale = SaleSchedule { opens_at_ms: now + 60_000, prequeue_from_ms: Some(now - 1000), closes_at_ms: None };
         assert!(matches!(s.schedule_sale(t(), sale, [5; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "nobody pre-queued yet");
@@ -104,7 +103,7 @@ async fn clear_without_force_refuses_to_drop_pre_queued_users_in_the_same_step()
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Refused { opening: false, prequeued: 2 });
         assert!(matches!(s.status(t(), UserId::from(2), &"tok").await.unwrap(), StatusOutcome::PreQueue(_)), "kept");
         // Past the opening time, before anything placed them (no pump here): the opening.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        time.pass(800).await;
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Refused { opening: true, prequeued: 2 });
         assert_eq!(s.clear_sale(t(), true).await.unwrap(), ClearOutcome::Cleared);
         assert!(s.read_sale(t()).await.unwrap().is_none());

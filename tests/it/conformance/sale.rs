@@ -4,8 +4,7 @@
 use super::*;
 
 /// The sale's schedule in ms from now.
-fn sale_in(opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedule {
-    let now = vq::service::now_epoch_ms();
+fn sale_in(now: u64, opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedule {
     vq::domain::SaleSchedule {
         opens_at_ms: now + opens_in,
         prequeue_from_ms: prequeue_from.map(|d| (now as i64 + d) as u64),
@@ -29,13 +28,13 @@ fn shop_id(u: u64) -> UserId {
 async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
     use std::sync::Arc;
     use vq::store::ScheduleOutcome;
-    with_both(async |s, _| {
-        let later = sale_in(60_000, Some(30_000));
+    with_both(async |s, time| {
+        let later = sale_in(time.now_ms(), 60_000, Some(30_000));
         assert!(matches!(s.schedule_sale(t(), later, [3; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
         assert!(matches!(s.enter(t(), shop_id(1), &"tok").await.unwrap(), EnterOutcome::Scheduled(_)));
         assert_eq!(s.status(t(), shop_id(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
 
-        let schedule = sale_in(700, Some(-1000));
+        let schedule = sale_in(time.now_ms(), 700, Some(-1000));
         let ScheduleOutcome::Scheduled { commitment } = s.schedule_sale(t(), schedule, [4; 32]).await.unwrap() else {
             panic!("not scheduled")
         };
@@ -53,12 +52,12 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         assert_eq!(view.record.state_at(view.now_ms), "pre-queue");
         assert!(view.record.revealed_seed().is_none());
 
-        tokio::time::sleep(Duration::from_millis(750)).await;
+        time.pass(750).await;
         s.register_active(t()).await.unwrap();
         s.set_batch_size(None, Some(2)).await.unwrap();
         let settings = Arc::new(test_settings(None));
         let pump = vq::pump::Pump::new(s.clone(), settings, "c".into());
-        next_tick(500).await;
+        time.next_tick(500).await;
         let ticks = pump.tick().await.unwrap();
         assert_eq!(ticks[0].as_ref().unwrap().admit.unwrap().admitted, 2, "the opening tick admits");
         let view = s.read_sale(t()).await.unwrap().expect("sale");
@@ -84,7 +83,8 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
 #[tokio::test]
 async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
     use vq::domain::{LedgerEntry, SaleControl, SaleSource};
-    with_both(async |s, tick| {
+    with_both(async |s, time| {
+        let tick = time.tick_ms;
         for u in 1..=4 {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
@@ -94,7 +94,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
             EnterOutcome::Waiting(w) => assert!(w.paused),
             other => panic!("{other:?}"),
         }
-        next_tick(tick).await;
+        time.next_tick(tick).await;
         let a = s.admit(t(), 3, tick).await.unwrap();
         assert_eq!((a.advanced, a.admitted), (false, 0), "paused");
         assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
@@ -113,7 +113,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
             "unknown user"
         );
         assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
-        next_tick(tick).await;
+        time.next_tick(tick).await;
         assert_eq!(s.admit(t(), 3, tick).await.unwrap().admitted, 0, "closed");
         let ledger = s.sale_ledger(t()).await.unwrap();
         let kinds: Vec<&str> = ledger
@@ -144,8 +144,8 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
 async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both_stores() {
     use vq::domain::{SaleControl, SaleSource};
     use vq::store::ScheduleOutcome;
-    with_both(async |s, _| {
-        let schedule = sale_in(60_000, Some(-1000));
+    with_both(async |s, time| {
+        let schedule = sale_in(time.now_ms(), 60_000, Some(-1000));
         assert!(matches!(s.schedule_sale(t(), schedule, [5; 32]).await.unwrap(), ScheduleOutcome::Scheduled { .. }));
         let close = SaleControl::Close { message: "Cancelled".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
@@ -158,6 +158,40 @@ async fn a_sale_closed_before_anyone_entered_answers_closed_to_strangers_on_both
             other => panic!("enter: {other:?}"),
         }
         assert_eq!(s.snapshot(t()).await.unwrap().waiting, 0, "nobody recorded");
+    })
+    .await;
+}
+
+/// A pause is not a schedule (`prelude.lua`'s `sale_phase`: only an opening, a closing time or
+/// a close make a sale phase): without one, a paused target still takes users in as without a
+/// sale, holds admission while paused, and once resumed keeps a record that a clear removes.
+#[tokio::test]
+async fn a_pause_without_a_schedule_holds_admission_but_makes_no_sale_phase_on_both_stores() {
+    use vq::domain::SaleControl;
+    use vq::store::ClearOutcome;
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
+        assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        let waiting = |o: EnterOutcome| match o {
+            EnterOutcome::Waiting(w) => w,
+            o => panic!("no schedule: into the queue, got {o:?}"),
+        };
+        assert!(waiting(s.enter(t(), UserId::from(1), &"tok").await.unwrap()).paused);
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "a pause alone is no pre-queue");
+        assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
+        time.next_tick(tick_ms).await;
+        assert!(!s.admit(t(), 5, tick_ms).await.unwrap().advanced, "paused: nobody is admitted");
+        assert!(s.sale_targets().await.unwrap().is_empty(), "never scheduled");
+        assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
+        assert!(!waiting(s.enter(t(), UserId::from(2), &"tok").await.unwrap()).paused);
+        let view = s.read_sale(t()).await.unwrap().expect("a resumed sale keeps its record");
+        assert!(!view.record.paused && view.record.resumed_at_ms.is_some(), "{view:?}");
+        assert_eq!(view.record.state_at(view.now_ms), "open");
+        time.next_tick(tick_ms).await;
+        assert_eq!(s.admit(t(), 5, tick_ms).await.unwrap().admitted, 2);
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "the record is cleared");
+        assert!(s.read_sale(t()).await.unwrap().is_none());
+        assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::NoSale);
     })
     .await;
 }

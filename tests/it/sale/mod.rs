@@ -20,7 +20,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use vq::domain::{QueueTarget, SaleControl, SaleSchedule, UserId};
 use vq::pump::Pump;
-use vq::store::{AnyStore, QueueStore, ScheduleOutcome};
+use vq::store::prelude::*;
+use vq::store::{AnyStore, ScheduleOutcome};
 
 use crate::support::{
     RedisServer, TestApp, flag_on, next_tick, open_store, secret, spawn_app, test_settings, three_instances, vq_command,

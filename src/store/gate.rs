@@ -1,0 +1,64 @@
+//! What the gate asks before it forwards a purchase: one-time use of tokens and proof-of-work
+//! challenges, and the pacing of purchases per tick.
+
+use std::future::Future;
+
+use super::{PaceSlot, StoreError, TokenClaim};
+use crate::domain::{QueueTarget, UserId};
+
+/// What the gate checks per purchase. Every method is one atomic step.
+pub trait GateOps: Send + Sync + 'static {
+    /// Marks a token used before its purchase is forwarded (best-effort one-time use).
+    fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+    ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send;
+
+    /// Undoes a claim after a purchase that did not succeed.
+    fn release_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        previous: Option<String>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts a token consumed by a successful purchase: one the queue issued (no longer
+    /// waiting to expire unused), or a stateless one.
+    fn confirm_token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        through_queue: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Marks `id` (a proof of work's challenge) used at `target` until `until_ms` (epoch ms,
+    /// Redis' clock): true the first time, false while the mark lives.
+    fn spend_once(
+        &self,
+        target: QueueTarget,
+        id: &str,
+        until_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether this token was already used (read-only, for `/gate/verify`).
+    fn token_used(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Reserves a place for one purchase in the earliest tick (at most `ahead` ticks later)
+    /// whose forwarded purchases are still under the batch size; `None` when all are full.
+    fn pace_purchase(
+        &self,
+        target: QueueTarget,
+        default_budget: u64,
+        tick_ms: u64,
+        ahead: u64,
+    ) -> impl Future<Output = Result<Option<PaceSlot>, StoreError>> + Send;
+}

@@ -1,0 +1,108 @@
+//! A target's line: entering, polling, leaving, admitting, evicting, the per-user queue count and
+//! the admission lock.
+
+use std::future::Future;
+
+use super::{AdmitOutcome, EnterOutcome, StatusOutcome, StoreError, TargetSnapshot};
+use crate::domain::{QueueTarget, UserId};
+
+/// Queue state of one target, in domain words. Every method is one atomic step.
+pub trait QueueOps: Send + Sync + 'static {
+    /// Idempotent: a user already waiting keeps their seq; an admitted user gets their token.
+    fn enter(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> impl Future<Output = Result<EnterOutcome, StoreError>> + Send;
+
+    /// The poll: refreshes the heartbeat, issues the token once the mark reaches the seq.
+    fn status(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+    ) -> impl Future<Output = Result<StatusOutcome, StoreError>> + Send;
+
+    /// Returns whether the user was waiting.
+    fn leave(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Counts `target` among the queues `user` holds a place in, unless `max` are counted
+    /// already: empty when counted (now or before), else the targets counted, each with the
+    /// ms since it was counted. The count is per user across targets
+    /// (`queue.max_queues_per_user`) and lives `queue.key_ttl_s` after its last change, as a
+    /// target's keys do.
+    fn hold_queue(
+        &self,
+        user: UserId,
+        target: QueueTarget,
+        max: u64,
+    ) -> impl Future<Output = Result<Vec<(QueueTarget, u64)>, StoreError>> + Send;
+
+    /// Stops counting `targets` among `user`'s queues.
+    fn release_queues(
+        &self,
+        user: UserId,
+        targets: &[QueueTarget],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether `user` holds a place at `target`: waiting (admitted but not yet told included)
+    /// or pre-queued.
+    fn holds_place(&self, target: QueueTarget, user: UserId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// `SET NX PX` on the target's admission lock.
+    fn try_lock_admission(
+        &self,
+        target: QueueTarget,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Advances the mark by one batch of live users, at most once per tick of the store's clock.
+    fn admit(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+    ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send;
+
+    /// [`Self::admit`], naming the instance that runs the step in the admission ledger.
+    fn admit_by(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+    ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send {
+        let _ = instance;
+        self.admit(target, default_batch, tick_ms)
+    }
+
+    /// Removes up to `max` users whose last poll is older than `timeout_ms`.
+    fn evict(
+        &self,
+        target: QueueTarget,
+        timeout_ms: u64,
+        max: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;
+}
+
+/// The token to store if a call admits the user now. Made only then: signing costs an HMAC,
+/// and nearly every enter and poll finds the user waiting.
+pub trait Candidate: Sync {
+    fn token(&self) -> String;
+}
+
+impl Candidate for &str {
+    fn token(&self) -> String {
+        (*self).to_owned()
+    }
+}
+
+impl<F: Fn() -> String + Sync> Candidate for F {
+    fn token(&self) -> String {
+        self()
+    }
+}
