@@ -98,6 +98,20 @@ impl Browser {
         (s(0), s(1), s(2))
     }
 
+    /// Evaluates `script` until its value satisfies `done` (bounded, `secs`): a wait on what
+    /// the page shows, never a fixed sleep.
+    async fn wait_eval(&self, script: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let v = self.eval(script).await;
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "`{script}` never gave what was awaited; last {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until the page's status is `status` (or the browser left the page for `leaves_to`).
     async fn wait_status(&self, status: &str, secs: u64) -> (String, String, String) {
         let deadline = Instant::now() + Duration::from_secs(secs);
