@@ -8,12 +8,13 @@
 //! of the connection. It does not do TLS, HTTP/2, redirects or proxies. The answer's head and
 //! chunk sizes are parsed by `httparse` (hyper's parser); the rest is this file.
 //!
-//! Why not hyper's or reqwest's client: loadgen shares the machine with the server it loads,
-//! so its CPU per request is taken from the server's figures. With hyper-util's pooled client
-//! (a pool lock, a hash, a channel hop to a connection task and a timer per request) loadgen
-//! used more CPU than vq itself in the naive sale (2026-12-02: 10.0 s against vq's 8.9 s);
-//! with this pool, 25 µs per request against vq's 35 (2026-12-03). docs/benchmarks.md has
-//! both runs and this parser's own before/after.
+//! Why not hyper's or reqwest's client (reqwest is built on it): loadgen shares the machine
+//! with the server it loads, so whatever CPU it spends per request is taken from the server's
+//! figures. hyper-util's pooled client costs a pool lock, a hash, a channel hop to a connection
+//! task and a timer per request; side by side in the 100k-user sale (`scripts/bench.sh sale`,
+//! 2026-12-04) loadgen took a median 28.5 µs of CPU per request with it and 19.5 µs with this
+//! pool, and vq answered 12.3k enters/s of the 20k offered instead of 19.4k.
+//! docs/benchmarks.md has the runs and this parser's own before/after.
 
 use std::pin::Pin;
 use std::sync::Mutex;
