@@ -39,7 +39,9 @@ impl Browser {
             .spawn()
             .expect("start chromedriver");
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        // A driver that stops answering fails the call that waited on it, named, instead of
+        // hanging the test (WebDriver's own script timeout is 30 s).
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("webdriver client");
         let deadline = Instant::now() + Duration::from_secs(20);
         while http.get(format!("{base}/status")).send().await.is_err() {
             assert!(Instant::now() < deadline, "chromedriver did not come up");
