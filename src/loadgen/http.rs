@@ -5,7 +5,16 @@
 //!
 //! It speaks only what `vq serve` (or a load balancer in front of it) answers: a status
 //! line, headers, a body framed by `content-length`, `transfer-encoding: chunked` or the end
-//! of the connection. It does not do TLS, HTTP/2, redirects or proxies.
+//! of the connection. It does not do TLS, HTTP/2, redirects or proxies. The answer's head and
+//! chunk sizes are parsed by `httparse` (hyper's parser); the rest is this file.
+//!
+//! Why not hyper's or reqwest's client (reqwest is built on it): loadgen shares the machine
+//! with the server it loads, so whatever CPU it spends per request is taken from the server's
+//! figures. hyper-util's pooled client costs a pool lock, a hash, a channel hop to a connection
+//! task and a timer per request; side by side in the 100k-user sale (`scripts/bench.sh sale`,
+//! 2026-12-04) loadgen took a median 28.5 µs of CPU per request with it and 19.5 µs with this
+//! pool, and vq answered 12.3k enters/s of the 20k offered instead of 19.4k.
+//! docs/benchmarks.md has the runs and this parser's own before/after.
 
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -249,36 +258,38 @@ fn parse_answer(bytes: &[u8], eof: bool) -> Option<Outcome> {
     Some(Outcome::Answered { status: head.status, body, keep })
 }
 
+/// Headers an answer may carry (vq sends about ten); more is a malformed answer.
+const MAX_HEADERS: usize = 64;
+
 /// The head of an answer: `Ok(None)` while incomplete, `Err` when it is not HTTP/1.x.
 fn parse_head(bytes: &[u8]) -> Result<Option<Head>, ()> {
-    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return if bytes.len() > 64 * 1024 { Err(()) } else { Ok(None) };
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut answer = httparse::Response::new(&mut headers);
+    let len = match answer.parse(bytes).map_err(|_| ())? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial if bytes.len() > 64 * 1024 => return Err(()),
+        httparse::Status::Partial => return Ok(None),
     };
-    let text = std::str::from_utf8(&bytes[..end]).map_err(|_| ())?;
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().ok_or(())?;
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().ok_or(())?;
-    if !version.starts_with("HTTP/1.") {
-        return Err(());
-    }
-    let status: u16 = parts.next().and_then(|s| s.parse().ok()).ok_or(())?;
+    let status = answer.code.ok_or(())?;
     let mut length = None;
     let mut chunked = false;
-    let mut close = version == "HTTP/1.0";
-    for line in lines {
-        let (name, value) = line.split_once(':').ok_or(())?;
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
+    let mut close = answer.version == Some(0);
+    for h in answer.headers.iter() {
+        let value = std::str::from_utf8(h.value).map_err(|_| ())?.trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
             length = Some(value.parse::<usize>().map_err(|_| ())?);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = value.to_ascii_lowercase().ends_with("chunked");
-        } else if name.eq_ignore_ascii_case("connection") {
+        } else if h.name.eq_ignore_ascii_case("connection") {
             let v = value.to_ascii_lowercase();
             close = v.contains("close") || (close && !v.contains("keep-alive"));
         }
     }
-    let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
+    if (100..200).contains(&status) {
+        // vq never sends 1xx; an interim answer would need reading past it.
+        return Err(());
+    }
+    let framing = if status == 204 || status == 304 {
         Framing::Length(0)
     } else if chunked {
         Framing::Chunked
@@ -287,33 +298,28 @@ fn parse_head(bytes: &[u8]) -> Result<Option<Head>, ()> {
     } else {
         Framing::UntilClose
     };
-    if (100..200).contains(&status) {
-        // vq never sends 1xx; an interim answer would need reading past it.
-        return Err(());
-    }
-    Ok(Some(Head { status, len: end + 4, framing, close }))
+    Ok(Some(Head { status, len, framing, close }))
 }
 
 /// A chunked body: `Ok(None)` while incomplete.
 fn dechunk(mut bytes: &[u8]) -> Result<Option<Vec<u8>>, ()> {
     let mut body = Vec::new();
     loop {
-        let Some(eol) = bytes.windows(2).position(|w| w == b"\r\n") else { return Ok(None) };
-        let size_text = std::str::from_utf8(&bytes[..eol]).map_err(|_| ())?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| ())?;
-        bytes = &bytes[eol + 2..];
+        let (line, size) = match httparse::parse_chunk_size(bytes).map_err(|_| ())? {
+            httparse::Status::Complete(c) => c,
+            httparse::Status::Partial => return Ok(None),
+        };
+        let size = usize::try_from(size).map_err(|_| ())?;
+        bytes = &bytes[line..];
         if size == 0 {
             // Trailers, then a blank line.
-            loop {
-                let Some(eol) = bytes.windows(2).position(|w| w == b"\r\n") else { return Ok(None) };
-                if eol == 0 {
-                    return Ok(Some(body));
-                }
-                bytes = &bytes[eol + 2..];
-            }
+            let mut trailers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            return match httparse::parse_headers(bytes, &mut trailers).map_err(|_| ())? {
+                httparse::Status::Complete(_) => Ok(Some(body)),
+                httparse::Status::Partial => Ok(None),
+            };
         }
-        if bytes.len() < size + 2 {
+        if bytes.len() < size.saturating_add(2) {
             return Ok(None);
         }
         if &bytes[size..size + 2] != b"\r\n" {

@@ -39,7 +39,9 @@ impl Browser {
             .spawn()
             .expect("start chromedriver");
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        // A driver that stops answering fails the call that waited on it, named, instead of
+        // hanging the test (WebDriver's own script timeout is 30 s).
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("webdriver client");
         let deadline = Instant::now() + Duration::from_secs(20);
         while http.get(format!("{base}/status")).send().await.is_err() {
             assert!(Instant::now() < deadline, "chromedriver did not come up");
@@ -96,6 +98,20 @@ impl Browser {
             .await;
         let s = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
         (s(0), s(1), s(2))
+    }
+
+    /// Evaluates `script` until its value satisfies `done` (bounded, `secs`): a wait on what
+    /// the page shows, never a fixed sleep.
+    async fn wait_eval(&self, script: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let v = self.eval(script).await;
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "`{script}` never gave what was awaited; last {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until the page's status is `status` (or the browser left the page for `leaves_to`).

@@ -26,22 +26,26 @@ async fn schedule(store: &AnyStore, prequeue_in: i64, opens_in: u64) {
     assert!(matches!(outcome, ScheduleOutcome::Scheduled { .. }), "{outcome:?}");
 }
 
+const MESSAGE: &str = "return document.getElementById('vq-message').textContent";
+
 async fn message(browser: &Browser) -> String {
-    browser.eval("return document.getElementById('vq-message').textContent").await.as_str().unwrap().to_owned()
+    browser.eval(MESSAGE).await.as_str().unwrap().to_owned()
 }
 
 /// Waits until the message line satisfies `done` (bounded, `secs`).
 async fn wait_message(browser: &Browser, secs: u64, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let m = message(browser).await;
-        if done(&m) {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "the message never changed as expected; last {m:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let m = browser.wait_eval(MESSAGE, secs, |v| v.as_str().is_some_and(&done)).await;
+    m.as_str().unwrap().to_owned()
 }
+
+/// Counts the page's requests in `window.vqCalls` from now on.
+const COUNT_CALLS: &str = "window.vqCalls = 0; var f = window.fetch; \
+    window.fetch = function () { window.vqCalls++; return f.apply(this, arguments); }; return 0";
+
+/// What a tab coming back to the front does: a page with a poll pending sends it at once.
+/// Answers the page's request count once that poll, if any, has been sent.
+const WAKE: &str = "document.dispatchEvent(new Event('visibilitychange')); \
+    return new Promise(function (r) { setTimeout(function () { r(window.vqCalls); }, 200); })";
 
 /// The countdown's seconds in "… opens in 1 min 5 s (at …)" / "opens in 8 s".
 fn seconds_left(message: &str) -> u64 {
@@ -141,6 +145,9 @@ async fn a_paused_sale_says_so_and_the_page_goes_on_after_the_resume() {
 async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
     // Paused, so the buyer waits until the close reaches them.
     let Paused { store, browser, _redis, _app, .. } = paused_page(24).await;
+    // While waiting, a poll is pending: woken, the page sends it at once.
+    browser.eval(COUNT_CALLS).await;
+    browser.wait_eval(WAKE, 10, |calls| calls.as_u64() >= Some(1)).await;
     let text = "<b>Sold</b> out & thanks";
     let close = SaleControl::Close { message: text.into(), source: SaleSource::Command };
     assert!(store.control_sale(target(), close).await.unwrap());
@@ -148,10 +155,9 @@ async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
     assert_eq!(message(&browser).await, text, "the message as text");
     let markup = browser.eval("return document.querySelectorAll('#vq-message *').length").await;
     assert_eq!(markup, 0, "no element made from the server's text");
-    // Count the page's requests from now on: none come, over several poll intervals.
-    browser.eval("window.vqCalls = 0; var f = window.fetch; window.fetch = function () { window.vqCalls++; return f.apply(this, arguments); }; return 0").await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(browser.eval("return window.vqCalls").await, 0, "a closed page does not poll");
+    // Closed, no poll is pending: woken the same way, the page sends nothing.
+    browser.eval(COUNT_CALLS).await;
+    assert_eq!(browser.eval(WAKE).await, 0, "a closed page does not poll");
     assert_eq!(browser.state().await.0, "CLOSED");
 }
 
@@ -159,13 +165,18 @@ async fn a_closed_sale_shows_its_message_as_text_and_the_page_stops_polling() {
 /// a worker) and keeps the place; back in front, the page goes on.
 #[tokio::test]
 async fn a_page_in_a_background_tab_keeps_polling_and_its_place() {
-    let Paused { store, browser, shop, _redis, _app } = paused_page(25).await;
+    let Paused { store, browser, shop, _redis, _app: app } = paused_page(25).await;
+    // The hidden page's polls are counted in localStorage too, which the other tab (same
+    // origin) reads while the page stays in the background.
     browser
         .eval(
-            "window.vqSeen = []; window.vqHiddenCalls = 0;
+            "window.vqSeen = []; window.vqHiddenCalls = 0; localStorage.setItem('vqHiddenCalls', '0');
              document.addEventListener('visibilitychange', function () { vqSeen.push(document.visibilityState); });
              var f = window.fetch;
-             window.fetch = function () { if (document.hidden) vqHiddenCalls++; return f.apply(this, arguments); };
+             window.fetch = function () {
+               if (document.hidden) { vqHiddenCalls++; localStorage.setItem('vqHiddenCalls', String(vqHiddenCalls)); }
+               return f.apply(this, arguments);
+             };
              return 0",
         )
         .await;
@@ -175,8 +186,11 @@ async fn a_page_in_a_background_tab_keeps_polling_and_its_place() {
         .await;
     let windows = format!("/session/{}/window", browser.session);
     browser.call(reqwest::Method::POST, &windows, json!({"handle": tab["handle"]})).await;
-    // Paused: the place holds; the page is told to poll every tick (2 s) or so.
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Paused: the place holds; the page is told to poll every tick (2 s) or so. Wait, from the
+    // other tab, until the hidden page has polled twice.
+    browser.goto(&app.url("/healthz")).await;
+    let hidden_polls = "return Number(localStorage.getItem('vqHiddenCalls'))";
+    browser.wait_eval(hidden_polls, 20, |n| n.as_u64() >= Some(2)).await;
     browser.call(reqwest::Method::POST, &windows, json!({"handle": page})).await;
     let seen = browser.eval("return [window.vqSeen, window.vqHiddenCalls]").await;
     assert_eq!(seen[0][0], "hidden", "the tab was in the background: {seen}");
