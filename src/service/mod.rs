@@ -5,8 +5,8 @@
 //! stateless token, the error is counted and logged at most once per interval.
 //!
 //! One file per job: this one holds the service and its answers; `queue.rs` the queue's
-//! enter/poll/leave; `flag.rs` the flag as this instance applies it, `gate.rs` the gate's decision and pacing,
-//! `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping, `local.rs`
+//! enter/poll/leave; `flag.rs` the flag as this instance applies it, `gate.rs` the gate's
+//! decision and pacing, `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping, `local.rs`
 //! polls answered from this instance's copy of the mark, `tokens.rs` the tokens handed out
 //! here, `targets.rs` the declared targets, `outflow.rs` the gate's observations for the
 //! adaptive outflow, `pow.rs` the proof of work at entry.
