@@ -504,7 +504,7 @@ for line in open(path):
         fixed = max(fixed, int(m.group(1)))
 names = [names[k] for k in sorted(names)]
 p = "queue:{LIMITED_DROP:1}:"
-known = {"enter": ["100000000", "1800", "0", "0", "0", "2000", "2592000"], "status": ["0", "1800"]}[op]
+known = {"enter": ["100000000", "1800", "0", "0", "0", "2000", "2592000", "64"], "status": ["0", "1800"]}[op]
 head = (known + ["0"] * fixed)[:fixed]
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
