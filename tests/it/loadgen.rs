@@ -1,8 +1,12 @@
-//! `vq loadgen` and `vq batch`, run as real processes against `vq serve` on a real Redis,
-//! plus the purchase contract against a stand-in server (`stand_in.rs`) and a simulated
-//! sale opening (`opening.rs`). These tests assert behaviour and report shape, never speed.
+//! `vq loadgen` and `vq batch`, run as real processes against `vq serve` on a real Redis:
+//! here the report and the run's failures; `vq batch` and the batch sweep (`batch.rs`), the
+//! purchase API sink (`sink.rs`), the purchase contract against a stand-in server
+//! (`stand_in.rs`) and a simulated sale opening (`opening.rs`) in their own files. These
+//! tests assert behaviour and report shape, never speed.
 
+mod batch;
 mod opening;
+mod sink;
 mod stand_in;
 
 use self::stand_in::{options, stand_in};
@@ -158,117 +162,6 @@ async fn a_broken_bound_makes_loadgen_exit_non_zero_naming_it() {
     assert!(stderr.contains("--assert-poll-p95-ms"), "{stderr}");
     // The report is still written, for the script that asserted.
     assert!(read_json(&json)["poll"]["count"].as_u64().unwrap() > 0);
-}
-
-#[tokio::test]
-async fn a_downstream_bound_without_a_sink_is_a_usage_error() {
-    let redis = RedisServer::spawn();
-    let out = vq(
-        &redis,
-        &[
-            "loadgen",
-            "--url",
-            "http://127.0.0.1:1",
-            "--target",
-            "limited-drop:1",
-            "--assert-downstream-max-per-tick",
-            "100",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--sink") && stderr.lines().count() == 1, "{stderr}");
-}
-
-#[tokio::test]
-async fn sweep_sets_each_batch_size_on_the_target_and_restores_it() {
-    let redis = RedisServer::spawn();
-    let server = VqProcess::serve(&redis, &serve_env()).await;
-    flag_on(&redis).await;
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("sweep.json");
-    let out = vq(
-        &redis,
-        &[
-            "loadgen",
-            "--url",
-            &server.addr,
-            "--target",
-            "limited-drop:8",
-            "--users",
-            "200",
-            "--rate",
-            "200",
-            "--arrival",
-            "constant",
-            "--duration",
-            "2",
-            "--poll-min-ms",
-            "200",
-            "--poll-max-ms",
-            "300",
-            "--sweep-batch",
-            "2,40",
-            "--json",
-            json.to_str().unwrap(),
-            "--quiet",
-        ],
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rounds = read_json(&json)["rounds"].as_array().unwrap().clone();
-    assert_eq!(rounds.len(), 2);
-    assert_eq!(rounds[0]["batchSize"], 2);
-    assert_eq!(rounds[1]["batchSize"], 40);
-    assert!(
-        rounds[1]["admitted"].as_u64().unwrap() > rounds[0]["admitted"].as_u64().unwrap(),
-        "a bigger batch admits more: {rounds:#?}"
-    );
-    let mut c = redis.conn().await;
-    let left: Option<u64> = c.get("queue:{LIMITED_DROP:8}:batch_size").await.unwrap();
-    assert_eq!(left, None, "the per-target batch size is restored after the sweep");
-}
-
-#[tokio::test]
-async fn batch_command_sets_shows_and_clears_the_runtime_batch_size() {
-    let redis = RedisServer::spawn();
-    let mut c = redis.conn().await;
-    assert!(vq(&redis, &["batch", "set", "50", "--target", "limited-drop:3"]).status.success());
-    let per_target: Option<u64> = c.get("queue:{LIMITED_DROP:3}:batch_size").await.unwrap();
-    assert_eq!(per_target, Some(50));
-    assert!(vq(&redis, &["batch", "set", "70"]).status.success());
-    let global: Option<u64> = c.get("queue:config:batch_size").await.unwrap();
-    assert_eq!(global, Some(70));
-
-    let show = vq(&redis, &["batch", "show", "--target", "limited-drop:3"]);
-    let text = String::from_utf8_lossy(&show.stdout);
-    assert!(text.contains("in force for LIMITED_DROP:3: 50"), "{text}");
-    let show = vq(&redis, &["batch", "show"]);
-    let text = String::from_utf8_lossy(&show.stdout);
-    assert!(text.contains("in force: 70"), "{text}");
-    assert!(text.contains("per-target runtime batch sizes (active targets): LIMITED_DROP:3: 50"), "{text}");
-
-    assert!(vq(&redis, &["batch", "clear", "--target", "limited-drop:3"]).status.success());
-    assert!(vq(&redis, &["batch", "clear"]).status.success());
-    let per_target: Option<u64> = c.get("queue:{LIMITED_DROP:3}:batch_size").await.unwrap();
-    let global: Option<u64> = c.get("queue:config:batch_size").await.unwrap();
-    assert_eq!((per_target, global), (None, None));
-    let bad = vq(&redis, &["batch", "set", "0"]);
-    assert!(!bad.status.success());
-}
-
-#[tokio::test]
-async fn sink_counts_every_arrival_in_its_tick_window() {
-    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000, Default::default()).await.unwrap();
-    let from = sink.now_ms();
-    let client = reqwest::Client::new();
-    for path in ["/limited-drops/1/orders", "/events/2/seats/select", "/anything"] {
-        let r = client.post(format!("http://{}{path}", sink.addr)).send().await.unwrap();
-        assert_eq!(r.status(), 200);
-    }
-    let f = sink.figures(from, sink.now_ms());
-    assert_eq!(f.total, 3);
-    // 60 s windows: the three requests fall in one window, or two if a boundary passed.
-    assert!(f.max_per_tick >= 2, "{f:?}");
 }
 
 #[tokio::test]
@@ -435,94 +328,4 @@ async fn loadgen_solves_the_proof_of_work_and_reports_its_cost() {
     let waiting: u64 = c.zcard("queue:{LIMITED_DROP:7}:waiting").await.unwrap();
     let admitted: u64 = r["admitted"].as_u64().unwrap();
     assert!(waiting + admitted <= 60, "no place without a solution: {waiting} + {admitted}");
-}
-
-#[tokio::test]
-async fn a_sink_with_a_capacity_refuses_what_would_wait_too_long_with_retry_after() {
-    let model = vq::loadgen::SinkModel { capacity: Some("10".parse().unwrap()), max_wait: Duration::from_millis(300) };
-    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000, model).await.unwrap();
-    let from = sink.now_ms();
-    let client = reqwest::Client::new();
-    let url = format!("http://{}/limited-drops/1/orders", sink.addr);
-    let mut sent = tokio::task::JoinSet::new();
-    for _ in 0..30 {
-        sent.spawn(client.post(&url).send());
-    }
-    let (mut ok, mut refused) = (0, 0);
-    for a in sent.join_all().await {
-        let a = a.unwrap();
-        match a.status().as_u16() {
-            200 => ok += 1,
-            503 => {
-                assert_eq!(a.headers()["retry-after"], "1");
-                refused += 1;
-            }
-            other => panic!("the sink answered {other}"),
-        }
-    }
-    // 10 per second, none waiting over 300 ms: 30 at once cannot all be served.
-    assert!(refused > 0 && ok > 0, "{ok} served, {refused} refused");
-    let f = sink.figures(from, sink.now_ms());
-    assert_eq!((f.total, f.refused), (30, refused), "{f:?}");
-    let served: u64 = sink.seconds(from, sink.now_ms()).iter().map(|s| s.served).sum();
-    assert_eq!(served, ok);
-}
-
-#[tokio::test]
-async fn loadgen_with_a_limited_sink_reports_the_batch_beside_what_the_sink_served() {
-    let redis = RedisServer::spawn();
-    let sink = format!("127.0.0.1:{}", free_port());
-    let mut env = serve_env();
-    env.push(("VQ_GATE__UPSTREAM", format!("http://{sink}")));
-    let server = VqProcess::serve(&redis, &env).await;
-    flag_on(&redis).await;
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    // 20 admitted per second, half of them buy, against a purchase API that takes 4 per second.
-    let extra = [
-        "--purchase",
-        "--sink",
-        &sink,
-        "--sink-capacity",
-        "4,3@2s",
-        "--sink-max-wait-ms",
-        "300",
-        "--conversion",
-        "0.5",
-    ];
-    let out = vq(&redis, &loadgen_args(&server.addr, json.to_str().unwrap(), &extra));
-    assert!(out.status.success(), "loadgen failed: {}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("sink capacity/s") && stdout.contains("conversion / no-shows"), "{stdout}");
-    let r = read_json(&json);
-    let timeline = r["timeline"].as_array().expect("a timeline with --sink");
-    assert!(timeline.len() >= 3, "{r:#}");
-    assert!(timeline.iter().filter_map(|p| p["batch"].as_u64()).all(|b| b == 10), "fixed batch 10: {r:#}");
-    assert_eq!(timeline[0]["capacityPerSec"], 4.0, "{r:#}");
-    assert_eq!(timeline.last().unwrap()["capacityPerSec"], 3.0, "the capacity changed at 2 s: {r:#}");
-    let sum = |f: &str| timeline.iter().map(|p| p[f].as_u64().unwrap()).sum::<u64>();
-    assert_eq!(sum("served"), r["purchases"].as_u64().unwrap(), "{r:#}");
-    assert_eq!(sum("refused"), r["downstreamRefused"].as_u64().unwrap(), "{r:#}");
-    assert!(r["downstreamRefused"].as_u64().unwrap() > 0, "more buyers than capacity: {r:#}");
-    let admitted_all = r["admitted"].as_u64().unwrap() + r["directAdmitted"].as_u64().unwrap();
-    let no_shows = r["noShows"].as_u64().unwrap();
-    assert!(no_shows > 0 && no_shows < admitted_all, "{r:#}");
-    assert_eq!(r["purchaseAttempts"].as_u64().unwrap() + no_shows, admitted_all, "{r:#}");
-}
-
-#[tokio::test]
-async fn a_bad_sink_capacity_or_conversion_is_refused_before_the_run() {
-    for (args, says) in [
-        (vec!["--sink", "127.0.0.1:1", "--sink-capacity", "0"], "positive"),
-        (vec!["--sink", "127.0.0.1:1", "--sink-capacity", "50,20"], "@SECONDS"),
-        (vec!["--sink-capacity", "50"], "--sink"),
-        (vec!["--conversion", "1.5"], "--conversion must be between 0 and 1"),
-    ] {
-        let mut all = vec!["loadgen", "--url", "http://127.0.0.1:1", "--target", "limited-drop:1", "--quiet"];
-        all.extend(args.iter().copied());
-        let out = vq_command().args(&all).env("VQ_REDIS__URL", "redis://127.0.0.1:1").output().expect("run");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?}: {stderr}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
-    }
 }
