@@ -78,17 +78,7 @@ status() {
 }
 
 down() {
-  local f pid pids=()
-  for f in "$state"/redis-*.pid; do
-    [ -e "$f" ] || continue
-    pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      pids+=("$pid")
-    fi
-    rm -f "$f"
-  done
-  await_stopped "${pids[@]}"
+  stop_pid_files "$state"/redis-*.pid
 }
 
 case "${1:-}" in

@@ -29,6 +29,9 @@
 #   await_stopped PID...            waits up to 10 s for processes already sent SIGTERM (not
 #                                   children of this script) to end, SIGKILL to those left;
 #                                   says how many stopped
+#   stop_pid_files FILE...          for each pid file, in order: SIGTERM to its process (and
+#                                   its children, e.g. nginx's workers) if alive, then removes
+#                                   the file; await_stopped for all of them
 #
 # Check the scripts with `shellcheck -x scripts/*.sh` (-x follows this file).
 #
@@ -137,6 +140,22 @@ await_stopped() {
   done
   say "still running after 10 s, killing: ${running[*]}"
   kill -KILL "${running[@]}" 2>/dev/null || true
+}
+
+stop_pid_files() {
+  local f pid c pids=()
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      # Children (nginx's workers) are remembered to check that they are gone too.
+      for c in $(pgrep -P "$pid" 2>/dev/null || true); do pids+=("$c"); done
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+    rm -f "$f"
+  done
+  await_stopped "${pids[@]}"
 }
 
 stop_started() {

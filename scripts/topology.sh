@@ -155,21 +155,8 @@ status() {
 }
 
 down() {
-  local f pids=() pid
   # nginx first (no new requests), then the replicas, the backend, Redis last.
-  for name in nginx vq1 vq2 vq3 backend redis; do
-    f="$state/$name.pid"
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then
-      # nginx's workers are its children: remember them to check that they are gone too.
-      for c in $(pgrep -P "$pid" 2>/dev/null || true); do pids+=("$c"); done
-      kill -TERM "$pid" 2>/dev/null || true
-      pids+=("$pid")
-    fi
-    rm -f "$f"
-  done
-  await_stopped "${pids[@]}"
+  stop_pid_files "$state"/{nginx,vq1,vq2,vq3,backend,redis}.pid
 }
 
 case "${1:-}" in
