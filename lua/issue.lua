@@ -29,8 +29,9 @@ if seq and tonumber(seq) <= mark then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
   record_incr(KEYS[5], tonumber(ARGV[4]), {'ti', 1})
-  redis.call('HSET', KEYS[5], 'ti_last', now_ms())
-  redis.call('ZADD', KEYS[6], now_ms() + ttl * 1000, ARGV[1])
+  local now = now_ms()
+  redis.call('HSET', KEYS[5], 'ti_last', now)
+  redis.call('ZADD', KEYS[6], now + ttl * 1000, ARGV[1])
   redis.call('EXPIRE', KEYS[6], ttl + 600)
   return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end

@@ -4,7 +4,7 @@
 -- KEYS[1] queue:{T}:outflow          HASH the decision (fields as outflow_claim.lua reads them)
 -- KEYS[2] queue:{T}:ledger           LIST admission ledger rows, newest first (LTRIM-capped)
 -- ARGV[1] the key ttl, seconds
--- ARGV[2] the ledger row `batch|ms|from|to|instance|reason` (encoded by `store::redis::ledger`),
+-- ARGV[2] the ledger row `batch|ms|from|to|instance|reason` (encoded by `store::redis::codec`),
 --         '' when the batch is unchanged
 -- ARGV[3] ledger rows kept
 -- ARGV[4..] field, value, ... to set in KEYS[1]

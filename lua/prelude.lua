@@ -204,7 +204,7 @@ local function record_event(rec, ttl, row)
   redis.call('EXPIRE', rec, ttl)
 end
 
--- A ledger row (queue:{T}:ledger; decoded by `store::redis::ledger`): its fields joined by
+-- A ledger row (queue:{T}:ledger; decoded by `store::redis::codec`): its fields joined by
 -- '|', the kind first, then the time in ms (the last field may hold '|').
 local function ledger_row(...)
   return table.concat({...}, '|')

@@ -16,7 +16,7 @@
 -- ARGV[7] clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
 --         (pre-queued before the opening, or being given their places at the opening)
 -- returns {1} when the state changed, {0} when it already was so (nothing recorded), and
--- {2, phase, users} when a clear was refused: phase P_OPENING or P_PRE_QUEUE/P_SCHEDULED,
+-- {2, opening, users} when a clear was refused: opening 1 in P_OPENING, 0 before it,
 -- users = those in the pre-queue (or the frozen one). The check and the clear are one step:
 -- no user pre-queues between them.
 local now = now_ms()
@@ -47,7 +47,7 @@ elseif action == 'clear' then
     local phase = sale_phase(KEYS[1], now)
     local users = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
     if phase == P_OPENING or ((phase == P_SCHEDULED or phase == P_PRE_QUEUE) and users > 0) then
-      return {2, phase, users}
+      return {2, phase == P_OPENING and 1 or 0, users}
     end
   end
   if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then

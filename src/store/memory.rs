@@ -30,8 +30,9 @@ mod token;
 
 /// What Redis keeps in the keys `admit.lua` refreshes together (waiting, heartbeat, seq, mark,
 /// entry times, waits, evicted, departed): they expire `key_ttl_s` after the last refresh, and
-/// a refresh happens only while someone waits (every tick) or when `enter.lua` gives seq 1,
-/// 65, 129, …. Expired, the target's queue starts again from nothing.
+/// a refresh happens only while someone waits (every tick) or when `enter.lua` gives a seq one
+/// past a multiple of `rules::TTL_REFRESH_EVERY`. Expired, the target's queue starts again from
+/// nothing.
 #[derive(Default)]
 struct QueueKeys {
     waiting: BTreeMap<u64, UserId>,

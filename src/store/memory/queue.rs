@@ -258,6 +258,7 @@ impl QueueOps for MemoryStore {
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let now = self.now_ms();
         let mut inner = self.lock();
+        let (sale, prequeued) = sale::read(&inner, target, now);
         let Some(t) = inner.existing(target, now) else {
             return Ok(TargetSnapshot::default());
         };
@@ -279,8 +280,8 @@ impl QueueOps for MemoryStore {
             tokens_expired: q.tokens_expired,
             waits: q.waits.clone(),
             oldest_entry_ms: q.waiting.range(q.mark + 1..).find_map(|(_, u)| q.entered_at.get(u).copied()),
-            sale: sale::read(&inner, target, now).0,
-            prequeued: sale::read(&inner, target, now).1,
+            sale,
+            prequeued,
         })
     }
 }

@@ -1,5 +1,7 @@
 //! How an instance's flag acknowledgement is stored in Redis (`flag_ack.lua` writes it, and
-//! `flag_acks.lua` lists it): the hash value `version:applied_at_ms:missing:state`.
+//! `flag_acks.lua` lists it): the hash value `version:applied_at_ms:expires_at_ms:missing:state`
+//! (the prelude's `ack_value`), which `flag_acks.lua` answers without the expiry and with how
+//! long the instance has been silent.
 
 use crate::store::FlagAck;
 

@@ -103,7 +103,7 @@ impl SaleOps for RedisStore {
             1 => ClearOutcome::Cleared,
             0 => ClearOutcome::NoSale,
             2 => ClearOutcome::Refused {
-                opening: num("sale_control.lua", &r, 1)? == 3,
+                opening: num("sale_control.lua", &r, 1)? == 1,
                 prequeued: num("sale_control.lua", &r, 2)?,
             },
             _ => return Err(reply_err("sale_control.lua", &r)),
@@ -144,18 +144,21 @@ impl SaleOps for RedisStore {
     async fn pending_opening(&self, target: QueueTarget) -> Result<Option<PendingOpening>, StoreError> {
         let mut conn = self.conn();
         let fields: HashMap<String, String> = conn.hgetall(keys::of(target, "sale")).await?;
-        let get = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
-        let (Some(frozen), Some(base), Some(opens_at_ms)) = (get("frozen"), get("base"), get("opens_at")) else {
+        let Some(sale) = codec::decode_sale(&fields) else { return Ok(None) };
+        // The seq the frozen users' places start after: the opening's own field.
+        let base = fields.get("base").and_then(|v| v.parse::<u64>().ok());
+        let (Some(frozen), Some(base), Some(opens_at_ms)) = (sale.prequeued, base, sale.opens_at_ms) else {
             return Ok(None);
         };
         // A closed sale admits nobody again: its pre-queue is never ordered.
-        if fields.contains_key("opened_at") || fields.get("closed").is_some_and(|c| c == "1") {
+        if sale.opened_at_ms.is_some() || sale.closed {
             return Ok(None);
         }
         let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
-        let seed = fields
-            .get("seed")
-            .and_then(|s| crate::domain::unhex(s))
+        let seed = sale
+            .seed
+            .as_deref()
+            .and_then(crate::domain::unhex)
             .ok_or_else(|| bad("the sale has no seed".into()))?;
         // The frozen set does not change: read it in slices so no one reply blocks Redis long.
         const SLICE: u64 = 10_000;
