@@ -145,10 +145,13 @@ impl Settings {
             seen.push(*t);
             let what = |key| format!("targets.types.{}.{key}", t.slug());
             let (min, _) = self.type_batch_bounds(*t);
+            // A floor of its own stays at or below the ceiling it gets: its own (checked next)
+            // or queue.batch_max.
+            let min_cap = if def.batch_max.is_some() { *BATCH_SIZE.end() } else { self.queue.batch_max };
             for (key, value, range) in [
                 ("batch_size", def.batch_size, BATCH_SIZE),
                 ("max_capacity", def.max_capacity, 1..=1_000_000_000),
-                ("batch_min", def.batch_min, BATCH_SIZE),
+                ("batch_min", def.batch_min, *BATCH_SIZE.start()..=min_cap),
                 ("batch_max", def.batch_max, min.max(1)..=*BATCH_SIZE.end()),
                 ("max_active", def.max_active, 1..=1_000_000_000),
             ] {

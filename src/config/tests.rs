@@ -127,6 +127,8 @@ fn a_target_type_may_have_its_own_outflow_and_bounds() {
         assert_eq!(s.type_batch_bounds(event), (10, 1000), "queue.batch_min / batch_max");
         for (file, says) in [
             ("[[targets.types]]\nslug = \"limited-drop\"\nbatch_min = 60\nbatch_max = 50\n", "batch_max"),
+            // Above queue.batch_max (1000) without a ceiling of its own: the clamp would panic.
+            ("[[targets.types]]\nslug = \"limited-drop\"\noutflow = \"adaptive\"\nbatch_min = 2000\n", "batch_min"),
             ("[[targets.types]]\nslug = \"limited-drop\"\noutflow = \"auto\"\n", "auto"),
         ] {
             jail.create_file("vq.toml", file)?;

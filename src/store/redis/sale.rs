@@ -155,11 +155,8 @@ impl SaleOps for RedisStore {
             return Ok(None);
         }
         let bad = |detail: String| StoreError::Reply { what: "sale opening", detail };
-        let seed = sale
-            .seed
-            .as_deref()
-            .and_then(crate::domain::unhex)
-            .ok_or_else(|| bad("the sale has no seed".into()))?;
+        let seed =
+            sale.seed.as_deref().and_then(crate::domain::unhex).ok_or_else(|| bad("the sale has no seed".into()))?;
         // The frozen set does not change: read it in slices so no one reply blocks Redis long.
         const SLICE: u64 = 10_000;
         let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
