@@ -172,11 +172,6 @@ async fn purchase(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Resp
     let wait = {
         let Ok(mut c) = shared.counts.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
         *c.windows.entry(now / shared.tick_ms).or_default() += 1;
-        if let Some(token) = headers.get("x-entry-token")
-            && !c.tokens.insert(token.as_bytes().into())
-        {
-            c.repeats += 1;
-        }
         let wait = match &shared.model.capacity {
             None => Some(0.0),
             Some(schedule) => {
@@ -190,6 +185,14 @@ async fn purchase(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Resp
                 })
             }
         };
+        // A refused purchase bought nothing: the gate gives its token back, and its retry is
+        // the first purchase with it. Only served ones count for tokens bought twice.
+        if wait.is_some()
+            && let Some(token) = headers.get("x-entry-token")
+            && !c.tokens.insert(token.as_bytes().into())
+        {
+            c.repeats += 1;
+        }
         let second = c.seconds.entry(now / 1000).or_default();
         match wait {
             Some(ms) => {

@@ -76,6 +76,38 @@ async fn a_sink_with_a_capacity_refuses_what_would_wait_too_long_with_retry_afte
 }
 
 #[tokio::test]
+async fn a_token_refused_by_the_sink_and_retried_is_not_a_token_bought_twice() {
+    // 10 per second, waits up to 100 ms: one purchase at once is served, the next refused.
+    let model = vq::loadgen::SinkModel { capacity: Some("10".parse().unwrap()), max_wait: Duration::from_millis(100) };
+    let sink = Sink::start("127.0.0.1:0".parse().unwrap(), 60_000, model).await.unwrap();
+    let from = sink.now_ms();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/limited-drops/1/orders", sink.addr);
+    let buy = async |token: &str| client.post(&url).header("x-entry-token", token).send().await.unwrap().status();
+    // Until served (bounded): each refusal is answered at once, the next turn is 100 ms away.
+    let buy_until_served = async |token: &str| {
+        for _ in 0..100 {
+            if buy(token).await == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{token} was never served");
+    };
+    // Two at once: one is served (answered when its 100 ms are done), the other refused.
+    let (a, b) = tokio::join!(buy("a"), buy("b"));
+    let (served, refused) = match (a.as_u16(), b.as_u16()) {
+        (200, 503) => ("a", "b"),
+        (503, 200) => ("b", "a"),
+        other => panic!("expected one served and one refused, got {other:?}"),
+    };
+    buy_until_served(refused).await;
+    assert_eq!(sink.figures(from, sink.now_ms()).repeated_tokens, 0, "{refused} bought once, after a refusal");
+    buy_until_served(served).await;
+    assert_eq!(sink.figures(from, sink.now_ms()).repeated_tokens, 1, "{served} bought twice");
+}
+
+#[tokio::test]
 async fn loadgen_with_a_limited_sink_reports_the_batch_beside_what_the_sink_served() {
     let redis = RedisServer::spawn();
     let sink = format!("127.0.0.1:{}", free_port());
