@@ -1,6 +1,7 @@
-//! Time in epoch milliseconds: the one definition every module uses (admission ticks, token
-//! expiry and Lua arguments compare it with Redis' clock on the same hosts), and the [`Clock`]
-//! the embedded store and the pump read, which tests replace with a [`ManualClock`] they step.
+//! Time in epoch milliseconds: this host's wall clock, read in one place (decisions that must
+//! agree across instances use the store's clock, `AnyStore::now_ms`), and the [`Clock`] the
+//! embedded store reads (the pump's time is its store's), which tests replace with a
+//! [`ManualClock`] they step.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

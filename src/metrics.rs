@@ -117,7 +117,6 @@ fn describe() {
         FLAG_MISSING,
         "1 while the flag hash is missing from Redis and this instance keeps its last known flag"
     );
-    describe_gauge!(ADAPTIVE_BATCH_MIN, "queue.batch_min, exported with queue.outflow = adaptive only");
 }
 
 /// Creates every series with known labels at 0, so `rate()` and the shipped alerts see them

@@ -152,9 +152,10 @@ impl Pump {
     }
 
     /// The batch this tick admits for `target` (a per-target pin in Redis overrides it inside
-    /// admit.lua): the operator's global runtime batch; else, with `queue.outflow =
-    /// "adaptive"`, the controller's (deciding the interval just ended if no pump has yet);
-    /// else the type's configured one. A failed claim skips the target this tick, so no
+    /// admit.lua): the operator's global runtime batch; else by the type's outflow (its own or
+    /// `queue.outflow`): fixed, the type's configured batch; active, `max_active` minus the
+    /// active buyers; adaptive, the controller's (deciding the interval just ended if no pump
+    /// has yet). A failed claim skips the target this tick, so no
     /// batch but the chosen one is ever admitted.
     async fn batch_for(&self, target: QueueTarget, global: Option<u64>) -> Result<u64, StoreError> {
         let configured = self.settings.type_batch_size(target.kind);
@@ -196,7 +197,8 @@ impl Pump {
                     tokens_used: counters.used,
                     tokens_expired: counters.expired,
                     purchases: seen.purchases,
-                    p95_ms: seen.p95_ms().map(|p| p.min(u64::from(u32::MAX))),
+                    // Past the last bucket there is no figure to keep.
+                    p95_ms: seen.p95_ms().filter(|&p| p != u64::MAX),
                     error_bp: (seen.error_ratio() * 10_000.0).round() as u64,
                 };
                 let change = (current != Some(d.batch))

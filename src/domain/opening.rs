@@ -1,7 +1,7 @@
 //! The fair opening order of a sale's pre-queue, and its seed's commitment.
 //!
 //! Pure: the seed is passed in (the store draws it). The order is HMAC-SHA256(key = seed,
-//! message = the user id in decimal ASCII), ascending as unsigned big-endian bytes, so anyone
+//! message = the user id's characters as sent), ascending as unsigned big-endian bytes, so anyone
 //! holding the seed and the list of pre-queued users can recompute it.
 
 use hmac::{Hmac, Mac};

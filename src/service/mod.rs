@@ -6,10 +6,11 @@
 //!
 //! One file per job: this one holds the service and its answers; `queue.rs` the queue's
 //! enter/poll/leave; `flag.rs` the flag as this instance applies it, `gate.rs` the gate's
-//! decision and pacing, `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open bookkeeping, `local.rs`
-//! polls answered from this instance's copy of the mark, `tokens.rs` the tokens handed out
-//! here, `targets.rs` the declared targets, `outflow.rs` the gate's observations for the
-//! adaptive outflow, `pow.rs` the proof of work at entry.
+//! decision and pacing, `stats.rs` the cluster-wide figures, `degraded.rs` the fail-open
+//! bookkeeping, `local.rs` polls answered from this instance's copy of the mark, `tokens.rs`
+//! the tokens handed out here, `targets.rs` the declared targets, `outflow.rs` the gate's
+//! observations for the adaptive outflow and the record's purchase counts, and the adaptive
+//! batches this instance's pump decided (for the ETA), `pow.rs` the proof of work at entry.
 
 mod degraded;
 mod flag;

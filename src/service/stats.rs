@@ -49,8 +49,8 @@ pub struct QueueStats {
     /// The adaptive controller's last decision and why; absent before it made one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outflow_reason: Option<String>,
-    /// What the adaptive controller's last decision saw; absent before its first decision or
-    /// with a fixed outflow.
+    /// What the adaptive controller's last decision saw; absent before its first decision and
+    /// unless the outflow is adaptive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outflow_signals: Option<OutflowSignals>,
 }
@@ -125,7 +125,7 @@ impl QueueStats {
             outflow_reason: snap.outflow.as_ref().filter(|_| adaptive).map(|o| o.reason.clone()),
             outflow_signals: snap.outflow.as_ref().filter(|_| adaptive).map(|o| OutflowSignals {
                 purchases: o.purchases,
-                p95_ms: o.p95_ms.filter(|p| *p < u64::from(u32::MAX)),
+                p95_ms: o.p95_ms,
                 error_ratio: o.error_bp as f64 / 10_000.0,
                 no_show_ratio: o.no_show_bp.map(|bp| bp as f64 / 10_000.0),
                 decided_at: crate::domain::format_instant(o.decided_at_ms),
