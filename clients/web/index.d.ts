@@ -79,7 +79,8 @@ export interface ChallengeState {
  * raised meanwhile), answered it with a new challenge (POW_IGNORED: the X-Pow-* headers did not
  * reach vq), or the challenge expired before it was solved (POW_EXPIRED). The client gets a
  * fresh challenge and solves it, up to `maxAttempts` in a row; the last one ends the wait with
- * a QueueError of that code instead.
+ * a QueueError of that code instead. A challenge that cannot be solved (no string seed, bits
+ * outside 0–64) ends the wait at once with a QueueError BAD_CHALLENGE.
  */
 export interface PowRetryState {
   status: "POW_REFUSED" | "POW_IGNORED" | "POW_EXPIRED";
