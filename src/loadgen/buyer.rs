@@ -223,32 +223,38 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
     let abandon_after = (rng.unit() < ctx.opts.abandon).then(|| rng.next() % 3);
     let mut at = scheduled;
     let mut solution: Option<(String, String)> = None;
-    let body = loop {
+    // The answer's body, parsed once: the reply borrows from it.
+    let mut body;
+    let reply = loop {
         let proof = solution.as_ref().map(|(s, n)| (s.as_str(), n.as_str()));
         match ctx.send_with(Kind::Enter, "POST", &ctx.enter_path, user, None, proof, at).await {
-            Answer::Http(200, body) => match parse_reply(&body).and_then(|r| r.challenge) {
-                // Proof of work: solve off the runtime's threads (a browser solves in a
-                // worker), then enter again with the solution.
-                Some(c) if solution.is_none() => {
-                    let (seed, bits) = (c.seed.into_owned(), c.bits);
-                    let started = std::time::Instant::now();
-                    let solved = tokio::task::spawn_blocking(move || {
-                        let (nonce, tries) = crate::pow::solve(&seed, bits);
-                        (seed, nonce, tries)
-                    })
-                    .await;
-                    let Ok((seed, nonce, tries)) = solved else { return };
-                    ctx.rec.pow_solved.fetch_add(1, Ordering::Relaxed);
-                    ctx.rec.pow_hashes.fetch_add(tries, Ordering::Relaxed);
-                    if let Ok(mut h) = ctx.rec.pow_us.lock() {
-                        h.saturating_record(started.elapsed().as_micros().max(1) as u64);
+            Answer::Http(200, b) => {
+                body = b;
+                let Some(reply) = parse_reply(&body) else { return };
+                match &reply.challenge {
+                    // Proof of work: solve off the runtime's threads (a browser solves in a
+                    // worker), then enter again with the solution.
+                    Some(c) if solution.is_none() => {
+                        let (seed, bits) = (c.seed.to_string(), c.bits);
+                        let started = std::time::Instant::now();
+                        let solved = tokio::task::spawn_blocking(move || {
+                            let (nonce, tries) = crate::pow::solve(&seed, bits);
+                            (seed, nonce, tries)
+                        })
+                        .await;
+                        let Ok((seed, nonce, tries)) = solved else { return };
+                        ctx.rec.pow_solved.fetch_add(1, Ordering::Relaxed);
+                        ctx.rec.pow_hashes.fetch_add(tries, Ordering::Relaxed);
+                        if let Ok(mut h) = ctx.rec.pow_us.lock() {
+                            h.saturating_record(started.elapsed().as_micros().max(1) as u64);
+                        }
+                        solution = Some((seed, nonce));
+                        at = Instant::now();
                     }
-                    solution = Some((seed, nonce));
-                    at = Instant::now();
+                    Some(_) => return,
+                    None => break reply,
                 }
-                Some(_) => return,
-                None => break body,
-            },
+            }
             // A solution refused (the difficulty raised meanwhile): a new challenge.
             Answer::Http(403, _) if solution.is_some() && Instant::now() < ctx.deadline => {
                 solution = None;
@@ -270,7 +276,6 @@ pub(super) async fn simulate_user(ctx: Arc<Ctx>, idx: u64, scheduled: Instant) {
             _ => return,
         }
     };
-    let Some(reply) = parse_reply(&body) else { return };
     ctx.live.entered.fetch_add(1, Ordering::Relaxed);
     let entered_at = Instant::now();
     match reply.status.as_ref() {
