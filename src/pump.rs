@@ -154,21 +154,19 @@ impl Pump {
     /// The batch this tick admits for `target` (a per-target pin in Redis overrides it inside
     /// admit.lua): the operator's global runtime batch; else by the type's outflow (its own or
     /// `queue.outflow`): fixed, the type's configured batch; active, `max_active` minus the
-    /// active buyers; adaptive, the controller's (deciding the interval just ended if no pump
-    /// has yet). A failed claim skips the target this tick, so no
-    /// batch but the chosen one is ever admitted.
-    async fn batch_for(&self, target: QueueTarget, global: Option<u64>) -> Result<u64, StoreError> {
+    /// active buyers, which is `None` here: the lock's holder counts them (`admit_target`);
+    /// adaptive, the controller's (deciding the interval just ended if no pump has yet). A
+    /// failed claim skips the target this tick, so no batch but the chosen one is ever
+    /// admitted.
+    async fn batch_for(&self, target: QueueTarget, global: Option<u64>) -> Result<Option<u64>, StoreError> {
         let configured = self.settings.type_batch_size(target.kind);
         if let Some(g) = global {
-            return Ok(g);
+            return Ok(Some(g));
         }
         match self.settings.type_outflow(target.kind) {
-            Outflow::Fixed => return Ok(configured),
-            // A place per buyer who finished since: never more than max_active at once.
-            Outflow::Active => {
-                let active = self.store.active_buyers(target).await?;
-                return Ok(self.settings.type_max_active(target.kind).saturating_sub(active));
-            }
+            Outflow::Fixed => return Ok(Some(configured)),
+            // A place per buyer who finished since: counted in admit_target.
+            Outflow::Active => return Ok(None),
             Outflow::Adaptive => {}
         }
         let controller = self.settings.controller(target.kind);
@@ -210,7 +208,7 @@ impl Pump {
         if let Some(b) = &self.batches {
             b.set(target, batch);
         }
-        Ok(batch)
+        Ok(Some(batch))
     }
 
     /// The declared targets: the configured ones and those declared at runtime, of the
@@ -222,7 +220,9 @@ impl Pump {
         Ok(configured.with(runtime))
     }
 
-    async fn admit_target(&self, target: QueueTarget, batch: u64) -> Result<TargetTick, StoreError> {
+    /// Admits `target`'s batch, `None` in active-buyer mode: the room left under `max_active`,
+    /// counted once the lock is held (never by the instances that do not admit).
+    async fn admit_target(&self, target: QueueTarget, batch: Option<u64>) -> Result<TargetTick, StoreError> {
         let q = &self.settings.queue;
         let mut tick = TargetTick { target, locked: false, admit: None, evicted: 0, evict_calls: 0, forgotten: false };
         if self.store.forget_if_expired(target).await? {
@@ -233,6 +233,11 @@ impl Pump {
             return Ok(tick);
         }
         tick.locked = true;
+        let batch = match batch {
+            Some(b) => b,
+            // Never more than max_active at once.
+            None => self.settings.type_max_active(target.kind).saturating_sub(self.store.active_buyers(target).await?),
+        };
         let mut admit = self.store.admit_by(target, batch, q.tick_ms, &self.instance_id).await?;
         // A tick a sale held back may be its opening: write the order, then admit this tick.
         if !admit.advanced && self.open_sale(target).await? {
