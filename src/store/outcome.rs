@@ -243,6 +243,16 @@ pub struct TokensEnded {
     pub expired: u64,
 }
 
+impl TokensEnded {
+    /// The tokens that ended since the counters stood at `earlier` (the last decision's).
+    pub fn since(self, earlier: TokensEnded) -> TokensEnded {
+        TokensEnded {
+            used: self.used.saturating_sub(earlier.used),
+            expired: self.expired.saturating_sub(earlier.expired),
+        }
+    }
+}
+
 /// What [`super::OutflowOps::claim_outflow`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutflowClaim {

@@ -42,13 +42,9 @@ impl OutflowOps for MemoryStore {
         t.outflow_interval = Some(interval);
         let counters = TokensEnded { used: t.queue.tokens_used, expired: t.queue.tokens_expired };
         let (no_show_bp, ended) = match &t.outflow {
-            Some(o) => (
-                o.no_show_bp,
-                Some(TokensEnded {
-                    used: counters.used.saturating_sub(o.tokens_used),
-                    expired: counters.expired.saturating_sub(o.tokens_expired),
-                }),
-            ),
+            Some(o) => {
+                (o.no_show_bp, Some(counters.since(TokensEnded { used: o.tokens_used, expired: o.tokens_expired })))
+            }
             None => (None, None),
         };
         let seen = t.observations.get(&interval).cloned().unwrap_or_default();

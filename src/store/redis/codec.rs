@@ -1,11 +1,12 @@
-//! How the domain's records are stored in Redis, both ways: the ledger's rows, the sale's hash
-//! and the record's hash. The domain keeps the typed values ([`LedgerEntry`], [`SaleRecord`],
-//! [`TargetRecord`]); the Lua scripts write these forms (the prelude's `ledger_row`), this
-//! file is the one place that reads them.
+//! How the domain's records are stored in Redis, both ways: the ledger's rows, the sale's hash,
+//! the adaptive outflow's decision and the record's hash. The domain keeps the typed values
+//! ([`LedgerEntry`], [`SaleRecord`], [`OutflowState`], [`TargetRecord`]); the Lua scripts
+//! write these forms (the prelude's `ledger_row`), this file is the one place that reads them.
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::domain::{AnswerClass, LedgerEntry, SaleRecord, TargetRecord};
+use crate::store::OutflowState;
 
 /// Parses a ledger row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
 /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
@@ -82,6 +83,39 @@ pub(super) fn decode_sale(fields: &HashMap<String, String>) -> Option<SaleRecord
         prequeued: num("frozen"),
         opened_at_ms: num("opened_at"),
         resumed_at_ms: num("resumed_at"),
+    })
+}
+
+/// The adaptive outflow's decision (`queue:{T}:outflow`) as `outflow_set.lua` writes it: field
+/// and value pairs (an absent figure an empty value).
+pub(super) fn encode_outflow(s: &OutflowState) -> [(&'static str, String); 9] {
+    let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+    [
+        ("batch", s.batch.to_string()),
+        ("reason", s.reason.clone()),
+        ("at", s.decided_at_ms.to_string()),
+        ("used", s.tokens_used.to_string()),
+        ("expired", s.tokens_expired.to_string()),
+        ("no_show", opt(s.no_show_bp)),
+        ("purchases", s.purchases.to_string()),
+        ("p95", opt(s.p95_ms)),
+        ("error_bp", s.error_bp.to_string()),
+    ]
+}
+
+/// The adaptive outflow's decision from its hash; `None` before the first one.
+pub(super) fn decode_outflow(fields: &HashMap<String, String>) -> Option<OutflowState> {
+    let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+    Some(OutflowState {
+        batch: num("batch")?,
+        reason: fields.get("reason").cloned().unwrap_or_default(),
+        decided_at_ms: num("at").unwrap_or(0),
+        no_show_bp: num("no_show"),
+        tokens_used: num("used").unwrap_or(0),
+        tokens_expired: num("expired").unwrap_or(0),
+        purchases: num("purchases").unwrap_or(0),
+        p95_ms: num("p95"),
+        error_bp: num("error_bp").unwrap_or(0),
     })
 }
 
@@ -175,6 +209,24 @@ mod tests {
         );
         let row = encode_batch_row(9, Some(20), 14, "h", "down: x");
         assert!(matches!(decode_ledger_row(&row), Some(LedgerEntry::Batch { from: Some(20), to: 14, .. })));
+    }
+
+    #[test]
+    fn an_outflow_decision_round_trips() {
+        let s = OutflowState {
+            batch: 40,
+            reason: "down: errors 0.30 > 0.05".into(),
+            decided_at_ms: 9,
+            no_show_bp: None,
+            tokens_used: 3,
+            tokens_expired: 1,
+            purchases: 20,
+            p95_ms: Some(250),
+            error_bp: 3000,
+        };
+        let fields: HashMap<String, String> = encode_outflow(&s).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        assert_eq!(decode_outflow(&fields), Some(s));
+        assert_eq!(decode_outflow(&HashMap::new()), None);
     }
 
     #[test]

@@ -52,10 +52,7 @@ impl OutflowOps for RedisStore {
             Some("decide") if reply.len() >= 7 => {
                 let num = |i: usize| reply[i].parse::<u64>().ok();
                 let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
-                let ended = num(2).zip(num(3)).map(|(used, expired)| TokensEnded {
-                    used: counters.used.saturating_sub(used),
-                    expired: counters.expired.saturating_sub(expired),
-                });
+                let ended = num(2).zip(num(3)).map(|(used, expired)| counters.since(TokensEnded { used, expired }));
                 let no_show_bp = num(4);
                 let mut seen = Observations::default();
                 for pair in reply[7..].chunks(2) {
@@ -91,18 +88,7 @@ impl OutflowOps for RedisStore {
         });
         let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
         call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
-        let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
-        for (field, value) in [
-            ("batch", state.batch.to_string()),
-            ("reason", state.reason.clone()),
-            ("at", state.decided_at_ms.to_string()),
-            ("used", state.tokens_used.to_string()),
-            ("expired", state.tokens_expired.to_string()),
-            ("no_show", opt(state.no_show_bp)),
-            ("purchases", state.purchases.to_string()),
-            ("p95", opt(state.p95_ms)),
-            ("error_bp", state.error_bp.to_string()),
-        ] {
+        for (field, value) in codec::encode_outflow(state) {
             call.arg(field).arg(value);
         }
         let _: u64 = call.invoke_async(&mut self.conn()).await?;

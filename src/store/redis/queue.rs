@@ -15,8 +15,7 @@ use super::shared_calls::{Answer, Op};
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
 use crate::store::rules::ADMISSIONS_KEPT;
 use crate::store::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, LEDGER_MAX_ROWS, OutflowState, StatusOutcome, StoreError,
-    TargetSnapshot,
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, LEDGER_MAX_ROWS, StatusOutcome, StoreError, TargetSnapshot,
 };
 use crate::store::{QueueOps, TargetOps};
 
@@ -208,17 +207,7 @@ impl QueueOps for RedisStore {
             .flatten();
         let (sale, prequeued) = self.read_sale_and_prequeue(target).await?;
         let outflow: HashMap<String, String> = conn.hgetall(keys::of(target, "outflow")).await?;
-        let outflow = outflow.get("batch").and_then(|b| b.parse().ok()).map(|batch| OutflowState {
-            batch,
-            reason: outflow.get("reason").cloned().unwrap_or_default(),
-            decided_at_ms: outflow.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
-            no_show_bp: outflow.get("no_show").and_then(|n| n.parse().ok()),
-            tokens_used: outflow.get("used").and_then(|n| n.parse().ok()).unwrap_or(0),
-            tokens_expired: outflow.get("expired").and_then(|n| n.parse().ok()).unwrap_or(0),
-            purchases: outflow.get("purchases").and_then(|n| n.parse().ok()).unwrap_or(0),
-            p95_ms: outflow.get("p95").and_then(|n| n.parse().ok()),
-            error_bp: outflow.get("error_bp").and_then(|n| n.parse().ok()).unwrap_or(0),
-        });
+        let outflow = super::codec::decode_outflow(&outflow);
         Ok(TargetSnapshot {
             outflow,
             sale,
