@@ -2,6 +2,7 @@
 
 mod bounds;
 mod browser;
+mod budget;
 mod cli;
 mod cluster;
 mod conformance;

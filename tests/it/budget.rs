@@ -1,0 +1,363 @@
+//! The hot path's Redis budget: what each step of a buyer's life costs Redis, counted on a real
+//! `redis-server` (`CONFIG RESETSTAT`, then `INFO commandstats`), never timed.
+//!
+//! The budget lives in [`BUDGET`], one row per step. A change that adds Redis work to a step
+//! fails [`every_step_of_a_buyers_life_stays_within_the_redis_budget`] until that row is raised on
+//! purpose.
+//!
+//! What is counted: script calls (`EVALSHA`, `EVAL`, `FCALL` and their `_RO` forms) and Redis
+//! commands, those scripts run inside Redis (`INFO commandstats` counts them too) and those sent
+//! on their own, but not the script calls themselves and not `TIME`: the store's liveness probe
+//! sends `TIME` every 100 ms from a thread of its own, whatever the test does (a script reads
+//! Redis' clock once, with its call). The test drives `QueueService` and the pump directly (no
+//! HTTP server, so no flag refresh or background sync runs between the counts), one user at a
+//! time where a step is exact, and many users at once where coalescing shares calls (bounded
+//! from above there: how many users share a call depends on timing).
+
+use std::sync::Arc;
+
+use vq::config::Settings;
+use vq::domain::{AnswerClass, QueueTarget, UserId};
+use vq::pump::Pump;
+use vq::service::{ClaimMode, GatePass, QueueService, QueueStatus};
+use vq::store::prelude::*;
+
+use crate::support::{RedisServer, flag_on_before_start, open_store, secret, test_settings};
+
+/// One step of a buyer's life, and what one unit of it may cost Redis.
+struct Budget {
+    step: Step,
+    /// Script calls per unit, at most.
+    scripts: f64,
+    /// Redis commands per unit (inside scripts or not; see the module's doc), at most.
+    commands: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A new user's enter while nobody else enters (no coalescing): per user.
+    EnterAlone,
+    /// New users entering at once ([`CROWD`] of them; coalesced): per user.
+    EnterCrowd,
+    /// A waiting user's enter again: per user.
+    ReEnter,
+    /// A waiting user's poll answered from the instance's copy of the mark: per poll.
+    PollLocal,
+    /// A waiting user's poll that asks Redis (`status.lua`; near the front): per poll.
+    PollStatus,
+    /// The heartbeats of the polls answered locally (`view.lua`): per sync of
+    /// [`LOCAL_POLLS`] users' heartbeats.
+    Heartbeat,
+    /// A pump tick admitting one batch ([`BATCH`] users) of one target: per admitted user.
+    Admission,
+    /// The poll of an admitted user that issues their token: per user.
+    TokenIssue,
+    /// A purchase through the gate: claim, pacing, settling after a 2xx, the record's count.
+    Purchase,
+    /// A waiting user's leave: per user.
+    Leave,
+}
+
+/// The budget. Each row is what its step costs today, measured by the test below (it prints
+/// every step's figures). To raise a row: measure the change side by side against the build
+/// before (`scripts/bench.sh pair`, alternating runs, medians, steal time), put those figures in
+/// the commit message, and raise the row in the same commit. When a change makes a step
+/// cheaper, lower its row to what the test prints, so the budget keeps the gain.
+///
+/// With `queue.max_queues_per_user` on (the default, 10).
+const BUDGET: &[Budget] = &[
+    // user_hold.lua (4 commands), enter.lua alone (10).
+    Budget { step: Step::EnterAlone, scripts: 2.0, commands: 14.0 },
+    // user_hold.lua per user; enter.lua per call, shared by the users coalesced into it (about
+    // 100 per call here, at least 4 on any machine).
+    Budget { step: Step::EnterCrowd, scripts: 1.25, commands: 6.5 },
+    // user_hold.lua finds the target counted (ZSCORE, EXPIRE); enter.lua finds the user (5).
+    Budget { step: Step::ReEnter, scripts: 2.0, commands: 7.0 },
+    Budget { step: Step::PollLocal, scripts: 0.0, commands: 0.0 },
+    Budget { step: Step::PollStatus, scripts: 1.0, commands: 5.0 },
+    Budget { step: Step::Heartbeat, scripts: 1.0, commands: 5.0 },
+    // Per tick: the targets' sets, the lock, admit.lua, tokens_expire.lua and evict.lua (3
+    // script calls, about 50 commands), shared by the batch; a little room for the waits
+    // falling into more than one bucket.
+    Budget { step: Step::Admission, scripts: 0.06, commands: 1.1 },
+    // status.lua, issue.lua, the user's hold released (ZREM).
+    Budget { step: Step::TokenIssue, scripts: 2.0, commands: 16.0 },
+    // token_claim.lua, gate_pace.lua, the record's count (MULTI HINCRBY×2 EXPIRE EXEC), the
+    // claim confirmed.
+    Budget { step: Step::Purchase, scripts: 2.0, commands: 19.0 },
+    // leave.lua, the user's hold released (ZREM).
+    Budget { step: Step::Leave, scripts: 1.0, commands: 9.0 },
+];
+
+/// New users entering at once in [`Step::EnterCrowd`].
+const CROWD: u64 = 200;
+/// The batch a tick admits.
+const BATCH: u64 = 50;
+/// Polls answered locally before one heartbeat sync.
+const LOCAL_POLLS: u64 = 40;
+
+fn target() -> QueueTarget {
+    "limited-drop:1".parse().expect("target")
+}
+
+/// Script calls and other commands Redis ran since the last `CONFIG RESETSTAT`.
+#[derive(Debug, Default)]
+struct Usage {
+    scripts: u64,
+    commands: u64,
+    /// Every command counted, by name (printed, for whoever changes a row).
+    by_name: Vec<(String, u64)>,
+}
+
+async fn reset(redis: &RedisServer) {
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.expect("config resetstat");
+}
+
+async fn usage(redis: &RedisServer) -> Usage {
+    let mut c = redis.conn().await;
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.expect("info commandstats");
+    let mut u = Usage::default();
+    for line in info.lines() {
+        let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':')) else { continue };
+        let calls: u64 = rest
+            .strip_prefix("calls=")
+            .and_then(|r| r.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .expect("calls= in a commandstats line");
+        match name {
+            "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "fcall" | "fcall_ro" => u.scripts += calls,
+            // The liveness probe's (see the module's doc) and the test's own.
+            "time" | "info" => {}
+            n if n.starts_with("config|") => {}
+            _ => u.commands += calls,
+        }
+        u.by_name.push((name.to_owned(), calls));
+    }
+    u
+}
+
+/// What one step cost, per unit.
+struct Measured {
+    step: Step,
+    scripts: f64,
+    commands: f64,
+    by_name: String,
+}
+
+impl Measured {
+    fn of(step: Step, usage: Usage, units: u64) -> Self {
+        let per = |n: u64| n as f64 / units as f64;
+        let by_name = usage.by_name.iter().map(|(n, c)| format!("{n} {:.2}", per(*c))).collect::<Vec<_>>().join(", ");
+        Self { step, scripts: per(usage.scripts), commands: per(usage.commands), by_name }
+    }
+}
+
+fn settings(redis: &RedisServer) -> Settings {
+    let mut s = test_settings(Some(redis));
+    // Long ticks: the instance's copy of the mark stays fresh through the test (no background
+    // sync runs here), and one admission per target fits in one tick.
+    s.queue.tick_ms = 10_000;
+    s.queue.batch_size = BATCH;
+    s
+}
+
+fn user(name: &str) -> UserId {
+    name.parse().expect("user id")
+}
+
+async fn waiting_seq(service: &QueueService, u: &UserId) -> u64 {
+    match service.enter(target(), u).await {
+        Ok(QueueStatus::Waiting { position, .. }) => position,
+        other => panic!("{u}: {other:?}"),
+    }
+}
+
+async fn admitted_token(service: &QueueService, u: &UserId) -> String {
+    match service.status(target(), u).await {
+        Ok(QueueStatus::Admitted(token)) => token.raw,
+        other => panic!("{u}: {other:?}"),
+    }
+}
+
+/// Polls answered from the instance's copy must not reach Redis.
+async fn local_poll(service: &QueueService, u: &UserId) {
+    match service.status(target(), u).await {
+        Ok(QueueStatus::Waiting { .. }) => {}
+        other => panic!("{u}: {other:?}"),
+    }
+}
+
+/// A purchase as the gate makes it (`http/gate.rs`): claim, pace, forward (a 2xx here), count
+/// it in the record, settle the claim.
+async fn purchase(service: &QueueService, u: &UserId, token: &str) {
+    let claim = match service.gate_check(target(), Some(u.clone()), Some(token), ClaimMode::Claim).await {
+        Ok(GatePass::Verified { claim: Some(claim) }) => claim,
+        other => panic!("{u}: {other:?}"),
+    };
+    assert_eq!(service.pace_purchase(target()).await, vq::service::Pace::Now, "{u}");
+    service
+        .store
+        .record_purchase(target(), service.purchase_tick(), AnswerClass::of_status(200))
+        .await
+        .expect("record");
+    service.settle_claim(claim, true).await;
+}
+
+/// A buyer's whole life on another target, so every script is loaded and every connection
+/// open before anything is counted (a first call's NOSCRIPT and connection set-up are no
+/// step's cost).
+async fn warm_up(redis: &RedisServer, service: &QueueService, pump: &Pump) {
+    let t: QueueTarget = "limited-drop:2".parse().expect("target");
+    let (a, b) = (user("warm-a"), user("warm-b"));
+    for u in [&a, &b] {
+        assert!(matches!(service.enter(t, u).await, Ok(QueueStatus::Waiting { .. })));
+    }
+    pump.tick().await.expect("warm-up tick");
+    let token = match service.status(t, &a).await {
+        Ok(QueueStatus::Admitted(token)) => token.raw,
+        other => panic!("{other:?}"),
+    };
+    let claim = match service.gate_check(t, Some(a.clone()), Some(&token), ClaimMode::Claim).await {
+        Ok(GatePass::Verified { claim: Some(claim) }) => claim,
+        other => panic!("{other:?}"),
+    };
+    service.pace_purchase(t).await;
+    service.store.record_purchase(t, service.purchase_tick(), AnswerClass::of_status(200)).await.expect("record");
+    service.settle_claim(claim, true).await;
+    service.sync_local_views().await;
+    service.leave(t, &b).await;
+    // The pump walks only the measured target from now on.
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("SREM").arg("queue:active").arg(t.to_string()).query_async(&mut c).await.expect("srem");
+}
+
+#[tokio::test]
+async fn every_step_of_a_buyers_life_stays_within_the_redis_budget() {
+    let redis = RedisServer::spawn();
+    flag_on_before_start(&redis).await;
+    let settings = Arc::new(settings(&redis));
+    let store = open_store(&settings);
+    let service = QueueService::new(store.clone(), secret(), settings.clone());
+    service.refresh_flag().await.expect("flag");
+    let pump = Pump::new(store, settings.clone(), "budget".into());
+    warm_up(&redis, &service, &pump).await;
+    // The first enter of a target also registers it (once per instance and minute): not an
+    // enter's cost.
+    let first = user("first");
+    waiting_seq(&service, &first).await;
+
+    let mut measured = Vec::new();
+    let mut seq_of: Vec<(UserId, u64)> = vec![(first, 1)];
+
+    // New users, one at a time.
+    reset(&redis).await;
+    let alone: Vec<UserId> = (1..=5).map(|i| user(&format!("alone-{i}"))).collect();
+    for u in &alone {
+        let seq = waiting_seq(&service, u).await;
+        seq_of.push((u.clone(), seq));
+    }
+    measured.push(Measured::of(Step::EnterAlone, usage(&redis).await, alone.len() as u64));
+
+    // New users, all at once.
+    let service = Arc::new(service);
+    reset(&redis).await;
+    let tasks: Vec<_> = (1..=CROWD)
+        .map(|i| {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let u = user(&format!("crowd-{i}"));
+                let seq = waiting_seq(&service, &u).await;
+                (u, seq)
+            })
+        })
+        .collect();
+    for task in tasks {
+        seq_of.push(task.await.expect("enter task"));
+    }
+    measured.push(Measured::of(Step::EnterCrowd, usage(&redis).await, CROWD));
+    seq_of.sort_by_key(|(_, seq)| *seq);
+    let seqs: Vec<u64> = seq_of.iter().map(|(_, s)| *s).collect();
+    assert_eq!(seqs, (1..=seq_of.len() as u64).collect::<Vec<_>>(), "one seq each, without gaps");
+    let by_seq = |range: std::ops::RangeInclusive<u64>| -> Vec<UserId> {
+        seq_of.iter().filter(|(_, s)| range.contains(s)).map(|(u, _)| u.clone()).collect()
+    };
+    // Users past two batches of the mark (0) are answered from the copy; those within ask Redis.
+    let (admitted, near, far) = (by_seq(2..=21), by_seq(BATCH + 1..=BATCH + 20), by_seq(2 * BATCH + 1..=200));
+
+    // Enter again.
+    reset(&redis).await;
+    for u in &near {
+        waiting_seq(&service, u).await;
+    }
+    measured.push(Measured::of(Step::ReEnter, usage(&redis).await, near.len() as u64));
+
+    // Polls near the front: status.lua.
+    reset(&redis).await;
+    for u in &near {
+        match service.status(target(), u).await {
+            Ok(QueueStatus::Waiting { .. }) => {}
+            other => panic!("{u}: {other:?}"),
+        }
+    }
+    measured.push(Measured::of(Step::PollStatus, usage(&redis).await, near.len() as u64));
+
+    // Polls far back: the copy (after one sync, which gives the instance its first copy).
+    service.sync_local_views().await;
+    let far = &far[..LOCAL_POLLS as usize];
+    reset(&redis).await;
+    for u in far {
+        local_poll(&service, u).await;
+    }
+    measured.push(Measured::of(Step::PollLocal, usage(&redis).await, LOCAL_POLLS));
+    reset(&redis).await;
+    service.sync_local_views().await;
+    measured.push(Measured::of(Step::Heartbeat, usage(&redis).await, 1));
+
+    // One tick admits the first batch.
+    reset(&redis).await;
+    let ticked = pump.tick().await.expect("tick");
+    let admit = ticked[0].as_ref().expect("target tick").admit.expect("admitted");
+    assert_eq!((admit.advanced, admit.admitted), (true, BATCH), "{ticked:?}");
+    measured.push(Measured::of(Step::Admission, usage(&redis).await, BATCH));
+
+    // Admitted users' polls issue their tokens.
+    let mut tokens = Vec::new();
+    reset(&redis).await;
+    for u in &admitted {
+        tokens.push(admitted_token(&service, u).await);
+    }
+    measured.push(Measured::of(Step::TokenIssue, usage(&redis).await, admitted.len() as u64));
+
+    // Their purchases through the gate.
+    reset(&redis).await;
+    for (u, token) in admitted.iter().zip(&tokens) {
+        purchase(&service, u, token).await;
+    }
+    measured.push(Measured::of(Step::Purchase, usage(&redis).await, admitted.len() as u64));
+
+    // Waiting users leave.
+    let leaving = &far[..10];
+    reset(&redis).await;
+    for u in leaving {
+        service.leave(target(), u).await;
+    }
+    measured.push(Measured::of(Step::Leave, usage(&redis).await, leaving.len() as u64));
+
+    let mut over = Vec::new();
+    for m in &measured {
+        let b = BUDGET.iter().find(|b| b.step == m.step).expect("every step has a budget row");
+        eprintln!(
+            "budget {:?}: {:.2} script calls (budget {}), {:.2} commands (budget {}); per unit: {}",
+            m.step, m.scripts, b.scripts, m.commands, b.commands, m.by_name
+        );
+        // A hundredth of slack for the crowd's averages.
+        if m.scripts > b.scripts + 0.005 || m.commands > b.commands + 0.005 {
+            over.push(format!(
+                "{:?}: {:.2} script calls, {:.2} commands per unit (budget {}, {})",
+                m.step, m.scripts, m.commands, b.scripts, b.commands
+            ));
+        }
+    }
+    assert!(over.is_empty(), "over the hot path's Redis budget (tests/it/budget.rs, BUDGET): {over:#?}");
+}
