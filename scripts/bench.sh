@@ -55,7 +55,8 @@
 #   [PAIRS=3] [SECS=4] scripts/bench.sh pair 'A-SPEC' 'B-SPEC'
 #       two vq builds or settings where single runs cannot tell them apart: A and B side by
 #       side on one fresh redis-server, taking turns (A B B A …) in short wrk runs, enters
-#       first, then polls of the users they entered (entry order). A spec is
+#       first (new users in every run: ids of the run's own), then polls of the users they
+#       entered (entry order). A spec is
 #       `[NAME=VALUE ...]|BINARY`: settings for that vq and its binary, e.g.
 #         scripts/bench.sh pair '|target/release/vq' 'VQ_THREADS=1|target/release/vq'
 #         scripts/bench.sh pair '|/tmp/vq-before' '|target/release/vq'
@@ -392,7 +393,8 @@ wrk_scenario() {
     measured "HTTP floor (no Redis)" "$bpid" "$bport" "" "" -s scripts/wrk/floor.lua
     measured calibration "$bpid" "$bport" "" "" -s scripts/wrk/base.lua
     base=$LAST_RPS
-    wrk_args=(2 "$round")
+    # New users every run: ids of their own (a user id is one buyer across targets).
+    wrk_args=(2 "$round" "w$round-")
     measured "calibration, enter requests" "$bpid" "$bport" "" "" -s scripts/wrk/enter.lua
     same=$LAST_RPS
     measured enter "$vpid" "$vport" "$base" "$same" -s scripts/wrk/enter.lua
@@ -429,11 +431,11 @@ pair_scenario() {
     vpid[i]=$SPAWNED
     wait_http "http://127.0.0.1:${port[i]}/healthz" 20 "${vpid[i]}" || die "vq $i did not start: $(tail -5 "$WORK/vq$i.log")"
   done
-  run_one() { # side kind -> "req/s redis-us vq-us"
-    local i=$1 kind=$2 target=$(($1 + 1)) r0 v0 n
+  run_one() { # side kind run -> "req/s redis-us vq-us"
+    local i=$1 kind=$2 run=$3 target=$(($1 + 1)) r0 v0 n
     r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "${vpid[i]}")
     if [ "$kind" = enter ]; then
-      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" >"$WORK/pair.out"
+      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" "r$run-" >"$WORK/pair.out"
     else
       wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/poll.lua "http://127.0.0.1:${port[i]}" -- "$WORK/users$i.txt" "$target" 2 >"$WORK/pair.out"
     fi
@@ -441,15 +443,17 @@ pair_scenario() {
     echo "$(awk '/Requests\/sec/ {printf "%.0f", $2}' "$WORK/pair.out") $(per_req $(($(ticks_of "$REDIS_PID") - r0)) t "$n") $(per_req $(($(ticks_of "${vpid[i]}") - v0)) t "$n")"
   }
   : >"$WORK/res"
-  local kind a b machine_now
+  local kind a b machine_now run=0
   window_start
   for kind in enter poll; do
     if [ "$kind" = poll ]; then
       for i in 0 1; do redis-cli -p "$REDIS_PORT" --raw zrange "queue:{LIMITED_DROP:$((i + 1))}:waiting" 0 -1 >"$WORK/users$i.txt"; done
     fi
+    # Every enter run enters new users (ids r<run>-…): a user entering again is another step.
     for _ in $(seq "$pairs"); do
-      a=$(run_one 0 "$kind"); b=$(run_one 1 "$kind"); echo "$kind $a $b" >>"$WORK/res"
-      b=$(run_one 1 "$kind"); a=$(run_one 0 "$kind"); echo "$kind $a $b" >>"$WORK/res"
+      run=$((run + 4))
+      a=$(run_one 0 "$kind" $((run - 3))); b=$(run_one 1 "$kind" $((run - 2))); echo "$kind $a $b" >>"$WORK/res"
+      b=$(run_one 1 "$kind" $((run - 1))); a=$(run_one 0 "$kind" "$run"); echo "$kind $a $b" >>"$WORK/res"
     done
   done
   machine_now=$(window_end)

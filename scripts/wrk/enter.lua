@@ -1,5 +1,8 @@
--- wrk script: every request enters a new user (ids from 1, spread over wrk threads).
--- Arguments: stride (the number of wrk threads), target id (default 1) of limited-drop.
+-- wrk script: every request enters a new user (ids PREFIX1, PREFIX2, ..., spread over wrk
+-- threads). Arguments: stride (the number of wrk threads), target id (default 1) of
+-- limited-drop, the ids' prefix (default none). A user id holds its place across runs and
+-- targets (and counts against queue.max_queues_per_user in all of them): a run that must enter
+-- new users gives a prefix no earlier run used, as scripts/bench.sh does.
 -- A request is one string concatenation (wrk.format per request costs the client more than
 -- vq's handler; the calibration run has no script at all).
 local threads = {}
@@ -10,7 +13,7 @@ end
 function init(args)
   stride = tonumber(args[1] or "2")
   head = "POST /virtual-queues/limited-drop/" .. (args[2] or "1") .. "/entries HTTP/1.1\r\nHost: " .. wrk.host .. ":" .. wrk.port
-    .. "\r\nContent-Length: 0\r\nX-User-Id: "
+    .. "\r\nContent-Length: 0\r\nX-User-Id: " .. (args[3] or "")
   counter = 0
 end
 function request()
