@@ -1,31 +1,132 @@
--- user_hold.lua: counts a target among the queues a user holds a place in, unless they hold
--- `max` already (queue.max_queues_per_user). A target already counted stays counted.
+-- user_hold.lua: counts targets among the queues users hold a place in, unless a user holds
+-- `max` already (queue.max_queues_per_user), and drops targets from them: the entries of every
+-- user of one bucket gathered while earlier calls were in flight, in one call (vq coalesces
+-- them as it does enters; `store/redis/holds.rs`). A target already counted stays counted.
 --
 -- vq sends this script with lua/prelude.lua in front (Redis' clock, now_ms).
 --
--- One key per user, in the user's own slot: a target's scripts cannot reach it, so the count
--- is kept here and checked against the targets only when it reaches its limit: vq asks each
--- target counted long enough ago for its enter to have run whether the user still holds a
--- place there, and drops the ones they left, were admitted from or evicted from.
+-- A target's scripts cannot reach what a user holds in other targets, so the count is kept
+-- here, in HASHes shared by the users of a bucket (one bucket on a single server; a fixed
+-- number on a cluster, each in its own slot): one field per user, no key of their own. The
+-- count is checked against the targets only when it reaches its limit: vq asks each target
+-- counted long enough ago for its enter to have run whether the user still holds a place
+-- there, and drops the ones they left, were admitted from or evicted from.
 --
--- KEYS[1] queue:user:{<user>}:queues  ZSET target (e.g. LIMITED_DROP:42) -> ms it was counted
--- ARGV[1] the target
--- ARGV[2] max: queues a user may hold at once
--- ARGV[3] the key's lifetime, seconds
--- returns {} when the target is counted (now or before), else {target, ms since counted, ...}
--- for every target counted
+-- The HASHes come in generations of ARGV[2] ms of Redis' clock: a user's field is written into
+-- the current one (moved there from the previous one when found there) and a generation expires
+-- at the end of the next one, so a user nobody counts or drops for a whole generation is
+-- forgotten with it, as a key of their own would expire.
+--
+-- KEYS[1] queue:holds:{h<b>}:<g-1>  HASH user -> "TARGET=ms TARGET=ms ..." (ms it was counted)
+-- KEYS[2] queue:holds:{h<b>}:<g>    the generation vq takes for Redis' current one
+-- KEYS[3] queue:holds:{h<b>}:<g+1>
+-- ARGV[1] g, the generation of KEYS[2]
+-- ARGV[2] a generation's length, ms
+-- ARGV[2+2i-1] entry i's user
+-- ARGV[2+2i]   entry i's target, then "=" and max to count it (e.g. LIMITED_DROP:42=10), or the
+--              target alone to drop it
+-- returns, per entry in order: n, then n pairs (target, ms since counted): n = 0 when the target
+-- is counted (now or before) or dropped, else every target the user holds, none counted
 local now = now_ms()
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-  return {}
-end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
-  local held = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-  for i = 2, #held, 2 do
-    held[i] = math.max(0, now - tonumber(held[i]))
+local g, len = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- Redis' generation among the three (vq's clock is corrected by the offset it measures).
+local cur = math.min(3, math.max(1, math.floor(now / len) - g + 2))
+
+local users, at = {}, {}
+for i = 3, #ARGV, 2 do
+  if not at[ARGV[i]] then
+    users[#users + 1] = ARGV[i]
+    at[ARGV[i]] = true
   end
-  return held
 end
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {}
+
+-- Each user's targets (in counted order) and where they were found.
+local held, moved = {}, {}
+local function parse(v)
+  local list = {}
+  for t, ms in string.gmatch(v, '([^ =]+)=(%d+)') do
+    list[#list + 1] = {t, tonumber(ms)}
+  end
+  return list
+end
+local found = redis.call('HMGET', KEYS[cur], unpack(users))
+local missing = {}
+for i, u in ipairs(users) do
+  if found[i] then
+    held[u] = parse(found[i])
+  else
+    held[u] = {}
+    missing[#missing + 1] = u
+  end
+end
+-- The previous generation, for those the current one does not have.
+if cur > 1 and #missing > 0 then
+  local older = redis.call('HMGET', KEYS[cur - 1], unpack(missing))
+  for i, u in ipairs(missing) do
+    if older[i] then
+      held[u] = parse(older[i])
+      moved[u] = true
+    end
+  end
+end
+
+local dirty, out = {}, {}
+for i = 3, #ARGV, 2 do
+  local u = ARGV[i]
+  local target, max = string.match(ARGV[i + 1], '^([^=]+)=(%d+)$')
+  local list = held[u]
+  local pos
+  for k, e in ipairs(list) do
+    if e[1] == (target or ARGV[i + 1]) then pos = k end
+  end
+  if not target then
+    if pos then
+      table.remove(list, pos)
+      dirty[u] = true
+    end
+    out[#out + 1] = 0
+  elseif pos then
+    out[#out + 1] = 0
+  elseif #list >= tonumber(max) then
+    out[#out + 1] = #list
+    for _, e in ipairs(list) do
+      out[#out + 1] = e[1]
+      out[#out + 1] = math.max(0, now - e[2])
+    end
+  else
+    list[#list + 1] = {target, now}
+    dirty[u] = true
+    out[#out + 1] = 0
+  end
+end
+
+local set, gone, from = {}, {}, {}
+for _, u in ipairs(users) do
+  if dirty[u] or moved[u] then
+    if #held[u] > 0 then
+      local parts = {}
+      for k, e in ipairs(held[u]) do
+        parts[k] = e[1] .. '=' .. e[2]
+      end
+      set[#set + 1] = u
+      set[#set + 1] = table.concat(parts, ' ')
+    elseif not moved[u] then
+      gone[#gone + 1] = u
+    end
+    if moved[u] then
+      from[#from + 1] = u
+    end
+  end
+end
+if #set > 0 then
+  redis.call('HSET', KEYS[cur], unpack(set))
+  -- Kept through the next generation, where it is read as the previous one.
+  redis.call('PEXPIREAT', KEYS[cur], (g + cur) * len)
+end
+if #gone > 0 then
+  redis.call('HDEL', KEYS[cur], unpack(gone))
+end
+if #from > 0 then
+  redis.call('HDEL', KEYS[cur - 1], unpack(from))
+end
+return out

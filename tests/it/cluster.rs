@@ -1,6 +1,7 @@
 //! Redis Cluster mode against a real 3-primary cluster on loopback: targets whose slots live
 //! on different nodes are entered, admitted one batch per tick, polled and gated; scripts are
-//! reloaded on whichever node lost them; `vq flag off` is confirmed through the cluster.
+//! reloaded on whichever node lost them; `vq flag off` is confirmed through the cluster; the
+//! per-user count of queues spreads over the nodes and holds its limit.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -68,8 +69,8 @@ async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_g
     let app = spawn_app(s, true).await;
     cluster_flag_on(&cluster).await;
 
-    // Users named as shops name them: integers, UUIDs, strings (each id is a Redis key of its
-    // own for the per-user queue count, and a member in the target's slot).
+    // Users named as shops name them: integers, UUIDs, strings (each id is a field in one of
+    // the per-user queue count's buckets, and a member in the target's slot).
     let id = |u: u64| match u % 3 {
         0 => u.to_string(),
         1 => format!("3f2a9c1e-7b4d-4c1e-9a8f-{u:012}"),
@@ -235,4 +236,40 @@ async fn vq_stats_on_a_cluster_names_its_nodes_not_the_unused_url() {
     let nodes: Vec<String> = cluster.nodes().split(',').map(str::to_owned).collect();
     assert_eq!(v["redis"]["clusterNodes"], serde_json::json!(nodes));
     assert!(v["redis"].get("url").is_none(), "{v}");
+}
+
+/// The per-user count of queues (`queue.max_queues_per_user`) on a cluster: its buckets live on
+/// every primary, and 300 users each racing into three targets at once (their counts gathered
+/// into shared calls per bucket) are each counted in exactly the limit's two; a drop frees one.
+#[tokio::test]
+async fn users_counts_of_queues_spread_over_the_nodes_and_keep_the_limit() {
+    let cluster = RedisCluster::spawn();
+    let mut s = cluster_settings(&cluster);
+    s.redis.timeout_ms = 5000;
+    let store = open_store(&s);
+    let tt = |id: u64| QueueTarget::new("LIMITED_DROP:1".parse::<QueueTarget>().unwrap().kind, id);
+    let mut tasks = tokio::task::JoinSet::new();
+    for u in 1..=300u64 {
+        for id in 1..=3 {
+            let store = store.clone();
+            tasks.spawn(async move { (u, store.hold_queue(UserId::from(u), tt(id), 2).await.unwrap().is_empty()) });
+        }
+    }
+    let mut counted: BTreeMap<u64, u32> = BTreeMap::new();
+    while let Some(r) = tasks.join_next().await {
+        let (u, ok) = r.unwrap();
+        *counted.entry(u).or_default() += u32::from(ok);
+    }
+    assert!(counted.values().all(|n| *n == 2), "each user counted in exactly two: {counted:?}");
+    store.release_queues(UserId::from(7), &[tt(1), tt(2), tt(3)]).await.unwrap();
+    assert!(store.hold_queue(UserId::from(7), tt(4), 2).await.unwrap().is_empty(), "dropped: a place is free");
+
+    let mut c = cluster.conn().await;
+    let mut nodes = HashSet::new();
+    for b in 0..16 {
+        let keys: Vec<String> = c.keys(format!("queue:holds:{{h{b}}}:*")).await.unwrap();
+        assert!(!keys.is_empty(), "bucket {b} holds users");
+        nodes.insert(cluster.node_of(&keys[0]).await);
+    }
+    assert_eq!(nodes.len(), 3, "the buckets spread over the three primaries");
 }

@@ -20,6 +20,12 @@ pub(super) enum Conn {
     Cluster(Arc<LazyCluster>),
 }
 
+impl Conn {
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}
+
 pub(super) struct LazyCluster {
     pub(super) client: ClusterClient,
     /// Set once the slot map was read; the connection then follows the cluster by itself.

@@ -35,10 +35,11 @@ pub fn used_token(value: &str) -> Option<&str> {
 pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:used:{user}")
 }
-/// ZSET of the targets a user holds a place in (`queue.max_queues_per_user`) -> ms counted, in the user's
-/// own slot.
-pub fn user_queues(user: &UserId) -> String {
-    format!("queue:user:{{{user}}}:queues")
+/// HASH user -> the targets they hold a place in (`queue.max_queues_per_user`) with the ms each
+/// was counted, "TARGET=ms TARGET=ms": the users of one bucket, one generation
+/// (`lua/user_hold.lua`); a bucket's generations share a slot.
+pub fn user_holds(bucket: u32, generation: u64) -> String {
+    format!("queue:holds:{{h{bucket}}}:{generation}")
 }
 pub fn admission_lock(target: QueueTarget) -> String {
     format!("queue:admission:{{{target}}}")

@@ -19,7 +19,8 @@
 //! `flag_ack.rs` the stored forms of ledger rows, hashes and acknowledgements, `error.rs` what a
 //! Redis error means to the service, `conn.rs` the connection (one server or cluster),
 //! `shared_calls.rs` the shared enter/poll script calls and their per-user answers, `fence.rs`
-//! the counters seen against lost writes, `view.rs` an instance's copy of a target, `pulse.rs`
+//! the counters seen against lost writes, `holds.rs` the shared calls that count the queues each
+//! user holds, `view.rs` an instance's copy of a target, `pulse.rs`
 //! the liveness probe.
 
 mod codec;
@@ -29,6 +30,7 @@ mod fence;
 mod flag;
 mod flag_ack;
 mod gate;
+mod holds;
 pub mod keys;
 mod outflow;
 mod pulse;
@@ -68,6 +70,9 @@ pub struct RedisStore {
     /// What this instance has seen of each target's counters, sent with the scripts so that a
     /// failover that lost writes never takes them back (`fence.rs`).
     fences: Arc<Fences>,
+    /// The queues each user holds (`queue.max_queues_per_user`), counted in shared calls per
+    /// bucket of users (`holds.rs`); started at first use, on the runtime of the caller.
+    holds: holds::HoldLanes,
 }
 
 impl RedisStore {
@@ -85,7 +90,7 @@ impl RedisStore {
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         let pulse = Arc::new(Pulse::start(&[url.to_owned()], false)?);
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
-        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse, fences })
+        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse, fences, holds: Arc::default() })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -102,7 +107,14 @@ impl RedisStore {
         let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
         let pulse = Arc::new(Pulse::start(nodes, true)?);
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
-        Ok(Self { conn: Conn::Cluster(Arc::new(lazy)), limits, lanes: Arc::default(), pulse, fences })
+        Ok(Self {
+            conn: Conn::Cluster(Arc::new(lazy)),
+            limits,
+            lanes: Arc::default(),
+            pulse,
+            fences,
+            holds: Arc::default(),
+        })
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its

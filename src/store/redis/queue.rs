@@ -7,10 +7,9 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 
 use super::RedisStore;
+use super::holds::HoldOp;
 use super::keys;
-use super::scripts::{
-    ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, USER_HOLD, WAIT_BUCKET_EDGES, num, on_target,
-};
+use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, WAIT_BUCKET_EDGES, num, on_target};
 use super::shared_calls::{Answer, Op};
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
 use crate::store::rules::ADMISSIONS_KEPT;
@@ -84,23 +83,16 @@ impl QueueOps for RedisStore {
         target: QueueTarget,
         max: u64,
     ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
-        let held: Vec<(String, u64)> = USER_HOLD
-            .key(keys::user_queues(&user))
-            .arg(target.to_string())
-            .arg(max)
-            .arg(self.limits.key_ttl_s)
-            .invoke_async(&mut self.conn())
-            .await?;
-        // A member that no longer parses counts for nothing.
-        Ok(held.into_iter().filter_map(|(t, age)| Some((t.parse().ok()?, age))).collect())
+        self.hold_call(user, target, HoldOp::Count { max }).await
     }
 
     async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {
         if targets.is_empty() {
             return Ok(());
         }
-        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
-        let _: u64 = self.conn().zrem(keys::user_queues(&user), names).await?;
+        for t in targets {
+            self.hold_call(user.clone(), *t, HoldOp::Drop).await?;
+        }
         Ok(())
     }
 

@@ -119,3 +119,28 @@ async fn a_user_whose_token_expired_enters_again_at_the_back() {
     )
     .await;
 }
+
+/// A user's count of queues (`queue.max_queues_per_user`) is forgotten when nobody counts or
+/// drops a target of theirs for long enough (at most two key TTLs: Redis keeps the counts in
+/// generations of one), as a key of their own would expire; another user's count is kept by
+/// their own holds meanwhile.
+#[tokio::test]
+async fn a_users_count_of_queues_is_forgotten_after_the_key_ttl_without_a_hold() {
+    with_both_configured(short_key_ttl, async |s, time| {
+        let tt = |id: u64| QueueTarget::new(t().kind, id);
+        let (u, busy) = (UserId::from(7), UserId::from(8));
+        for id in [1, 2] {
+            assert!(s.hold_queue(u.clone(), tt(id), 2).await.unwrap().is_empty());
+            assert!(s.hold_queue(busy.clone(), tt(id), 2).await.unwrap().is_empty());
+        }
+        assert_eq!(s.hold_queue(u.clone(), tt(3), 2).await.unwrap().len(), 2, "at the limit");
+        // Two and a half key TTLs, the other user holding again every quarter of one.
+        for _ in 0..10 {
+            time.pass(250).await;
+            assert!(s.hold_queue(busy.clone(), tt(1), 2).await.unwrap().is_empty());
+        }
+        assert!(s.hold_queue(u.clone(), tt(3), 2).await.unwrap().is_empty(), "forgotten: a place is free");
+        assert_eq!(s.hold_queue(busy.clone(), tt(3), 2).await.unwrap().len(), 2, "kept by its holds");
+    })
+    .await;
+}

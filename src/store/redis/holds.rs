@@ -1,0 +1,160 @@
+//! The queues each user holds a place in (`queue.max_queues_per_user`), counted and dropped in
+//! shared calls: the users' entries are gathered per bucket while earlier calls are in flight
+//! (`store::coalesce`, as enters are) and go to Redis as one `user_hold.lua` call, which handles
+//! them one after the other, each as if alone.
+//!
+//! A bucket is one set of HASHes (`keys::user_holds`, one field per user, in generations): one
+//! bucket on a single server, so a coalesced enter's users share one call; [`CLUSTER_BUCKETS`]
+//! on a cluster, each in a slot of its own, so the users spread over the nodes and one call
+//! carries the users of one bucket.
+
+use std::sync::Arc;
+
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::conn::Conn;
+use super::scripts::{USER_HOLD, eval_hot};
+use super::{RedisStore, keys};
+use crate::domain::{QueueTarget, UserId};
+use crate::store::StoreError;
+use crate::store::coalesce::Coalescer;
+
+/// Buckets of users on a Redis Cluster: enough to spread over the primaries of any cluster
+/// this runs on, few enough that a coalesced enter's users share calls.
+pub(super) const CLUSTER_BUCKETS: u32 = 16;
+
+/// What an entry asks of the user's count.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum HoldOp {
+    /// Count the target unless the user holds this many already.
+    Count {
+        max: u64,
+    },
+    Drop,
+}
+
+/// One user's entry, waiting for its answer: the targets the user holds when the count was
+/// refused (with ms since each was counted), none otherwise.
+pub(super) struct HoldJob {
+    user: UserId,
+    target: QueueTarget,
+    op: HoldOp,
+    reply: oneshot::Sender<Result<Vec<(QueueTarget, u64)>, StoreError>>,
+}
+
+/// Held targets per entry.
+type Held = Vec<(QueueTarget, u64)>;
+
+impl RedisStore {
+    /// One user's entry, sent with whatever else is queued for the same bucket.
+    pub(super) async fn hold_call(&self, user: UserId, target: QueueTarget, op: HoldOp) -> Result<Held, StoreError> {
+        let buckets = if self.conn.is_cluster() { CLUSTER_BUCKETS } else { 1 };
+        let lanes = self.holds.get_or_init(|| {
+            let conn = self.conn.clone();
+            let gen_ms = self.limits.key_ttl_s.max(1) * 1000;
+            let offset = self.pulse.clone();
+            Coalescer::spawn(move |bucket, jobs| {
+                let now = crate::clock::now_epoch_ms().saturating_add_signed(offset.clock_offset_ms().unwrap_or(0));
+                execute(conn.clone(), bucket, now / gen_ms, gen_ms, jobs)
+            })
+        });
+        let (reply, answer) = oneshot::channel();
+        let bucket = bucket_of(&user, buckets);
+        if lanes.submit(bucket, HoldJob { user, target, op, reply }).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
+        }
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+    }
+}
+
+/// The bucket of a user: FNV-1a of the id, the same on every instance and version.
+fn bucket_of(user: &UserId, buckets: u32) -> u32 {
+    let hash = user.as_str().bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    hash % buckets
+}
+
+/// Sends one bucket's queued entries as one `user_hold.lua` call and answers each job (left out:
+/// jobs whose caller gave up before the call went out, as in `shared_calls.rs`).
+async fn execute(conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Vec<HoldJob>) {
+    let (stale, jobs): (Vec<HoldJob>, Vec<HoldJob>) = jobs.into_iter().partition(|j| j.reply.is_closed());
+    for job in stale {
+        let _ = job.reply.send(Err(StoreError::Timeout));
+    }
+    if jobs.is_empty() {
+        return;
+    }
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(USER_HOLD.get_hash()).arg(3);
+    for g in [generation.saturating_sub(1), generation, generation + 1] {
+        cmd.arg(keys::user_holds(bucket, g));
+    }
+    cmd.arg(generation).arg(gen_ms);
+    for job in &jobs {
+        cmd.arg(job.user.as_str());
+        match job.op {
+            HoldOp::Count { max } => cmd.arg(format!("{}={max}", job.target)),
+            HoldOp::Drop => cmd.arg(job.target.to_string()),
+        };
+    }
+    let answers = eval_hot::<Value>(conn, &USER_HOLD, &cmd).await.and_then(|reply| parse(reply, jobs.len()));
+    match answers {
+        Ok(answers) => {
+            for (job, answer) in jobs.into_iter().zip(answers) {
+                let _ = job.reply.send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Reads `n, then n pairs (target, ms since counted)` per entry. A target that no longer
+/// parses counts for nothing.
+fn parse(reply: Value, entries: usize) -> Result<Vec<Held>, StoreError> {
+    let bad = || StoreError::Reply { what: "user_hold.lua", detail: format!("{reply:?}") };
+    let Value::Array(items) = &reply else { return Err(bad()) };
+    let int = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let mut items = items.iter();
+    let mut out = Vec::with_capacity(entries);
+    for _ in 0..entries {
+        let n = items.next().and_then(int).ok_or_else(bad)?;
+        let mut held = Vec::new();
+        for _ in 0..n {
+            let (Some(Value::BulkString(t)), Some(age)) = (items.next(), items.next().and_then(int)) else {
+                return Err(bad());
+            };
+            if let Some(t) = std::str::from_utf8(t).ok().and_then(|t| t.parse().ok()) {
+                held.push((t, age));
+            }
+        }
+        out.push(held);
+    }
+    if items.next().is_some() {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// The coalescer's lanes, one per bucket (started at first use, on the caller's runtime).
+pub(super) type HoldLanes = Arc<std::sync::OnceLock<Coalescer<u32, HoldJob>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_keeps_their_bucket_and_users_spread_over_the_buckets() {
+        let b = |u: u64| bucket_of(&UserId::from(u), CLUSTER_BUCKETS);
+        assert_eq!(b(7), b(7));
+        let used: std::collections::BTreeSet<u32> = (0..1000).map(b).collect();
+        assert_eq!(used.len(), CLUSTER_BUCKETS as usize);
+        assert_eq!(bucket_of(&UserId::from(7), 1), 0);
+    }
+}
