@@ -394,7 +394,7 @@ wrk_scenario() {
     measured calibration "$bpid" "$bport" "" "" -s scripts/wrk/base.lua
     base=$LAST_RPS
     # New users every run: ids of their own (a user id is one buyer across targets).
-    wrk_args=(2 "$round" "w$round-")
+    wrk_args=(2 "$round" "${round}00000000")
     measured "calibration, enter requests" "$bpid" "$bport" "" "" -s scripts/wrk/enter.lua
     same=$LAST_RPS
     measured enter "$vpid" "$vport" "$base" "$same" -s scripts/wrk/enter.lua
@@ -435,7 +435,7 @@ pair_scenario() {
     local i=$1 kind=$2 run=$3 target=$(($1 + 1)) r0 v0 n
     r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "${vpid[i]}")
     if [ "$kind" = enter ]; then
-      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" "r$run-" >"$WORK/pair.out"
+      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" "${run}00000000" >"$WORK/pair.out"
     else
       wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/poll.lua "http://127.0.0.1:${port[i]}" -- "$WORK/users$i.txt" "$target" 2 >"$WORK/pair.out"
     fi
@@ -449,7 +449,7 @@ pair_scenario() {
     if [ "$kind" = poll ]; then
       for i in 0 1; do redis-cli -p "$REDIS_PORT" --raw zrange "queue:{LIMITED_DROP:$((i + 1))}:waiting" 0 -1 >"$WORK/users$i.txt"; done
     fi
-    # Every enter run enters new users (ids r<run>-…): a user entering again is another step.
+    # Every enter run enters new users (ids from run × 10^8): a user entering again is another step.
     for _ in $(seq "$pairs"); do
       run=$((run + 4))
       a=$(run_one 0 "$kind" $((run - 3))); b=$(run_one 1 "$kind" $((run - 2))); echo "$kind $a $b" >>"$WORK/res"

@@ -9,6 +9,8 @@
 # shellcheck source=scripts/lib.sh
 . "$(dirname "$0")/lib.sh"
 users="${1:-100000}"
+# A queue answers only for declared targets.
+export VQ_TARGETS__RANGES='["limited-drop:1-1"]'
 vq="${BENCH_VQ:-target/dist/vq}"   # not VQ_…: vq reads those as settings
 [ -x "$vq" ] || scripts/build-release.sh >&2
 install_missing redis-server wrk
