@@ -20,8 +20,7 @@
 //! Redis error means to the service, `conn.rs` the connection (one server or cluster),
 //! `shared_calls.rs` the shared enter/poll script calls and their per-user answers, `fence.rs`
 //! the counters seen against lost writes, `holds.rs` the shared calls that count the queues each
-//! user holds, `view.rs` an instance's copy of a target, `pulse.rs`
-//! the liveness probe.
+//! user holds, `view.rs` an instance's copy of a target, `pulse.rs` the liveness probe.
 
 mod codec;
 mod conn;
