@@ -37,6 +37,11 @@ pub enum GateDenial {
     /// purchase is not forwarded (never unclaimed), the buyer retries.
     #[error("this instance is overloaded: retry shortly, your entry token stays valid")]
     Overloaded,
+    /// The token's use could not be recorded to last (Redis' replicas did not confirm it in
+    /// time, `redis.wait_replicas`): a purchase is forwarded only once it is, so nothing is
+    /// forwarded; the token stays unused.
+    #[error("the queue could not record this purchase ({0}): retry shortly, your entry token stays valid")]
+    NotRecorded(&'static str),
     /// The gated route names a target nobody declared: nothing is forwarded.
     #[error("there is no queue for {0}: the target is not declared (vq target add)")]
     UnknownTarget(QueueTarget),
@@ -137,11 +142,13 @@ impl QueueService {
     }
 
     /// A verified token whose one-time use Redis could not check: overloaded (Redis answers,
-    /// this instance is behind) → not forwarded; Redis failed the call → HMAC and expiry hold.
+    /// this instance is behind) or the use not confirmed by the replicas → not forwarded;
+    /// Redis failed the call → HMAC and expiry hold.
     fn unchecked(&self, target: QueueTarget, e: &StoreError) -> Result<GatePass, GateDenial> {
         self.degraded.record("gate", target, e);
         match e {
             StoreError::Busy => Err(GateDenial::Overloaded),
+            StoreError::NotReplicated { .. } => Err(GateDenial::NotRecorded("its replica did not confirm it")),
             _ => Ok(GatePass::Verified { claim: None }),
         }
     }

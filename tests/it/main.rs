@@ -18,6 +18,7 @@ pub mod gate;
 mod gate_paths;
 mod loadgen;
 mod local_polls;
+mod lost_purchases;
 mod lost_writes;
 mod monitoring;
 mod one_time_use;
