@@ -23,6 +23,8 @@ use crate::support::{RedisServer, Relay, VqProcess, flag_on};
 
 const NEW_PER_ROUND: u64 = 8;
 const PURCHASE_PATH: &str = "/limited-drops/31/orders";
+/// Rounds (of about 100 ms and more) between a token told and its purchase.
+const BUY_AFTER_ROUNDS: u64 = 3;
 
 /// The purchase API: answers 200 and counts each user's purchases that reached it.
 async fn counting_upstream() -> (String, Arc<Mutex<HashMap<String, u64>>>) {
@@ -56,14 +58,19 @@ async fn buy(client: reqwest::Client, addr: String, user: u64, token: String) ->
 
 /// The buyers: user `u` enters, polls and buys through instance `u % 2`, and after the
 /// failover through the other one (as a load balancer may move them: an instance restarted,
-/// drained, or no sticky sessions), with every token they were told, until each token's
-/// purchase is answered for good (2xx, or 4xx: used, refused); a 503 is tried again next round.
+/// drained, or no sticky sessions), with every token they were told, a few rounds after being
+/// told it, until each token's purchase is answered for good (2xx, or 4xx: used, refused); a
+/// 503 is tried again next round.
 struct Buyers {
     addrs: Vec<String>,
     client: reqwest::Client,
     users: Vec<u64>,
     last: HashMap<u64, Told>,
     tokens: BTreeMap<u64, BTreeSet<String>>,
+    /// The round each token was first told in: a buyer buys [`BUY_AFTER_ROUNDS`] rounds later,
+    /// so tokens told just before the replica fell behind are bought while it lags.
+    told_in: HashMap<String, u64>,
+    round: u64,
     /// (user, token) whose purchase was answered for good, with its status.
     settled: HashMap<(u64, String), u16>,
     /// After the failover: each user goes to the other instance.
@@ -80,6 +87,7 @@ impl Buyers {
     async fn run(&mut self, secs: u64) {
         let until = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < until {
+            self.round += 1;
             let mut set = JoinSet::new();
             let first = self.users.len() as u64 + 1;
             self.users.extend(first..first + NEW_PER_ROUND);
@@ -93,6 +101,7 @@ impl Buyers {
                 let code = match &told {
                     Told::Admitted(t) => {
                         self.tokens.entry(u).or_default().insert(t.clone());
+                        self.told_in.entry(t.clone()).or_insert(self.round);
                         200
                     }
                     Told::Other(code) => *code,
@@ -104,7 +113,8 @@ impl Buyers {
             }
             let mut set = JoinSet::new();
             for (&u, tokens) in &self.tokens {
-                for t in tokens.iter().filter(|t| !self.settled.contains_key(&(u, (*t).clone()))) {
+                let due = |t: &String| self.told_in.get(t).is_some_and(|r| r + BUY_AFTER_ROUNDS <= self.round);
+                for t in tokens.iter().filter(|t| due(t) && !self.settled.contains_key(&(u, (*t).clone()))) {
                     let (c, addr, t) = (self.client.clone(), self.addr(u), t.clone());
                     set.spawn(async move { (u, t.clone(), buy(c, addr, u, t).await) });
                 }
@@ -163,6 +173,8 @@ async fn a_failover_that_lost_writes_gives_no_buyer_two_tokens_nor_two_purchases
         tokens: BTreeMap::new(),
         settled: HashMap::new(),
         moved: false,
+        told_in: HashMap::new(),
+        round: 0,
         answers: BTreeMap::new(),
     };
     buyers.run(2).await;
@@ -183,6 +195,8 @@ async fn a_failover_that_lost_writes_gives_no_buyer_two_tokens_nor_two_purchases
         "the failover lost no seq ({kept} kept of {told_before_failover}): the test proves nothing"
     );
     buyers.run(5).await;
+    // Tokens told in the last rounds are bought too.
+    buyers.run(1).await;
     buyers.buy_again().await;
 
     let bought = bought.lock().expect("counts").clone();
