@@ -96,7 +96,8 @@ fn describe() {
     describe_counter!(
         REDIS_DEGRADED_TOTAL,
         "Requests whose Redis work failed, by what they were answered: failed_open (without the queue: Redis \
-         down or a script failed), not_replicated (the replicas did not confirm a token or a purchase: held, 503)"
+         down or a script failed), out_of_memory (a write refused for lack of memory: refused or held, nobody \
+         let in), not_replicated (the replicas did not confirm a token or a purchase: held, 503)"
     );
     describe_counter!(
         POLLS_LOCAL_TOTAL,
@@ -234,7 +235,7 @@ pub fn bypass_attempt() {
 }
 
 /// The `answer` label values of [`REDIS_DEGRADED_TOTAL`].
-pub const DEGRADED_ANSWERS: [&str; 2] = ["failed_open", "not_replicated"];
+pub const DEGRADED_ANSWERS: [&str; 3] = ["failed_open", "out_of_memory", "not_replicated"];
 
 /// A request whose Redis work failed, by what it was answered (one of [`DEGRADED_ANSWERS`]).
 pub fn redis_degraded(answer: &'static str) {

@@ -19,11 +19,12 @@ const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// interval (per kind).
 ///
 /// A failure confined to one call (a corrupt key of one target, a script error) fails open
-/// that request only, and the next request, of any target, asks Redis again. A write its
-/// replicas did not confirm in time (`redis.wait_replicas`) fails nothing open, and says so.
+/// that request only, and the next request, of any target, asks Redis again. Two failures
+/// fail nothing open, and say so: a write Redis refused for lack of memory, and a write its
+/// replicas did not confirm in time (`redis.wait_replicas`).
 pub(super) struct Degraded {
     /// Per [`Failure`]: last log line, events since.
-    logs: [(Mutex<Option<Instant>>, AtomicU64); 4],
+    logs: [(Mutex<Option<Instant>>, AtomicU64); 5],
 }
 
 /// What a store failure was, for its log line and its count.
@@ -32,7 +33,8 @@ enum Failure {
     Unavailable = 0,
     Data = 1,
     Overloaded = 2,
-    NotReplicated = 3,
+    OutOfMemory = 3,
+    NotReplicated = 4,
 }
 
 impl Failure {
@@ -40,6 +42,7 @@ impl Failure {
         match err {
             StoreError::Busy => Failure::Overloaded,
             StoreError::NotReplicated { .. } => Failure::NotReplicated,
+            e if e.is_out_of_memory() => Failure::OutOfMemory,
             e => match e.kind() {
                 StoreErrorKind::Unavailable => Failure::Unavailable,
                 StoreErrorKind::Data => Failure::Data,
@@ -50,6 +53,7 @@ impl Failure {
     /// The `answer` label of `virtual_queue_redis_degraded_total` (see `metrics::DEGRADED_ANSWERS`).
     fn answer(self) -> &'static str {
         match self {
+            Failure::OutOfMemory => "out_of_memory",
             Failure::NotReplicated => "not_replicated",
             Failure::Unavailable | Failure::Data | Failure::Overloaded => "failed_open",
         }
@@ -88,6 +92,12 @@ impl Degraded {
                 events_since_last_log = n,
                 "instance overloaded on {what}: redis answers but this instance did not get through its work in time; \
                  shedding (503 OVERLOADED, places kept) — add CPU or instances"
+            ),
+            Failure::OutOfMemory => tracing::error!(
+                error = %err, target_queue = %target, failures_since_last_log = n,
+                "redis refused a write on {what} for lack of memory (maxmemory reached): refused, nobody let in \
+                 — enters answer 429 QUEUE_FULL, polls 503 OVERLOADED (places kept), a purchase whose use cannot \
+                 be recorded 503; free memory or raise maxmemory"
             ),
             Failure::NotReplicated => tracing::warn!(
                 error = %err, target_queue = %target, failures_since_last_log = n,

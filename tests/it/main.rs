@@ -23,6 +23,7 @@ mod lost_writes;
 mod monitoring;
 mod one_time_use;
 mod openapi;
+mod out_of_memory;
 mod outflow;
 mod overload;
 mod pacing;
