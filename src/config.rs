@@ -29,7 +29,7 @@ pub use self::queue::{AdaptiveSettings, OnStoreFailure, Outflow, QueueSettings, 
 pub use self::redis_url::{RedisUrl, redact_credentials};
 pub use self::secret::secret_from_env;
 use crate::domain::{DeclaredTargets, QueueTargetType};
-use crate::store::StoreLimits;
+use crate::store::{DurableWrites, ReplicaWait, StoreLimits};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -81,6 +81,12 @@ pub struct RedisSettings {
     /// and poll fail open, unless Redis answered other calls of this instance within the last
     /// second (the instance is busy, not Redis dead: the request waits on, up to 5 s).
     pub timeout_ms: u64,
+    /// Replicas that must hold a token issued or a purchase's claim before vq answers for it,
+    /// so a failover cannot lose them: `"auto"` (those connected to the primary), a number,
+    /// or 0 (never wait).
+    pub wait_replicas: ReplicaWait,
+    /// How long such a write waits for them; past it the buyer is told 503 (place kept).
+    pub wait_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +132,14 @@ impl Default for Settings {
 
 impl Default for RedisSettings {
     fn default() -> Self {
-        Self { url: "redis://127.0.0.1:6379".into(), cluster_nodes: None, timeout_ms: 250 }
+        let durable = DurableWrites::default();
+        Self {
+            url: "redis://127.0.0.1:6379".into(),
+            cluster_nodes: None,
+            timeout_ms: 250,
+            wait_replicas: durable.replicas,
+            wait_timeout_ms: durable.timeout_ms,
+        }
     }
 }
 
@@ -287,6 +300,7 @@ impl Settings {
             token_ttl_s: self.token.ttl_s,
             record_ttl_s: self.queue.record_ttl_days * 86_400,
             tick_ms: self.queue.tick_ms,
+            durable: DurableWrites { replicas: self.redis.wait_replicas, timeout_ms: self.redis.wait_timeout_ms },
         }
     }
 

@@ -93,7 +93,12 @@ fn describe() {
     );
     describe_histogram!(WAIT_SECONDS, metrics::Unit::Seconds, "Wait from entry to admission of admitted users");
     describe_counter!(BYPASS_ATTEMPTS_TOTAL, "Purchase requests refused by the gate (403 QUEUE_BYPASS_DENIED)");
-    describe_counter!(REDIS_DEGRADED_TOTAL, "Requests answered fail-open because Redis failed");
+    describe_counter!(
+        REDIS_DEGRADED_TOTAL,
+        "Requests whose Redis work failed, by what they were answered: failed_open (without the queue: Redis \
+         down or a script failed), out_of_memory (a write refused for lack of memory: refused or held, nobody \
+         let in), not_replicated (the replicas did not confirm a token or a purchase: held, 503)"
+    );
     describe_counter!(
         POLLS_LOCAL_TOTAL,
         "Waiting users' polls answered from this instance's copy of the mark (queue.local_polls)"
@@ -130,7 +135,9 @@ fn register_at_zero() {
         counter!(POW_TOTAL, "outcome" => outcome).absolute(0);
     }
     counter!(BYPASS_ATTEMPTS_TOTAL).absolute(0);
-    counter!(REDIS_DEGRADED_TOTAL).absolute(0);
+    for answer in DEGRADED_ANSWERS {
+        counter!(REDIS_DEGRADED_TOTAL, "answer" => answer).absolute(0);
+    }
     counter!(POLLS_LOCAL_TOTAL).absolute(0);
     for reason in OVERLOAD_REASONS {
         counter!(OVERLOADED_TOTAL, "reason" => reason).absolute(0);
@@ -227,9 +234,12 @@ pub fn bypass_attempt() {
     counter!(BYPASS_ATTEMPTS_TOTAL).increment(1);
 }
 
-/// A request answered fail-open because Redis failed.
-pub fn redis_degraded() {
-    counter!(REDIS_DEGRADED_TOTAL).increment(1);
+/// The `answer` label values of [`REDIS_DEGRADED_TOTAL`].
+pub const DEGRADED_ANSWERS: [&str; 3] = ["failed_open", "out_of_memory", "not_replicated"];
+
+/// A request whose Redis work failed, by what it was answered (one of [`DEGRADED_ANSWERS`]).
+pub fn redis_degraded(answer: &'static str) {
+    counter!(REDIS_DEGRADED_TOTAL, "answer" => answer).increment(1);
 }
 
 /// A waiting user's poll answered without Redis (`service::local`).

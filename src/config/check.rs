@@ -86,7 +86,11 @@ impl Settings {
     pub(super) fn check(&self) -> Result<(), SettingError> {
         let (q, g) = (&self.queue, &self.gate);
         let a = &self.adaptive;
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 29] = [
+        let wait_replicas = match self.redis.wait_replicas {
+            crate::store::ReplicaWait::Auto => 0,
+            crate::store::ReplicaWait::Count(n) => n,
+        };
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 31] = [
             ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
@@ -99,6 +103,9 @@ impl Settings {
             ("queue.max_queues_per_user", q.max_queues_per_user, 0..=1_000_000),
             ("threads", self.threads as u64, 0..=1024),
             ("redis.timeout_ms", self.redis.timeout_ms, REDIS_TIMEOUT_MS),
+            ("redis.wait_replicas", wait_replicas, 0..=100),
+            // Under the 5 s a request waits for an answering Redis (store::BUSY_WAIT_MAX).
+            ("redis.wait_timeout_ms", self.redis.wait_timeout_ms, 1..=4_000),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
             ("queue.tick_ms", q.tick_ms, 200..=60_000),
             ("queue.max_capacity", q.max_capacity, 1..=1_000_000_000),

@@ -104,6 +104,13 @@ impl ApiError {
         )
     }
 
+    /// 503 QUEUE_UNAVAILABLE: a token issued or a purchase's claim could not be recorded to
+    /// last (the replicas did not confirm it in time, `redis.wait_replicas`; at the gate also
+    /// Redis out of memory); nothing was handed out or forwarded.
+    pub fn not_replicated(detail: impl Into<String>) -> Self {
+        Self::new(ErrorCode::QueueUnavailable, detail).retry_after(QUEUE_UNAVAILABLE_RETRY_AFTER_S)
+    }
+
     /// 503 OVERLOADED: this instance cannot keep up right now; nothing was decided.
     pub fn overloaded(detail: impl Into<String>) -> Self {
         Self::new(ErrorCode::Overloaded, detail).retry_after(OVERLOADED_RETRY_AFTER_S)
@@ -131,6 +138,7 @@ impl From<QueueError> for ApiError {
             QueueError::Unavailable => {
                 Self::new(ErrorCode::QueueUnavailable, e.to_string()).retry_after(QUEUE_UNAVAILABLE_RETRY_AFTER_S)
             }
+            QueueError::NotReplicated => Self::not_replicated(e.to_string()),
         }
     }
 }

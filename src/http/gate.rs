@@ -87,6 +87,7 @@ fn denied(e: &GateDenial) -> ApiError {
     match e {
         GateDenial::Token(t) => ApiError::new(ErrorCode::QueueBypassDenied, t.to_string()),
         GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
+        GateDenial::NotRecorded(_) => ApiError::not_replicated(e.to_string()),
         GateDenial::UnknownTarget(t) => ApiError::unknown_target(*t),
     }
 }
@@ -277,6 +278,9 @@ pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: He
         // nginx passes only 401 and 403 on to the buyer (anything else becomes a 500), so an
         // overloaded check is a 403 that says so and when to retry.
         Err(e @ GateDenial::Overloaded) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
+            .retry_after(OVERLOADED_RETRY_AFTER_S)
+            .into_response(),
+        Err(e @ GateDenial::NotRecorded(_)) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
             .retry_after(OVERLOADED_RETRY_AFTER_S)
             .into_response(),
         // Likewise a purchase of an undeclared target: refused, saying why.

@@ -19,10 +19,45 @@ const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// interval (per kind).
 ///
 /// A failure confined to one call (a corrupt key of one target, a script error) fails open
-/// that request only, and the next request, of any target, asks Redis again.
+/// that request only, and the next request, of any target, asks Redis again. Two failures
+/// fail nothing open, and say so: a write Redis refused for lack of memory, and a write its
+/// replicas did not confirm in time (`redis.wait_replicas`).
 pub(super) struct Degraded {
-    /// Per kind (unavailable, data, overloaded): last log line, events since.
-    logs: [(Mutex<Option<Instant>>, AtomicU64); 3],
+    /// Per [`Failure`]: last log line, events since.
+    logs: [(Mutex<Option<Instant>>, AtomicU64); 5],
+}
+
+/// What a store failure was, for its log line and its count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Unavailable = 0,
+    Data = 1,
+    Overloaded = 2,
+    OutOfMemory = 3,
+    NotReplicated = 4,
+}
+
+impl Failure {
+    fn of(err: &StoreError) -> Self {
+        match err {
+            StoreError::Busy => Failure::Overloaded,
+            StoreError::NotReplicated { .. } => Failure::NotReplicated,
+            e if e.is_out_of_memory() => Failure::OutOfMemory,
+            e => match e.kind() {
+                StoreErrorKind::Unavailable => Failure::Unavailable,
+                StoreErrorKind::Data => Failure::Data,
+            },
+        }
+    }
+
+    /// The `answer` label of `virtual_queue_redis_degraded_total` (see `metrics::DEGRADED_ANSWERS`).
+    fn answer(self) -> &'static str {
+        match self {
+            Failure::OutOfMemory => "out_of_memory",
+            Failure::NotReplicated => "not_replicated",
+            Failure::Unavailable | Failure::Data | Failure::Overloaded => "failed_open",
+        }
+    }
 }
 
 impl Degraded {
@@ -33,20 +68,18 @@ impl Degraded {
 
     /// A request that failed open without calling the store (the probe finds Redis down).
     pub(super) fn record_skipped(&self) {
-        crate::metrics::redis_degraded();
+        crate::metrics::redis_degraded(Failure::Unavailable.answer());
     }
 
     pub(super) fn record(&self, what: &str, target: QueueTarget, err: &StoreError) {
-        let slot = if matches!(err, StoreError::Busy) {
+        let failure = Failure::of(err);
+        if failure == Failure::Overloaded {
             crate::metrics::overloaded();
-            2
         } else {
-            let kind = err.kind();
-            crate::metrics::redis_degraded();
-            crate::metrics::store_error(kind.label());
-            kind as usize
-        };
-        let (last_log, since_log) = &self.logs[slot];
+            crate::metrics::redis_degraded(failure.answer());
+            crate::metrics::store_error(err.kind().label());
+        }
+        let (last_log, since_log) = &self.logs[failure as usize];
         let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
         let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_some_and(|t| t.elapsed() < DEGRADED_LOG_EVERY) {
@@ -54,20 +87,29 @@ impl Degraded {
         }
         *last = Some(Instant::now());
         since_log.store(0, Ordering::Relaxed);
-        if matches!(err, StoreError::Busy) {
-            tracing::warn!(
+        match failure {
+            Failure::Overloaded => tracing::warn!(
                 events_since_last_log = n,
                 "instance overloaded on {what}: redis answers but this instance did not get through its work in time; \
                  shedding (503 OVERLOADED, places kept) — add CPU or instances"
-            );
-            return;
-        }
-        match err.kind() {
-            StoreErrorKind::Unavailable => tracing::warn!(
+            ),
+            Failure::OutOfMemory => tracing::error!(
+                error = %err, target_queue = %target, failures_since_last_log = n,
+                "redis refused a write on {what} for lack of memory (maxmemory reached): refused, nobody let in \
+                 — enters answer 429 QUEUE_FULL, polls 503 OVERLOADED (places kept), a purchase whose use cannot \
+                 be recorded 503; free memory or raise maxmemory"
+            ),
+            Failure::NotReplicated => tracing::warn!(
+                error = %err, target_queue = %target, failures_since_last_log = n,
+                "redis replicas did not confirm a write on {what} within redis.wait_timeout_ms: held, nobody let \
+                 in — 503 QUEUE_UNAVAILABLE, the token not handed out or the purchase not forwarded, places kept; \
+                 a replica lags or is gone (redis.wait_replicas)"
+            ),
+            Failure::Unavailable => tracing::warn!(
                 error = %err, failures_since_last_log = n,
                 "redis unavailable on {what}: failing open (DIRECT_ADMITTED with stateless tokens)"
             ),
-            StoreErrorKind::Data => tracing::error!(
+            Failure::Data => tracing::error!(
                 error = %err, target_queue = %target, failures_since_last_log = n,
                 "redis failed on {what} for one target (corrupt key or script error): failing open this request only"
             ),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::QueueService;
 use crate::domain::{QueueTarget, UserId};
 use crate::store::prelude::*;
-use crate::store::{StoreError, TokenClaim};
+use crate::store::{StoreError, StoreErrorKind, TokenClaim};
 use crate::token::{self, TokenError};
 
 /// What the gate lets through.
@@ -37,6 +37,11 @@ pub enum GateDenial {
     /// purchase is not forwarded (never unclaimed), the buyer retries.
     #[error("this instance is overloaded: retry shortly, your entry token stays valid")]
     Overloaded,
+    /// The token's use could not be recorded to last (Redis' replicas did not confirm it in
+    /// time, `redis.wait_replicas`, or Redis refused the write for lack of memory): a purchase
+    /// is forwarded only once it is, so nothing is forwarded; the token stays unused.
+    #[error("the queue could not record this purchase ({0}): retry shortly, your entry token stays valid")]
+    NotRecorded(&'static str),
     /// The gated route names a target nobody declared: nothing is forwarded.
     #[error("there is no queue for {0}: the target is not declared (vq target add)")]
     UnknownTarget(QueueTarget),
@@ -121,10 +126,15 @@ impl QueueService {
                 }
             }
             ClaimMode::Claim => {
-                match self
-                    .bounded(target, self.store.claim_token(target, user.clone(), raw, claims.expires_at - now))
-                    .await
-                {
+                let claim =
+                    || self.bounded(target, self.store.claim_token(target, user.clone(), raw, claims.expires_at - now));
+                let mut claimed = claim().await;
+                // The connection broke under the claim while Redis answers (a failover moved
+                // it): once more, on the connection made again.
+                if claimed.as_ref().is_err_and(|e| self.connection_broke(target, e)) {
+                    claimed = claim().await;
+                }
+                match claimed {
                     Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed.into()),
                     Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
                         claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
@@ -137,13 +147,27 @@ impl QueueService {
     }
 
     /// A verified token whose one-time use Redis could not check: overloaded (Redis answers,
-    /// this instance is behind) → not forwarded; Redis failed the call → HMAC and expiry hold.
+    /// this instance is behind), the use not confirmed by the replicas or refused for lack of
+    /// memory, a connection broken while Redis answers → not forwarded; Redis silent or a
+    /// data error of the call (a corrupt key) → HMAC and expiry hold.
     fn unchecked(&self, target: QueueTarget, e: &StoreError) -> Result<GatePass, GateDenial> {
         self.degraded.record("gate", target, e);
         match e {
             StoreError::Busy => Err(GateDenial::Overloaded),
+            StoreError::NotReplicated { .. } => Err(GateDenial::NotRecorded("its replica did not confirm it")),
+            e if e.is_out_of_memory() => Err(GateDenial::NotRecorded("redis is out of memory")),
+            e if self.connection_broke(target, e) => Err(GateDenial::NotRecorded("redis did not answer")),
             _ => Ok(GatePass::Verified { claim: None }),
         }
+    }
+
+    /// A connection error while the probe finds Redis answering: a connection broken (Redis
+    /// restarted or failed over), not an outage to forward unclaimed for.
+    fn connection_broke(&self, target: QueueTarget, e: &StoreError) -> bool {
+        e.kind() == StoreErrorKind::Unavailable
+            && !e.is_timeout()
+            && !matches!(e, StoreError::NotReplicated { .. })
+            && !self.store.silent(Some(target))
     }
 
     /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a

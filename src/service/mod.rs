@@ -99,6 +99,12 @@ pub enum QueueError {
     /// Redis is down and `queue.on_store_failure` is `closed`: nobody is let in meanwhile.
     #[error("the waiting room cannot reach its queue right now: retry shortly (nobody is let in meanwhile)")]
     Unavailable,
+    /// Redis' replicas did not confirm the user's token in time (`redis.wait_replicas`): it
+    /// is not handed out yet, and the user's place is kept.
+    #[error(
+        "the waiting room could not yet confirm your entry token with its replica: retry shortly, your place is kept"
+    )]
+    NotReplicated,
     /// The user holds a place in `queue.max_queues_per_user` queues already.
     #[error(
         "you are waiting in {} queues already, the most one buyer may wait in at once: leave one of them (DELETE \

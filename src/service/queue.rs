@@ -259,6 +259,12 @@ impl QueueService {
         if matches!(e, StoreError::Busy) {
             return Err(QueueError::Overloaded);
         }
+        if matches!(e, StoreError::NotReplicated { .. }) {
+            // Redis took the token but its replicas did not confirm it: a failover now could
+            // lose it, and another instance would hand the user a second one. Held: the next
+            // poll gets the stored token once they do.
+            return Err(QueueError::NotReplicated);
+        }
         if e.is_out_of_memory() {
             // Redis refuses writes for lack of memory: it still answers, so this is no outage
             // to fail open for. Nobody is let in by it: a new entry is told the queue is full,

@@ -22,6 +22,10 @@ pub enum StoreError {
     /// work within [`BUSY_WAIT_MAX`]: the instance is overloaded, the store is not down.
     #[error("this instance is overloaded: its redis work did not finish in time while redis answers")]
     Busy,
+    /// The write was made, but fewer replicas than wanted acknowledged it in time
+    /// (`redis.wait_replicas`): a failover now could lose it, so nothing is answered for it.
+    #[error("only {acked} of {wanted} redis replicas acknowledged the write in time")]
+    NotReplicated { acked: u64, wanted: u64 },
     #[error("unexpected reply from {what}: {detail}")]
     Reply { what: &'static str, detail: String },
 }
@@ -74,7 +78,7 @@ impl StoreError {
         match self {
             StoreError::Timeout | StoreError::Busy => true,
             StoreError::Backend(e) => e.timeout,
-            StoreError::Reply { .. } => false,
+            StoreError::Reply { .. } | StoreError::NotReplicated { .. } => false,
         }
     }
 
@@ -86,7 +90,7 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         match self {
             StoreError::Backend(e) => e.kind,
-            StoreError::Timeout => StoreErrorKind::Unavailable,
+            StoreError::Timeout | StoreError::NotReplicated { .. } => StoreErrorKind::Unavailable,
             StoreError::Busy | StoreError::Reply { .. } => StoreErrorKind::Data,
         }
     }

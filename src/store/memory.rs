@@ -311,6 +311,7 @@ mod tests {
             token_ttl_s: 1,
             record_ttl_s: 1,
             tick_ms: 1000,
+            durable: Default::default(),
         };
         let s = MemoryStore::with_clock(limits, Arc::new(clock.clone()));
         let t: QueueTarget = "limited-drop:1".parse().expect("target");

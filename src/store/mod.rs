@@ -15,6 +15,7 @@
 
 mod any;
 mod coalesce;
+mod durable;
 mod error;
 mod flag;
 mod gate;
@@ -28,6 +29,7 @@ mod sale;
 mod targets;
 
 pub use self::any::AnyStore;
+pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::flag::FlagOps;
 pub use self::gate::GateOps;
@@ -75,6 +77,8 @@ pub struct StoreLimits {
     pub record_ttl_s: u64,
     /// The tick, the width of the record's per-tick buckets (arrivals are counted by enter).
     pub tick_ms: u64,
+    /// The replicas a token issued or a purchase claimed waits for (`redis/durable.rs`).
+    pub durable: DurableWrites,
 }
 
 impl StoreLimits {

@@ -36,6 +36,17 @@ fn out_of_range_settings_are_refused_at_start_naming_key_and_range() {
         ("VQ_REDIS__TIMEOUT_MS", "0", "redis.timeout_ms (VQ_REDIS__TIMEOUT_MS) must be between 10 and 10000, got 0"),
         ("VQ_GATE__TIMEOUT_MS", "0", "gate.timeout_ms (VQ_GATE__TIMEOUT_MS) must be between 100 and 600000, got 0"),
         (
+            "VQ_REDIS__WAIT_TIMEOUT_MS",
+            "5000",
+            "redis.wait_timeout_ms (VQ_REDIS__WAIT_TIMEOUT_MS) must be between 1 and 4000, got 5000",
+        ),
+        (
+            "VQ_REDIS__WAIT_REPLICAS",
+            "101",
+            "redis.wait_replicas (VQ_REDIS__WAIT_REPLICAS) must be between 0 and 100, got 101",
+        ),
+        ("VQ_REDIS__WAIT_REPLICAS", "some", "expected \"auto\" or a number of replicas, found \"some\""),
+        (
             "VQ_QUEUE__BATCH_SIZE",
             "100000000000000000",
             "queue.batch_size (VQ_QUEUE__BATCH_SIZE) must be between 1 and 100000",

@@ -28,7 +28,7 @@ const TARGET: &str = "limited-drop/31";
 const NEW_PER_ROUND: u64 = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Told {
+pub(crate) enum Told {
     Waiting(u64),
     Admitted(String),
     Direct,
@@ -37,7 +37,7 @@ enum Told {
 }
 
 /// One request for `user` through `addr`: an enter (POST) or a poll (GET).
-async fn ask(client: reqwest::Client, addr: String, user: u64, enter: bool) -> Told {
+pub(crate) async fn ask(client: reqwest::Client, addr: String, user: u64, enter: bool) -> Told {
     let url = if enter {
         format!("{addr}/virtual-queues/{TARGET}/entries")
     } else {
@@ -133,7 +133,7 @@ fn contradictions(log: &Log) -> Contradictions {
     (by_position, tokens, sent_back)
 }
 
-async fn seq_counter(redis: &RedisServer) -> u64 {
+pub(crate) async fn seq_counter(redis: &RedisServer) -> u64 {
     let mut c = redis.conn().await;
     let seq: Option<u64> = c.get("queue:{LIMITED_DROP:31}:seq").await.expect("GET seq");
     seq.unwrap_or(0)

@@ -205,7 +205,9 @@ async fn a_fresh_instance_shows_every_series_at_zero() {
         "virtual_queue_tokens_total{event=\"consumed\"} 0",
         "virtual_queue_tokens_total{event=\"expired\"} 0",
         "virtual_queue_bypass_attempts_total 0",
-        "virtual_queue_redis_degraded_total 0",
+        "virtual_queue_redis_degraded_total{answer=\"failed_open\"} 0",
+        "virtual_queue_redis_degraded_total{answer=\"out_of_memory\"} 0",
+        "virtual_queue_redis_degraded_total{answer=\"not_replicated\"} 0",
     ] {
         assert!(text.lines().any(|l| l == series), "missing `{series}` in:\n{text}");
     }

@@ -10,8 +10,9 @@ impl From<RedisError> for StoreError {
         StoreError::Backend(BackendError {
             kind: kind(&e),
             timeout: e.is_timeout(),
-            // A script's write refused inside the script carries the code too (Redis 7).
-            out_of_memory: e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed"),
+            // A script's write refused inside the script, or a MULTI's (its commands' errors
+            // inside "Transaction aborted"), carries Redis' text rather than the code.
+            out_of_memory: e.code() == Some("OOM") || e.to_string().contains("command not allowed when used memory"),
             invalid_config: e.kind() == K::InvalidClientConfig,
             message: format!("redis: {}", describe(&e)),
         })

@@ -30,7 +30,16 @@ impl GateOps for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
-            Some("1") => Ok(TokenClaim::Claimed { previous: r.get(1).filter(|p| !p.is_empty()).cloned() }),
+            Some("1") => {
+                let previous = r.get(1).filter(|p| !p.is_empty()).cloned();
+                // Forwarded only once a failover cannot lose the mark; otherwise given back, so
+                // the buyer can try again with the same token.
+                if let Err(e) = self.replicated(target).await {
+                    self.release_token(target, user, token, previous).await?;
+                    return Err(e);
+                }
+                Ok(TokenClaim::Claimed { previous })
+            }
             Some("0") => Ok(TokenClaim::AlreadyUsed),
             _ => Err(reply_err("token_claim.lua", &r)),
         }

@@ -20,10 +20,12 @@
 //! Redis error means to the service, `conn.rs` the connection (one server or cluster),
 //! `shared_calls.rs` the shared enter/poll script calls and their per-user answers, `fence.rs`
 //! the counters seen against lost writes, `holds.rs` the shared calls that count the queues each
-//! user holds, `view.rs` an instance's copy of a target, `pulse.rs` the liveness probe.
+//! user holds, `durable.rs` the replicas' acknowledgement of a token issued or a purchase
+//! claimed, `view.rs` an instance's copy of a target, `pulse.rs` the liveness probe.
 
 mod codec;
 mod conn;
+mod durable;
 mod error;
 mod fence;
 mod flag;
@@ -49,6 +51,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 
 use self::conn::{Conn, LazyCluster};
+use self::durable::Durable;
 use self::fence::Fences;
 use self::pulse::Pulse;
 use self::shared_calls::{Job, Op};
@@ -72,6 +75,8 @@ pub struct RedisStore {
     /// The queues each user holds (`queue.max_queues_per_user`), counted in shared calls per
     /// bucket of users (`holds.rs`); started at first use, on the runtime of the caller.
     holds: holds::HoldLanes,
+    /// Tokens issued and purchases claimed wait for the replicas here (`durable.rs`).
+    durable: Arc<Durable>,
 }
 
 impl RedisStore {
@@ -86,10 +91,21 @@ impl RedisStore {
             .set_connection_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
+        // A connection of its own for WAIT, which blocks the connection it is sent on.
+        let waits = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         let pulse = Arc::new(Pulse::start(&[url.to_owned()], false)?);
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
-        Ok(Self { conn: Conn::Single(conn), limits, lanes: Arc::default(), pulse, fences, holds: Arc::default() })
+        let durable = Arc::new(Durable::new(Conn::Single(waits), limits.durable));
+        Ok(Self {
+            conn: Conn::Single(conn),
+            limits,
+            lanes: Arc::default(),
+            pulse,
+            fences,
+            holds: Arc::default(),
+            durable,
+        })
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -103,16 +119,21 @@ impl RedisStore {
             .overall_response_timeout(Some(timeout.max(BUSY_WAIT_MAX) * 2))
             .retries(2)
             .build()?;
-        let lazy = LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
+        let lazy =
+            |client| LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
+        // Connections of their own (one per node) for WAIT, which blocks the one it is sent on.
+        let waits = Conn::Cluster(Arc::new(lazy(client.clone())));
         let pulse = Arc::new(Pulse::start(nodes, true)?);
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
+        let durable = Arc::new(Durable::new(waits, limits.durable));
         Ok(Self {
-            conn: Conn::Cluster(Arc::new(lazy)),
+            conn: Conn::Cluster(Arc::new(lazy(client))),
             limits,
             lanes: Arc::default(),
             pulse,
             fences,
             holds: Arc::default(),
+            durable,
         })
     }
 
@@ -129,6 +150,12 @@ impl RedisStore {
 
     fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Returns once `target`'s replicas hold every write its node answered so far
+    /// (`redis.wait_replicas`; `durable.rs`).
+    async fn replicated(&self, target: QueueTarget) -> Result<(), StoreError> {
+        self.durable.confirm(target, &self.pulse).await
     }
 
     /// Redis' own `used_memory` (INFO memory), for the loadgen's bytes-per-waiting-user figure.

@@ -12,6 +12,10 @@
 //! The same answers give Redis' clock: the offset of the sample with the shortest round trip
 //! of the last few, so tokens and countdowns follow the clock every instance shares.
 //!
+//! Every [`ROLE_EVERY`] it also asks each node how many replicas it has connected (`ROLE`):
+//! the replicas a token or a purchase's claim waits for with `redis.wait_replicas = "auto"`
+//! (`durable.rs`), known without a command on the request path.
+//!
 //! Must not: run on the Tokio runtime, or block a caller (readers take one atomic load while
 //! every node answers).
 
@@ -30,6 +34,8 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(100);
 pub const SILENT_AFTER: Duration = Duration::from_millis(1000);
 /// How often a cluster's slot map is read again (new primaries after a failover).
 const SLOTS_EVERY: Duration = Duration::from_secs(2);
+/// How often each node's connected replicas are counted.
+const ROLE_EVERY: Duration = Duration::from_secs(1);
 /// Clock samples kept; the one with the shortest round trip gives the offset.
 const CLOCK_SAMPLES: usize = 8;
 /// An offset not known yet.
@@ -51,6 +57,8 @@ struct Shared {
     slots: RwLock<Vec<(u16, u16, String)>>,
     /// Redis' clock minus this host's, ms ([`UNKNOWN`] before the first answer).
     offset_ms: AtomicI64,
+    /// Replicas each node (`host:port`) has connected, at its last `ROLE`.
+    replicas: RwLock<HashMap<String, u64>>,
 }
 
 impl Pulse {
@@ -90,6 +98,18 @@ impl Pulse {
         }
     }
 
+    /// The replicas connected to the primary holding `target`'s keys at its last count (the
+    /// most of any node while the slot map is not known); 0 before the first count.
+    pub fn replicas(&self, target: QueueTarget) -> u64 {
+        let replicas = self.shared.replicas.read().unwrap_or_else(|e| e.into_inner());
+        let slots = self.shared.slots.read().unwrap_or_else(|e| e.into_inner());
+        let slot = key_slot(target.to_string().as_bytes());
+        match slots.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)) {
+            Some((_, _, addr)) => replicas.get(addr).copied().unwrap_or(0),
+            None => replicas.values().copied().max().unwrap_or(0),
+        }
+    }
+
     /// Redis' clock minus this host's, in ms, once a probe has been answered.
     pub fn clock_offset_ms(&self) -> Option<i64> {
         Some(self.shared.offset_ms.load(Ordering::Relaxed)).filter(|o| *o != UNKNOWN)
@@ -121,6 +141,7 @@ struct Probe {
 impl Probe {
     fn run(mut self) {
         let mut slots_read: Option<Instant> = None;
+        let mut roles_read: Option<Instant> = None;
         while !self.shared.stop.load(Ordering::Relaxed) {
             let mut silent = Vec::new();
             let addrs: Vec<String> = self.nodes.keys().cloned().collect();
@@ -134,6 +155,10 @@ impl Probe {
             if self.cluster && slots_read.is_none_or(|at| at.elapsed() >= SLOTS_EVERY) {
                 slots_read = Some(Instant::now());
                 self.read_slots();
+            }
+            if roles_read.is_none_or(|at| at.elapsed() >= ROLE_EVERY) {
+                roles_read = Some(Instant::now());
+                self.count_replicas();
             }
             std::thread::sleep(PROBE_EVERY);
         }
@@ -172,6 +197,22 @@ impl Probe {
         if let Some((_, best)) = self.samples.iter().min_by_key(|(rtt, _)| *rtt) {
             self.shared.offset_ms.store(*best, Ordering::Relaxed);
         }
+    }
+
+    /// `ROLE` of every node that answers: a primary lists its connected replicas (a replica
+    /// has none of its own). A node that does not answer keeps its last count.
+    fn count_replicas(&mut self) {
+        let mut counts = Vec::new();
+        for (addr, node) in &mut self.nodes {
+            let Some(conn) = node.conn.as_mut() else { continue };
+            match redis::cmd("ROLE").query::<redis::Value>(conn) {
+                Ok(role) => counts.push((addr.clone(), connected_replicas(&role))),
+                // A late answer must not be read as the next probe's.
+                Err(_) => node.conn = None,
+            }
+        }
+        let mut replicas = self.shared.replicas.write().unwrap_or_else(|e| e.into_inner());
+        replicas.extend(counts);
     }
 
     /// Reads `CLUSTER SLOTS` from a node that answers: which primary serves which slots, and
@@ -231,6 +272,18 @@ fn slot_range(v: &redis::Value) -> Option<(u16, u16, String)> {
         _ => None,
     })?;
     Some((lo, hi, format!("{host}:{port}")))
+}
+
+/// `ROLE`'s answer → the replicas a primary lists (`["master", offset, [[ip, port, offset], ...]]`);
+/// 0 for a replica.
+fn connected_replicas(role: &redis::Value) -> u64 {
+    use redis::Value;
+    let Value::Array(items) = role else { return 0 };
+    let is_primary = matches!(items.first(), Some(Value::BulkString(b)) if b == b"master");
+    match items.get(2) {
+        Some(Value::Array(replicas)) if is_primary => replicas.len() as u64,
+        _ => 0,
+    }
 }
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, modulo 16384.

@@ -33,7 +33,11 @@ impl QueueOps for RedisStore {
             }
             match answer {
                 Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
-                Answer::Admitted(token) => return Ok(EnterOutcome::Admitted(token)),
+                Answer::Admitted(token) => {
+                    // Handed to the buyer only once a failover cannot lose it.
+                    self.replicated(target).await?;
+                    return Ok(EnterOutcome::Admitted(token));
+                }
                 Answer::Full => return Ok(EnterOutcome::Full),
                 Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
                 Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
@@ -56,7 +60,11 @@ impl QueueOps for RedisStore {
         }
         match answer {
             Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
-            Answer::Admitted(token) => Ok(StatusOutcome::Admitted(token)),
+            Answer::Admitted(token) => {
+                // Handed to the buyer only once a failover cannot lose it.
+                self.replicated(target).await?;
+                Ok(StatusOutcome::Admitted(token))
+            }
             Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
             Answer::PreQueue(n) => Ok(StatusOutcome::PreQueue(n)),
             Answer::Closed(n) => Ok(StatusOutcome::Closed(n)),
