@@ -109,9 +109,7 @@ fn the_forwarded_path_is_the_one_checked() {
 
 #[test]
 fn the_queue_api_is_recognised_however_spelt() {
-    for p in
-        ["/virtual-queues/x", "/VIRTUAL-QUEUES/x", "/./virtual-queues", "/virtual-queues;x/y"]
-    {
+    for p in ["/virtual-queues/x", "/VIRTUAL-QUEUES/x", "/./virtual-queues", "/virtual-queues;x/y"] {
         assert!(CanonicalPath::parse(p).unwrap().is_queue_api(), "{p}");
     }
     assert!(!CanonicalPath::parse("/products/virtual-queues").unwrap().is_queue_api());
