@@ -38,11 +38,13 @@ tok=$("$vq" mint --target limited-drop:42 --user 7)
 [ "$(code -X POST -H 'X-User-Id: 7' -H 'X-Entry-Token: forged.x' "$order")" = 403 ] || fail "forged token must be 403"
 body=$(curl -sf -X POST -H 'X-User-Id: 7' -H "X-Entry-Token: $tok" -d '{"qty":1}' "$order") || fail "valid token refused"
 grep -q '"backend": "stub"' <<<"$body" || fail "backend did not answer: $body"
-echo "   no token 403, other user's token 403, forged 403, valid token -> backend 200"
+[ "$(code -X POST -H 'X-User-Id: 7' -H "X-Entry-Token: $tok" "$order")" = 403 ] || fail "a token must buy once"
+echo "   no token 403, other user's token 403, forged 403, valid token -> backend 200, again 403"
 
 echo "== gate through nginx (vq's reverse proxy) on $VQ_URL"
 [ "$(code -X POST -H 'X-User-Id: 7' "$VQ_URL/limited-drops/42/orders")" = 403 ] || fail "gate without token must be 403"
-[ "$(code -X POST -H 'X-User-Id: 7' -H "X-Entry-Token: $tok" "$VQ_URL/limited-drops/42/orders")" = 200 ] || fail "gate with token"
+tok=$("$vq" mint --target limited-drop:42 --user 9)
+[ "$(code -X POST -H 'X-User-Id: 9' -H "X-Entry-Token: $tok" "$VQ_URL/limited-drops/42/orders")" = 200 ] || fail "gate with token"
 echo "   no token 403, valid token 200"
 
 echo "== load through nginx for ${secs}s: tick ${VQ_QUEUE__TICK_MS} ms, batch ${VQ_QUEUE__BATCH_SIZE}; vq2 killed at $((secs / 2))s"

@@ -7,7 +7,8 @@
 //! and segments match a route's literals case-insensitively, without a trailing slash, without
 //! `;matrix` parameters, surrounding whitespace, or a `.suffix` (`orders.json`). Spellings
 //! that upstreams read differently from one another (an encoded `/`, `\` or control character,
-//! an encoded or parameterised dot segment, `..` above the root, invalid UTF-8) are refused
+//! a `#` raw or encoded (`%23`), a leading `//` (a host name to URL parsers), an encoded or
+//! parameterised dot segment, `..` above the root, invalid UTF-8) are refused
 //! with [`PathError`] instead of guessed at. Every method is gated: a route's `method` says what
 //! the upstream takes, and any other method on that path needs a token too.
 
@@ -20,6 +21,8 @@ use crate::domain::{ParseError, QueueTarget, QueueTargetType};
 pub enum PathError {
     #[error("the path must start with /")]
     NotAbsolute,
+    #[error("the path starts with //, which servers read as a host name: send it with one /")]
+    NetworkPath,
     #[error("the path holds a malformed percent-escape")]
     BadEscape,
     #[error("the path holds an encoded {0}, which servers read differently: send the path without it")]
@@ -62,6 +65,9 @@ impl CanonicalPath {
     /// Canonicalises the path of a request (no query string).
     pub fn parse(raw: &str) -> Result<Self, PathError> {
         let rest = raw.strip_prefix('/').ok_or(PathError::NotAbsolute)?;
+        if rest.starts_with('/') {
+            return Err(PathError::NetworkPath);
+        }
         let mut kept: Vec<(String, String)> = Vec::new();
         let mut directory = false;
         for seg in rest.split('/') {
@@ -121,6 +127,7 @@ fn decode_segment(seg: &str) -> Result<(String, String, bool), PathError> {
                 match v {
                     b'/' => return Err(PathError::EncodedDelimiter("slash (%2F)")),
                     b'\\' => return Err(PathError::EncodedDelimiter("backslash (%5C)")),
+                    b'#' => return Err(PathError::EncodedDelimiter("# (%23)")),
                     0 => return Err(PathError::EncodedDelimiter("NUL (%00)")),
                     v if v < 0x20 || v == 0x7f => return Err(PathError::EncodedDelimiter("control character")),
                     v if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') => {
@@ -134,6 +141,7 @@ fn decode_segment(seg: &str) -> Result<(String, String, bool), PathError> {
                 continue;
             }
             b'\\' => return Err(PathError::RawCharacter("backslash")),
+            b'#' => return Err(PathError::RawCharacter("#")),
             b if b < 0x20 || b == 0x7f => return Err(PathError::RawCharacter("control character")),
             b => {
                 forwarded.push(b);

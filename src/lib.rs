@@ -16,6 +16,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod pow;
 pub mod pump;
+pub mod release;
 pub mod service;
 pub mod store;
 pub mod token;

@@ -36,7 +36,6 @@ fn every_spelling_of_a_gated_route_is_gated() {
         "/limited-drops/42/orders/",
         "/limited-drops/42//orders",
         "/limited-drops//42/orders",
-        "//limited-drops/42/orders",
         "/limited-drops/42/./orders",
         "/limited-drops/x/../42/orders",
         "/./limited-drops/42/orders",
@@ -81,6 +80,14 @@ fn ambiguous_spellings_are_refused() {
         ("/x/..;/limited-drops/42/orders", PathError::DisguisedDotSegment),
         ("/x/..%20/limited-drops/42/orders", PathError::DisguisedDotSegment),
         ("/../limited-drops/42/orders", PathError::AboveRoot),
+        ("//limited-drops/42/orders", PathError::NetworkPath),
+        ("///limited-drops/42/orders", PathError::NetworkPath),
+        ("//shop.example/limited-drops/42/orders", PathError::NetworkPath),
+        ("//", PathError::NetworkPath),
+        ("/limited-drops/42/orders%23", PathError::EncodedDelimiter("# (%23)")),
+        ("/x%23/../limited-drops/42/orders", PathError::EncodedDelimiter("# (%23)")),
+        ("/x#/../limited-drops/42/orders", PathError::RawCharacter("#")),
+        ("/limited-drops/42/orders#", PathError::RawCharacter("#")),
         ("limited-drops/42/orders", PathError::NotAbsolute),
         ("*", PathError::NotAbsolute),
     ] {
@@ -97,15 +104,12 @@ fn the_forwarded_path_is_the_one_checked() {
     assert_eq!(fwd("/products/"), "/products/");
     assert_eq!(fwd("/products/x/.."), "/products/");
     assert_eq!(fwd("/"), "/");
-    assert_eq!(fwd("//"), "/");
     assert_eq!(fwd("/a;b=c/d"), "/a;b=c/d");
 }
 
 #[test]
 fn the_queue_api_is_recognised_however_spelt() {
-    for p in
-        ["/virtual-queues/x", "//virtual-queues/x", "/VIRTUAL-QUEUES/x", "/./virtual-queues", "/virtual-queues;x/y"]
-    {
+    for p in ["/virtual-queues/x", "/VIRTUAL-QUEUES/x", "/./virtual-queues", "/virtual-queues;x/y"] {
         assert!(CanonicalPath::parse(p).unwrap().is_queue_api(), "{p}");
     }
     assert!(!CanonicalPath::parse("/products/virtual-queues").unwrap().is_queue_api());

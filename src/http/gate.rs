@@ -6,18 +6,18 @@
 //! target; everything else that is not vq's own is forwarded unchecked, so vq can stand in
 //! front of the whole app. The upstream receives the canonical path, never the raw one, so
 //! what the gate checked is what the purchase API routes on. A request carrying `X-User-Id`
-//! or `X-Entry-Token` more than once is refused. `/gate/verify` offers the same check to
-//! forward-auth proxies (nginx, Caddy, Traefik, Envoy). What the purchase API receives is `forward`'s business.
+//! or `X-Entry-Token` more than once is refused. `verify.rs` offers the same check to
+//! forward-auth proxies (nginx, Caddy, Traefik, Envoy). What the purchase API receives is
+//! `forward`'s business.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::edge::RouteLabel;
-use super::error::OVERLOADED_RETRY_AFTER_S;
 use super::forward::Upstream;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, IdentityMode, SettingError};
@@ -27,7 +27,7 @@ use crate::service::{ClaimMode, GateDenial, GatePass, Pace};
 
 /// The gate's routes and the purchase API behind it.
 pub struct Gate {
-    routes: GateRoutes,
+    pub(super) routes: GateRoutes,
     /// `None` without `gate.upstream`.
     upstream: Option<Upstream>,
     /// `gate.close_header`: the purchase API's "sold out" signal, never passed to the buyer.
@@ -60,20 +60,20 @@ impl Gate {
 
 /// The buyer of a gated request: `X-User-Id`, or in visitor mode the visitor the cookie or
 /// `X-Visitor-Token` names (none, or a forged one: nobody, refused as without a user id).
-fn gate_user(headers: &HeaderMap, st: &SharedState) -> Option<UserId> {
+pub(super) fn gate_user(headers: &HeaderMap, st: &SharedState) -> Option<UserId> {
     match st.service.settings().identity.mode {
         IdentityMode::Header => header_str(headers, "x-user-id").and_then(|u| u.parse().ok()),
         IdentityMode::Visitor => super::extract::visitor_of(headers, st.service.secret()).map(|(id, _)| id),
     }
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// 429 when the purchase API's budget is taken for every tick the gate may wait for; the token
 /// stays usable.
-fn busy(tick_ms: u64) -> Response {
+pub(super) fn busy(tick_ms: u64) -> Response {
     let retry_s = tick_ms.div_ceil(1000).max(1);
     let detail = "the purchase API takes one batch per tick and the next ticks are full: retry shortly (your entry token is still valid)";
     let mut resp = ApiError::new(ErrorCode::DownstreamBusy, detail).into_response();
@@ -83,7 +83,7 @@ fn busy(tick_ms: u64) -> Response {
 
 /// The proxy gate's refusal: 403 for a token that does not hold, 503 OVERLOADED when this
 /// instance could not decide in time (the token stays unused and valid).
-fn denied(e: &GateDenial) -> ApiError {
+pub(super) fn denied(e: &GateDenial) -> ApiError {
     match e {
         GateDenial::Token(t) => ApiError::new(ErrorCode::QueueBypassDenied, t.to_string()),
         GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
@@ -192,127 +192,4 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
         st.service.settle_claim(claim, succeeded).await;
     }
     result.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// The headers in which a forward-auth proxy names the original request URI: nginx
-/// `auth_request` (`proxy_set_header X-Original-URI $request_uri`), Caddy's `forward_auth` and
-/// Traefik's `forwardAuth` (`X-Forwarded-Uri`). Envoy's `ext_authz` appends the original path
-/// to `/gate/verify` instead.
-const ORIGINAL_URI_HEADERS: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];
-
-/// The original request's URI as the proxy names it. Every way it can be named must agree:
-/// these proxies pass the client's own headers on to the check, so a client could add one
-/// naming a harmless path beside the one the proxy set, and vq must not check another request
-/// than the one forwarded.
-fn original_uri<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Result<&'a str, String> {
-    let mut named: Vec<(&str, &str)> = Vec::new();
-    for name in ORIGINAL_URI_HEADERS {
-        for value in headers.get_all(name) {
-            let text = value.to_str().map_err(|_| format!("{name} holds bytes outside visible ASCII"))?;
-            named.push((name, text));
-        }
-    }
-    // Envoy: /gate/verify<original path>, the raw path as sent.
-    if let Some(tail) = uri.path().strip_prefix("/gate/verify").filter(|t| !t.is_empty()) {
-        named.push(("the path after /gate/verify", tail));
-    }
-    let Some(&(_, first)) = named.first() else {
-        return Err("missing X-Original-URI header (or X-Forwarded-Uri, or a path after /gate/verify): the proxy \
-                    must send the original request URI"
-            .into());
-    };
-    if let Some((name, _)) = named.iter().find(|(_, v)| original_path(v) != original_path(first)) {
-        return Err(format!(
-            "{} and {name} name different requests: the proxy's check must name the request it forwards",
-            named[0].0
-        ));
-    }
-    Ok(first)
-}
-
-/// `GET /gate/verify` for forward-auth proxies (nginx `auth_request`, Caddy `forward_auth`,
-/// Traefik `forwardAuth`, Envoy `ext_authz`): 204 when the original request may pass, 403
-/// otherwise, every refusal included (nginx turns any other status into a 500 for the buyer).
-/// The original URI ([`original_uri`]: the raw URI the backend receives) is canonicalised
-/// exactly as the proxy gate does; every method is gated, so the original method is not
-/// needed. The check is read-only: the proxy does not tell vq whether the purchase succeeded,
-/// so one-time use is enforced only for tokens the proxy gate has consumed.
-pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: HeaderMap) -> Response {
-    let refuse = |detail: String| ApiError::new(ErrorCode::QueueBypassDenied, detail).into_response();
-    let uri = match original_uri(&request_uri, &headers) {
-        Ok(u) => u,
-        Err(detail) => {
-            if detail.starts_with("missing") {
-                tracing::warn!(
-                    "/gate/verify without the original URI: nginx must send `proxy_set_header X-Original-URI $request_uri`"
-                );
-            }
-            return refuse(detail);
-        }
-    };
-    if let Some(detail) = super::edge::identity_refusal(&headers) {
-        return refuse(detail);
-    }
-    let path = match CanonicalPath::parse(original_path(uri)) {
-        Ok(p) => p,
-        Err(e) => return refuse(format!("original URI refused: {e}")),
-    };
-    if path.is_queue_api() {
-        return refuse("the original URI is in vq's queue API, which is never forwarded to the backend".into());
-    }
-    let target = match st.gate.routes.match_path(&path) {
-        None => return StatusCode::NO_CONTENT.into_response(),
-        Some(Err(e)) => return refuse(format!("invalid target id in the original URI: {e}")),
-        Some(Ok(t)) => t,
-    };
-    let user = gate_user(&headers, &st);
-    let token = header_str(&headers, "x-entry-token");
-    let visitor = (st.service.settings().identity.mode == IdentityMode::Visitor).then(|| user.clone()).flatten();
-    match st.service.gate_check(target, user, token, ClaimMode::CheckOnly).await {
-        // In visitor mode the proxy takes the visitor's id from here for the purchase API
-        // (nginx: `auth_request_set $vq_user_id $upstream_http_x_user_id`).
-        Ok(_) => match visitor.and_then(|id| HeaderValue::from_str(id.as_str()).ok()) {
-            Some(id) => (StatusCode::NO_CONTENT, [("x-user-id", id)]).into_response(),
-            None => StatusCode::NO_CONTENT.into_response(),
-        },
-        // nginx passes only 401 and 403 on to the buyer (anything else becomes a 500), so an
-        // overloaded check is a 403 that says so and when to retry.
-        Err(e @ GateDenial::Overloaded) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
-            .retry_after(OVERLOADED_RETRY_AFTER_S)
-            .into_response(),
-        Err(e @ GateDenial::NotRecorded(_)) => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string())
-            .retry_after(OVERLOADED_RETRY_AFTER_S)
-            .into_response(),
-        // Likewise a purchase of an undeclared target: refused, saying why.
-        Err(e @ GateDenial::UnknownTarget(_)) => {
-            ApiError::new(ErrorCode::QueueBypassDenied, e.to_string()).into_response()
-        }
-        Err(e) => denied(&e).into_response(),
-    }
-}
-
-/// The path of a request URI as sent (`/p?q`, or absolute `http://host/p?q`), without the
-/// query or anything after a `#` (some servers drop it, so the gate does too).
-fn original_path(uri: &str) -> &str {
-    let uri = match uri.split_once("://") {
-        Some((scheme, rest)) if !scheme.contains('/') => rest.find('/').map_or("/", |i| &rest[i..]),
-        _ => uri,
-    };
-    let end = uri.find(['?', '#']).unwrap_or(uri.len());
-    &uri[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::original_path;
-
-    #[test]
-    fn the_original_path_is_the_path_of_the_uri_as_sent() {
-        assert_eq!(original_path("/limited-drops/1/orders?x=1"), "/limited-drops/1/orders");
-        assert_eq!(original_path("/limited-drops/1/orders#x?y"), "/limited-drops/1/orders");
-        assert_eq!(original_path("http://shop:8080/limited-drops/1/orders?x"), "/limited-drops/1/orders");
-        assert_eq!(original_path("https://shop"), "/");
-        assert_eq!(original_path("/a?next=http://b/c"), "/a");
-        assert_eq!(original_path("*"), "*");
-    }
 }

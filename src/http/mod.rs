@@ -9,6 +9,7 @@ pub mod gate;
 mod metrics;
 pub mod page;
 mod queue;
+mod verify;
 
 use std::sync::Arc;
 
@@ -46,8 +47,9 @@ pub fn router(state: SharedState, edge: Arc<edge::Edge>) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/healthz", get(queue::healthz))
         .route("/readyz", get(queue::readyz))
-        .route("/gate/verify", get(gate::verify))
-        .route("/gate/verify/{*original}", get(gate::verify))
+        .route("/gate/verify", get(verify::verify))
+        .route("/gate/verify/{*original}", get(verify::verify))
+        .route("/gate/release", get(verify::release))
         .route("/waiting-room/{kind}/{id}", get(page::waiting_room))
         .fallback(gate::proxy)
         .route("/metrics", get(metrics::render))

@@ -231,3 +231,58 @@ impl QueueService {
         }
     }
 }
+
+/// Why `/gate/release` released nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseRefusal {
+    #[error(transparent)]
+    Receipt(#[from] crate::release::ReceiptError),
+    #[error("the release receipt was used already")]
+    Spent,
+    #[error("the release could not be recorded: the entry token stays used")]
+    Store,
+}
+
+/// A receipt stays valid this long past `gate.timeout_ms`: the proxy's own wait for the
+/// purchase API, measured from the check's answer, plus its way back to vq.
+const RELEASE_SLACK_MS: u64 = 2_000;
+
+impl QueueService {
+    /// The receipt of a claim `/gate/verify` made, for the proxy to hand back to
+    /// `/gate/release` if the purchase API fails: valid `gate.timeout_ms` (and a little) from
+    /// now, once.
+    pub fn release_receipt(&self, claim: &PendingClaim) -> String {
+        let mut random = [0u8; 12];
+        // Without randomness every receipt of this claim has the same nonce: still one release.
+        let _ = getrandom::fill(&mut random);
+        let receipt = crate::release::Receipt {
+            until_ms: self.now_ms() + self.settings.gate.timeout_ms + RELEASE_SLACK_MS,
+            nonce: crate::release::nonce(random),
+            target: claim.target,
+            user: claim.user.clone(),
+            token: claim.token.clone(),
+            previous: claim.previous.clone(),
+        };
+        crate::release::sign(&self.secret, &receipt)
+    }
+
+    /// Gives back the token a receipt names (the purchase API failed after `/gate/verify`
+    /// let the purchase through): signed by vq, not expired, and never used before.
+    pub async fn release_by_receipt(&self, raw: &str) -> Result<(), ReleaseRefusal> {
+        let r = crate::release::verify(&self.secret, raw, self.now_ms())?;
+        let id = format!("release:{}", r.nonce);
+        match self.bounded(r.target, self.store.spend_once(r.target, &id, r.until_ms)).await {
+            Ok(true) => {}
+            Ok(false) => return Err(ReleaseRefusal::Spent),
+            Err(e) => {
+                self.degraded.record("gate release", r.target, &e);
+                return Err(ReleaseRefusal::Store);
+            }
+        }
+        let release = self.store.release_token(r.target, r.user, &r.token, r.previous);
+        self.bounded(r.target, release).await.map_err(|e| {
+            self.degraded.record("gate release", r.target, &e);
+            ReleaseRefusal::Store
+        })
+    }
+}

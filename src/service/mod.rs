@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use self::degraded::Degraded;
 pub use self::flag::AppliedFlag;
 use self::flag::FlagCache;
-pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim};
+pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim, ReleaseRefusal};
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::outflow::OutflowBatches;

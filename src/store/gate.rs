@@ -35,7 +35,7 @@ pub trait GateOps: Send + Sync + 'static {
         through_queue: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Marks `id` (a proof of work's challenge) used at `target` until `until_ms` (epoch ms,
+    /// Marks `id` (a proof of work's challenge, a release receipt's nonce) used at `target` until `until_ms` (epoch ms,
     /// Redis' clock): true the first time, false while the mark lives.
     fn spend_once(
         &self,

@@ -260,22 +260,34 @@ async fn gate_verify_answers_204_or_403_for_auth_request() {
     assert_eq!(verify("/limited-drops/abc/orders", "POST", "7", &token).await.unwrap().status(), 403);
     assert_eq!(verify("/products/1", "GET", "7", "").await.unwrap().status(), 204, "not gated");
     // The original URI is read as the proxy gate reads a path, whatever the method.
-    for uri in
-        ["/limited-drops/42//Orders/", "/limited-drops/x/../42/%6Frders.json", "http://shop/limited-drops/42/orders"]
-    {
-        assert_eq!(verify(uri, "GET", "7", "").await.unwrap().status(), 403, "{uri}");
-        assert_eq!(verify(uri, "PUT", "7", &token).await.unwrap().status(), 204, "{uri}");
+    // Each check of a purchase claims its token (one-time use), so each uses a token of its own.
+    for (user, uri) in (10u64..).zip([
+        "/limited-drops/42//Orders/",
+        "/limited-drops/x/../42/%6Frders.json",
+        "http://shop/limited-drops/42/orders",
+    ]) {
+        let (u, t) = (user.to_string(), token_for(target(), user));
+        assert_eq!(verify(uri, "GET", &u, "").await.unwrap().status(), 403, "{uri}");
+        assert_eq!(verify(uri, "PUT", &u, &t).await.unwrap().status(), 204, "{uri}");
+        assert_eq!(verify(uri, "PUT", &u, &t).await.unwrap().status(), 403, "{uri}: the token is used");
     }
+    let token = token_for(target(), 9);
     for uri in [
         "/limited-drops/42/orders%2F",
         "/limited-drops%2F42%2Forders",
         "/limited-drops/42/orders%00",
         "//virtual-queues/x",
+        "//limited-drops/42/orders",
+        "/limited-drops/42/orders%23",
+        "/limited-drops/42/orders#",
+        "/x#/../limited-drops/42/orders",
     ] {
-        let r = verify(uri, "POST", "7", &token).await.unwrap();
+        let r = verify(uri, "POST", "9", &token).await.unwrap();
         assert_eq!(r.status(), 403, "{uri}");
         assert_eq!(app.json(r).await["code"], "QUEUE_BYPASS_DENIED");
     }
+    let clean = verify("/limited-drops/42/orders", "POST", "9", &token).await.unwrap();
+    assert_eq!(clean.status(), 204, "the refusals above were the paths', not the token's");
     let no_method = app
         .client
         .get(app.url("/gate/verify"))

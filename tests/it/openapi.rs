@@ -60,6 +60,7 @@ async fn the_document_lists_every_route_and_real_answers_match_its_schemas() {
         "/virtual-queues/{type}/{id}/entries/me",
         "/virtual-queues/{type}/{id}/stats",
         "/gate/verify",
+        "/gate/release",
         "/healthz",
         "/readyz",
         "/openapi.json",

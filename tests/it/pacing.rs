@@ -46,6 +46,11 @@ async fn purchase(addr: String, user: u64) -> (u64, u16, Value) {
 /// Arrivals per tick, where an arrival within [`DELIVERY_SLACK_MS`] of a tick's start counts
 /// for the tick before while that one has room. Returns the load of every tick.
 pub(crate) fn load_per_tick(arrivals_ms: &[u64]) -> BTreeMap<u64, u64> {
+    load_per_tick_of(arrivals_ms, BATCH)
+}
+
+/// [`load_per_tick`] with ticks of [`TICK_MS`] and `batch` purchases each.
+pub(crate) fn load_per_tick_of(arrivals_ms: &[u64], batch: u64) -> BTreeMap<u64, u64> {
     let mut firm = BTreeMap::<u64, u64>::new();
     let mut early = BTreeMap::<u64, u64>::new();
     for at in arrivals_ms {
@@ -63,7 +68,7 @@ pub(crate) fn load_per_tick(arrivals_ms: &[u64]) -> BTreeMap<u64, u64> {
         }
         let here = firm.get(&tick).copied().unwrap_or(0) + e - moved;
         *load.entry(tick).or_insert(0) += here;
-        room_before = BATCH.saturating_sub(load[&tick]);
+        room_before = batch.saturating_sub(load[&tick]);
     }
     load
 }

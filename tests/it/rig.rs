@@ -159,7 +159,7 @@ impl Nginx {
         std::fs::write(dir.path().join("site.conf"), site).unwrap();
         let conf = format!(
             "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 256; }}\n\
+             events {{ worker_connections 2048; }}\n\
              http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
              include {d}/site.conf;\n}}\n"

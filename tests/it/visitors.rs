@@ -125,6 +125,10 @@ async fn the_gate_checks_the_token_against_the_visitor_and_tells_the_purchase_ap
         .unwrap();
     assert_eq!(verify.status(), 204);
     assert_eq!(verify.headers()["x-user-id"], visitor_a);
+    // The check claimed the token; the proxy's release (the purchase API failed) gives it back.
+    let receipt = verify.headers()["x-vq-release"].to_str().unwrap().to_owned();
+    let released = app.client.get(app.url("/gate/release")).header("X-Vq-Release", receipt).send().await.unwrap();
+    assert_eq!(released.status(), 502);
     // Visitor a buys; the purchase API hears of visitor a, whatever X-User-Id the client sent.
     let r = buy(Some(&a), Some("someone-else")).await.unwrap();
     assert_eq!(r.status(), 200);
