@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::edge::RouteLabel;
 use super::error::OVERLOADED_RETRY_AFTER_S;
-use super::forward::Upstream;
+use super::forward::{ForwardError, Upstream};
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, IdentityMode, SettingError};
 use crate::domain::UserId;
@@ -123,6 +123,8 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     }
     let mut paced_target = None;
     let mut route_target = None;
+    // Whose valid token let the purchase through: the only buyers the adaptive outflow hears.
+    let mut token_buyer = None;
     let claim = match st.gate.routes.match_path(&path) {
         None if path.is_queue_api() || st.gate.upstream.is_none() => {
             return ApiError::new(ErrorCode::NotFound, "no such route").into_response();
@@ -132,10 +134,11 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
         Some(Ok(target)) => {
             route_target = Some(target);
             let token = header_str(&parts.headers, "x-entry-token");
-            match st.service.gate_check(target, buyer, token, ClaimMode::Claim).await {
+            match st.service.gate_check(target, buyer.clone(), token, ClaimMode::Claim).await {
                 Ok(GatePass::FlagOff) => None,
                 Ok(GatePass::Verified { claim }) => {
                     paced_target = Some(target);
+                    token_buyer = buyer;
                     claim
                 }
                 Err(e) => return denied(&e).into_response(),
@@ -162,13 +165,19 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     };
     let sent = std::time::Instant::now();
     let sent_tick = st.service.purchase_tick();
-    let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
-    if let Some(target) = paced_target {
+    let forwarded = upstream.forward(parts, &path, body).await;
+    // The client's fault (a body framed wrongly, cut short or stalled): no answer of the
+    // purchase API, neither for the record nor for the adaptive outflow.
+    let client_fault = matches!(forwarded, Err(ForwardError::ClientBody(_) | ForwardError::Path));
+    let mut result = forwarded.map_err(|e| upstream.error(e));
+    if let Some(target) = paced_target.filter(|_| !client_fault) {
         st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
     }
-    if let Some(target) = route_target {
-        // For the adaptive outflow: failed (5xx, 429, timed out, not reached) and backing off
-        // (503, 429, Retry-After).
+    if let (Some(target), Some(buyer)) = (paced_target, token_buyer)
+        && !client_fault
+    {
+        // For the adaptive outflow, as this buyer's: failed (5xx, 429, timed out, not reached)
+        // and backing off (503, 429, Retry-After).
         let (error, backoff) = match &result {
             Ok(r) => {
                 let s = r.status();
@@ -178,7 +187,7 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
             }
             Err(_) => (true, false),
         };
-        st.service.observe_purchase(target, sent.elapsed(), error, backoff);
+        st.service.observe_purchase(target, buyer, sent.elapsed(), error, backoff);
     }
     if let Ok(resp) = &mut result
         && let Some(message) = st.gate.take_close(resp)
