@@ -7,11 +7,13 @@
 //! purchases they send, failed if any failed, as slow as their slowest. So `n` buyers whose
 //! purchases all fail weigh `n` against the interval's other buyers, never more: with an
 //! error threshold `r` they move the batch only when they are over `r / (1 − r)` times the
-//! buyers served well in the interval (and at least `min_samples` buyers took part).
+//! buyers served well in the interval (and at least `min_samples` buyers took part). Backing
+//! off is a share too: a purchase API that rate-limits one account (429 to that buyer alone)
+//! is not asking everyone for less.
 //!
 //! The rule is AIMD, as TCP's congestion control: an interval where the purchase API kept its
-//! latency and error targets and never backed off adds `increase` users; one where it did not
-//! multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
+//! latency and error targets and backed off from no more than that share of buyers adds
+//! `increase` users; one where it did not multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
 //! with fewer than `min_samples` purchases holds the batch (no evidence either way).
 //!
 //! No-show compensation (`adaptive.target_purchases_per_tick`): admitted buyers whose token
@@ -99,6 +101,11 @@ impl Observations {
     pub fn error_ratio(&self) -> f64 {
         if self.purchases == 0 { 0.0 } else { self.errors as f64 / self.purchases as f64 }
     }
+
+    /// The share of buyers the purchase API backed off from.
+    pub fn backoff_ratio(&self) -> f64 {
+        if self.purchases == 0 { 0.0 } else { self.backoffs as f64 / self.purchases as f64 }
+    }
 }
 
 /// The controller's settings (`queue.batch_min`, `queue.batch_max`, `[adaptive]`).
@@ -108,7 +115,7 @@ pub struct Controller {
     pub batch_max: u64,
     /// P95 latency the purchase API should stay under.
     pub latency_ms: u64,
-    /// Share of errors the purchase API may give.
+    /// Share of buyers the purchase API may fail, or back off from.
     pub error_ratio: f64,
     /// Users added after a healthy interval.
     pub increase: u64,
@@ -172,8 +179,8 @@ impl Controller {
         }
         let p95 = seen.p95_ms().unwrap_or(0);
         let ratio = seen.error_ratio();
-        let trouble = if seen.backoffs > 0 {
-            Some(format!("{} purchases answered 503/429 or Retry-After", seen.backoffs))
+        let trouble = if seen.backoff_ratio() > self.error_ratio {
+            Some(format!("{} of {} buyers answered 503/429 or Retry-After", seen.backoffs, seen.purchases))
         } else if ratio > self.error_ratio {
             Some(format!("error ratio {ratio:.3} over {}", self.error_ratio))
         } else if p95 > self.latency_ms {
@@ -231,7 +238,8 @@ mod tests {
         assert_eq!(C.decide3(95, &seen(40, 0, 0, 100)).batch, 100, "never past batch_max");
         assert_eq!(C.decide3(50, &seen(40, 0, 0, 900)).batch, 25, "slow");
         assert_eq!(C.decide3(50, &seen(40, 4, 0, 100)).batch, 25, "10 % errors");
-        assert_eq!(C.decide3(50, &seen(40, 0, 1, 100)).batch, 25, "backing off");
+        assert_eq!(C.decide3(50, &seen(40, 0, 3, 100)).batch, 25, "backing off from 7.5 % of the buyers");
+        assert_eq!(C.decide3(50, &seen(40, 1, 1, 100)).batch, 60, "one buyer of 40 failed and backed off from");
         assert_eq!(C.decide3(12, &seen(40, 40, 0, 100)).batch, 10, "never under batch_min");
         let hold = C.decide3(50, &seen(4, 4, 4, 9000));
         assert_eq!(hold.batch, 50, "too few purchases: hold");
@@ -256,7 +264,7 @@ mod tests {
         assert_eq!(up.batch, 40, "a healthy interval moves to the compensated batch");
         assert!(up.reason.starts_with("target"), "{}", up.reason);
         assert_eq!(t.decide(90, &seen(40, 0, 0, 100), Some(0.5)).batch, 40, "down to it as well");
-        assert_eq!(t.decide(60, &seen(40, 0, 1, 100), Some(0.5)).batch, 30, "backing off still cuts");
+        assert_eq!(t.decide(60, &seen(40, 0, 4, 100), Some(0.5)).batch, 30, "backing off still cuts");
         assert_eq!(t.decide(33, &seen(1, 0, 0, 100), Some(0.5)).batch, 33, "too few purchases: hold");
     }
 

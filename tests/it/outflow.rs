@@ -3,6 +3,7 @@
 //! batch (`vq batch set --target`) holds.
 
 mod active;
+mod attack;
 mod decisions;
 
 use std::sync::Arc;
