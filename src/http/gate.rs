@@ -63,7 +63,7 @@ impl Gate {
 fn gate_user(headers: &HeaderMap, st: &SharedState) -> Option<UserId> {
     match st.service.settings().identity.mode {
         IdentityMode::Header => header_str(headers, "x-user-id").and_then(|u| u.parse().ok()),
-        IdentityMode::Visitor => super::extract::visitor_of(headers, st.service.secret()).map(|(id, _)| id),
+        IdentityMode::Visitor => super::extract::visitor_of(headers, &st.service).map(|(id, _)| id),
     }
 }
 

@@ -9,7 +9,8 @@ use super::{
     SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
 };
 use crate::domain::{
-    AnswerClass, BuyerObservation, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId,
+    AnswerClass, BuyerObservation, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule,
+    TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.

@@ -121,7 +121,8 @@ async fn an_outflow_interval_is_decided_once_with_every_observation() {
     use vq::domain::{BuyerObservation, Observations, latency_bucket};
     use vq::store::{BatchChange, OutflowClaim, OutflowState, TokensEnded};
     with_both(async |s, _| {
-        let seen = |ms: u64, error: bool, backoff: bool| BuyerObservation { bucket: latency_bucket(ms), error, backoff };
+        let seen =
+            |ms: u64, error: bool, backoff: bool| BuyerObservation { bucket: latency_bucket(ms), error, backoff };
         let (a, b): (UserId, UserId) = ("a".parse().unwrap(), "b".parse().unwrap());
         // Buyer a: fast, then slow and failed, then failed again, then fast: one buyer, the worst.
         s.observe_purchase(t(), 7, &a, seen(30, false, false), 60).await.unwrap();

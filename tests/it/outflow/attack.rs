@@ -322,7 +322,11 @@ async fn with_one_token_a_flood_of_failing_purchases_leaves_the_batch_to_the_pur
     batch_follows_the_purchase_api(&redis).await;
     finish(stop, tasks).await;
     let seen = futures_join(floods).await;
-    assert!(seen[2].contains(&500) && seen[2].contains(&429), "the purchase API failed the token's purchases: {:?}", seen[2]);
+    assert!(
+        seen[2].contains(&500) && seen[2].contains(&429),
+        "the purchase API failed the token's purchases: {:?}",
+        seen[2]
+    );
     assert!(seen[2].contains(&403), "a token held by a purchase in flight is refused: {:?}", seen[2]);
 }
 
