@@ -169,7 +169,9 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     // The client's fault (a body framed wrongly, cut short or stalled): no answer of the
     // purchase API, neither for the record nor for the adaptive outflow.
     let client_fault = matches!(forwarded, Err(ForwardError::ClientBody(_) | ForwardError::Path));
-    let mut result = forwarded.map_err(|e| upstream.error(e));
+    // The purchase API's time, without the client's upload.
+    let took = forwarded.as_ref().map_or_else(|_| sent.elapsed(), |(_, took)| *took);
+    let mut result = forwarded.map(|(r, _)| r).map_err(|e| upstream.error(e));
     if let Some(target) = paced_target.filter(|_| !client_fault) {
         st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
     }
@@ -187,7 +189,7 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
             }
             Err(_) => (true, false),
         };
-        st.service.observe_purchase(target, buyer, sent.elapsed(), error, backoff);
+        st.service.observe_purchase(target, buyer, took, error, backoff);
     }
     if let Ok(resp) = &mut result
         && let Some(message) = st.gate.take_close(resp)

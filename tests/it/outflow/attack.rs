@@ -30,7 +30,8 @@ const CANARY_PERCENT: u8 = 50;
 /// request crafted to make it fail, or one account it fails or rate-limits): 500, or the
 /// status their `X-Fail-With` asks for, with `Retry-After` on a 429 or 503.
 async fn purchase_api() -> String {
-    let handler = |headers: HeaderMap| async move {
+    // It reads the whole body before it answers, as a purchase API does.
+    let handler = |headers: HeaderMap, _body: axum::body::Bytes| async move {
         let user = headers.get("x-user-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
         if !user.starts_with(ATTACKER) {
             return (StatusCode::OK, [("x-served", "1")]);
@@ -369,4 +370,58 @@ async fn futures_join(floods: Vec<tokio::task::JoinHandle<Vec<u16>>>) -> Vec<Vec
         seen.push(f.await.unwrap());
     }
     seen
+}
+
+/// A buyer with a valid token who sends the body slowly (four chunks 300 ms apart) makes the
+/// purchase look slow only by their own upload: the controller counts the purchase API's time
+/// from the body's last bytes, so the buyer's observation is a fast one.
+#[tokio::test]
+async fn a_body_sent_slowly_counts_the_purchase_apis_time_not_the_clients() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.outflow = vq::config::Outflow::Adaptive;
+    s.gate.upstream = Some(purchase_api().await);
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    let user = "slow-buyer";
+    let t = token_for(user, "LIMITED_DROP:42", now_s(), 300);
+    let head = framed(ORDER, &[("X-User-Id", user), ("X-Entry-Token", &t)], "Transfer-Encoding: chunked\r\n\r\n");
+    let addr = app.addr.trim_start_matches("http://").to_owned();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(&head).unwrap();
+        for chunk in ["{\"sku\"", ": 1", ", \"n\"", ": 2}"] {
+            std::thread::sleep(Duration::from_millis(300));
+            c.write_all(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes()).unwrap();
+        }
+        c.write_all(b"0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        let _ = c.read_to_string(&mut text);
+        text
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The observation, written off the response path: the buyer's latency bucket.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let seen = loop {
+        let mut c = redis.conn().await;
+        let keys: Vec<String> = c.keys("queue:{LIMITED_DROP:42}:outflow:buyers:*").await.unwrap();
+        let mut found = None;
+        for k in keys {
+            let v: Option<String> = c.hget(&k, user).await.unwrap();
+            found = found.or(v);
+        }
+        if let Some(v) = found {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "no observation of the buyer's purchase");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let bucket: usize = seen.split(':').next().unwrap().parse().unwrap();
+    let upper = vq::domain::LATENCY_BUCKETS_MS[bucket];
+    assert!(upper <= 250, "counted as the purchase API's {upper} ms, the 1.2 s upload included ({seen})");
+    app.stop().await;
 }
