@@ -5,7 +5,7 @@
 //! attacker: the batch climbs to `batch_max` as the healthy purchase API has it, and no
 //! decision goes down.
 
-use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
@@ -124,25 +124,44 @@ async fn canary(s: &vq::config::Settings) {
     }
 }
 
-/// Runs `attack` again and again, `lanes` at a time, each lane at most 4000 times, until
-/// `stop`; the statuses it met.
-fn flood<F, Fut>(stop: &CancellationToken, lanes: usize, attack: F) -> tokio::task::JoinHandle<Vec<u16>>
-where
-    F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
-    Fut: Future<Output = u16> + Send,
-{
-    let stop = stop.clone();
+/// What one attacking request does.
+#[derive(Debug, Clone, Copy)]
+enum Attack {
+    /// A chunked body that is malformed (a chunk size that is not hex).
+    Malformed,
+    /// A body announced and cut short by a hang-up.
+    HangUp,
+    /// A well-formed purchase.
+    Purchase,
+}
+
+/// Sends `attack` with the headers `who(lane)` gives again and again, `lanes` at a time, each
+/// lane at most 4000 times, until `stop`; the statuses it met.
+fn flood(
+    stop: &CancellationToken,
+    app: &Arc<TestApp>,
+    lanes: usize,
+    attack: Attack,
+    who: impl Fn(usize) -> Vec<(&'static str, String)> + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<Vec<u16>> {
+    let (stop, app, who) = (stop.clone(), app.clone(), Arc::new(who));
     tokio::spawn(async move {
         let lanes: Vec<_> = (0..lanes)
             .map(|lane| {
-                let (stop, attack) = (stop.clone(), attack.clone());
+                let (stop, app, who) = (stop.clone(), app.clone(), who.clone());
                 tokio::spawn(async move {
+                    let headers = who(lane);
+                    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
                     let mut seen = Vec::new();
                     for _ in 0..4000 {
                         if stop.is_cancelled() {
                             break;
                         }
-                        seen.push(attack(lane).await);
+                        seen.push(match attack {
+                            Attack::Malformed => malformed(&app, &headers).await,
+                            Attack::HangUp => hang_up(&app, &headers).await,
+                            Attack::Purchase => purchase(&app, &headers).await,
+                        });
                     }
                     seen
                 })
@@ -241,40 +260,19 @@ async fn finish(stop: CancellationToken, tasks: Vec<tokio::task::JoinHandle<()>>
 async fn with_no_token_a_flood_of_failing_purchases_leaves_the_batch_to_the_purchase_api() {
     let redis = RedisServer::spawn();
     let (app, stop, tasks) = sale(&redis).await;
-    let app = std::sync::Arc::new(app);
+    let app = Arc::new(app);
     let outside = accounts(1, false).remove(0);
     let inside = accounts(1, true).remove(0);
     let expired = token_for(&inside, "LIMITED_DROP:42", now_s() - 600, 60);
     let elsewhere = token_for(&inside, "LIMITED_DROP:43", now_s(), 300);
+    let as_outside = move |_| vec![("X-User-Id", outside.clone())];
+    let tokens = ["".to_owned(), "v1.forged.AAAA".to_owned(), expired, elsewhere];
     let floods = vec![
-        flood(&stop, 2, {
-            let (app, u) = (app.clone(), outside.clone());
-            move |_| {
-                let (app, u) = (app.clone(), u.clone());
-                async move { malformed(&app, &[("X-User-Id", &u)]).await }
-            }
-        }),
-        flood(&stop, 2, {
-            let (app, u) = (app.clone(), outside.clone());
-            move |_| {
-                let (app, u) = (app.clone(), u.clone());
-                async move { hang_up(&app, &[("X-User-Id", &u)]).await }
-            }
-        }),
-        flood(&stop, 2, {
-            let (app, u) = (app.clone(), outside.clone());
-            move |_| {
-                let (app, u) = (app.clone(), u.clone());
-                async move { purchase(&app, &[("X-User-Id", &u)]).await }
-            }
-        }),
-        flood(&stop, 1, {
-            let (app, u) = (app.clone(), inside.clone());
-            let tokens = ["".to_owned(), "v1.forged.AAAA".to_owned(), expired, elsewhere];
-            move |i| {
-                let (app, u, t) = (app.clone(), u.clone(), tokens[i % tokens.len()].clone());
-                async move { purchase(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t)]).await }
-            }
+        flood(&stop, &app, 2, Attack::Malformed, as_outside.clone()),
+        flood(&stop, &app, 2, Attack::HangUp, as_outside.clone()),
+        flood(&stop, &app, 2, Attack::Purchase, as_outside),
+        flood(&stop, &app, tokens.len(), Attack::Purchase, move |lane| {
+            vec![("X-User-Id", inside.clone()), ("X-Entry-Token", tokens[lane].clone())]
         }),
     ];
     batch_follows_the_purchase_api(&redis).await;
@@ -292,33 +290,18 @@ async fn with_no_token_a_flood_of_failing_purchases_leaves_the_batch_to_the_purc
 async fn with_one_token_a_flood_of_failing_purchases_leaves_the_batch_to_the_purchase_api() {
     let redis = RedisServer::spawn();
     let (app, stop, tasks) = sale(&redis).await;
-    let app = std::sync::Arc::new(app);
+    let app = Arc::new(app);
     let u = accounts(1, true).remove(0);
     let t = token_for(&u, "LIMITED_DROP:42", now_s(), 300);
+    let holder = move |lane: usize| {
+        // One lane rate-limited by the purchase API (429 + Retry-After: backing off).
+        let fail = if lane == 0 { "429" } else { "500" };
+        vec![("X-User-Id", u.clone()), ("X-Entry-Token", t.clone()), ("X-Fail-With", fail.to_owned())]
+    };
     let floods = vec![
-        flood(&stop, 1, {
-            let (app, u, t) = (app.clone(), u.clone(), t.clone());
-            move |_| {
-                let (app, u, t) = (app.clone(), u.clone(), t.clone());
-                async move { malformed(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t)]).await }
-            }
-        }),
-        flood(&stop, 1, {
-            let (app, u, t) = (app.clone(), u.clone(), t.clone());
-            move |_| {
-                let (app, u, t) = (app.clone(), u.clone(), t.clone());
-                async move { hang_up(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t)]).await }
-            }
-        }),
-        flood(&stop, 3, {
-            let (app, u, t) = (app.clone(), u.clone(), t.clone());
-            move |lane| {
-                let (app, u, t) = (app.clone(), u.clone(), t.clone());
-                // One lane rate-limited by the purchase API (429 + Retry-After: backing off).
-                let fail = if lane == 0 { "429" } else { "500" };
-                async move { purchase(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t), ("X-Fail-With", fail)]).await }
-            }
-        }),
+        flood(&stop, &app, 1, Attack::Malformed, holder.clone()),
+        flood(&stop, &app, 1, Attack::HangUp, holder.clone()),
+        flood(&stop, &app, 3, Attack::Purchase, holder),
     ];
     batch_follows_the_purchase_api(&redis).await;
     finish(stop, tasks).await;
@@ -338,26 +321,16 @@ async fn with_one_token_a_flood_of_failing_purchases_leaves_the_batch_to_the_pur
 async fn with_five_tokens_a_flood_of_failing_purchases_leaves_the_batch_to_the_purchase_api() {
     let redis = RedisServer::spawn();
     let (app, stop, tasks) = sale(&redis).await;
-    let app = std::sync::Arc::new(app);
+    let app = Arc::new(app);
     let holders: Vec<(String, String)> =
         accounts(5, true).into_iter().map(|u| (token_for(&u, "LIMITED_DROP:42", now_s(), 300), u)).collect();
-    let floods = vec![
-        flood(&stop, 5, {
-            let (app, holders) = (app.clone(), holders.clone());
-            move |i| {
-                let (app, (t, u)) = (app.clone(), holders[i].clone());
-                let fail = ["500", "503", "429"][i % 3];
-                async move { purchase(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t), ("X-Fail-With", fail)]).await }
-            }
-        }),
-        flood(&stop, 5, {
-            let (app, holders) = (app.clone(), holders.clone());
-            move |i| {
-                let (app, (t, u)) = (app.clone(), holders[i].clone());
-                async move { malformed(&app, &[("X-User-Id", &u), ("X-Entry-Token", &t)]).await }
-            }
-        }),
-    ];
+    let holder = move |lane: usize| {
+        let (t, u) = holders[lane].clone();
+        let fail = ["500", "503", "429"][lane % 3];
+        vec![("X-User-Id", u), ("X-Entry-Token", t), ("X-Fail-With", fail.to_owned())]
+    };
+    let floods =
+        vec![flood(&stop, &app, 5, Attack::Purchase, holder.clone()), flood(&stop, &app, 5, Attack::Malformed, holder)];
     batch_follows_the_purchase_api(&redis).await;
     finish(stop, tasks).await;
     let seen = futures_join(floods).await;
