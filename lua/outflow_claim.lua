@@ -5,8 +5,9 @@
 --                                    used, expired (the token counters at the last decision),
 --                                    no_show (the smoothed share of no-shows)
 -- KEYS[2] queue:{T}:batch_size       STRING runtime batch size for this target (a pin)
--- KEYS[3] queue:{T}:outflow:obs:<i>  HASH what the gates saw in interval i: n, e (errors),
---                                    b (backoffs), l<k> (purchases in latency bucket k)
+-- KEYS[3] queue:{T}:outflow:obs:<i>  HASH what the gates saw in interval i, in buyers
+--                                    (outflow_observe.lua): n, e (errors), b (backoffs),
+--                                    l<k> (buyers in latency bucket k)
 -- KEYS[4] queue:{T}:waits            HASH target counters (tokens_used, tokens_expired)
 -- ARGV[1] the interval i
 -- ARGV[2] the key ttl, seconds

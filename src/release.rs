@@ -150,7 +150,7 @@ mod tests {
             assert!(verify(&secret(), bad, 0).is_err(), "{bad}");
         }
         // A signed thing of another kind (a visitor token's payload) is not a receipt.
-        let visitor = crate::visitor::sign(&secret(), &"v_x".parse().unwrap());
+        let visitor = crate::visitor::sign(&secret(), &"v_x".parse().unwrap(), 9_999_999_999);
         assert!(verify(&secret(), &visitor, 0).is_err());
     }
 }

@@ -123,15 +123,16 @@ pub struct AdaptiveSettings {
     /// One decision per interval, cluster-wide, from the gates' observations of the one before
     /// (at least one tick: a shorter one counts as `queue.tick_ms`).
     pub interval_ms: u64,
-    /// P95 latency of purchases the purchase API should stay under.
+    /// P95 latency (of each buyer's slowest purchase) the purchase API should stay under.
     pub latency_ms: u64,
-    /// Share of purchases answered 5xx/429, timed out or not reached that it may give.
+    /// Share of an interval's buyers the purchase API may fail (5xx/429, timed out, not
+    /// reached), or back off from (503/429/`Retry-After`).
     pub error_ratio: f64,
     /// Users added to the batch after a healthy interval.
     pub increase: u64,
     /// Factor applied to the batch after an unhealthy one.
     pub decrease: f64,
-    /// Fewer purchases than this in an interval: the batch holds.
+    /// Fewer buyers than this in an interval: the batch holds.
     pub min_samples: u64,
     /// Purchases per tick to aim at: a healthy interval moves the batch to
     /// `target / (1 − no_show)` (admitted buyers whose token expired unused, smoothed) instead

@@ -18,7 +18,9 @@ pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};
-pub use outflow::{Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket, smooth_no_show};
+pub use outflow::{
+    BuyerObservation, Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket, smooth_no_show,
+};
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{

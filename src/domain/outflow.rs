@@ -2,9 +2,18 @@
 //! health, as the gate measures it. Pure: the observations of one control interval in, the
 //! next batch and why out.
 //!
+//! What it hears: only purchases the gate forwarded with a valid entry token, counted per
+//! buyer ([`BuyerObservation`]): a buyer is one observation per interval however many
+//! purchases they send, failed if any failed, as slow as their slowest. So `n` buyers whose
+//! purchases all fail weigh `n` against the interval's other buyers, never more: with an
+//! error threshold `r` they move the batch only when they are over `r / (1 − r)` times the
+//! buyers served well in the interval (and at least `min_samples` buyers took part). Backing
+//! off is a share too: a purchase API that rate-limits one account (429 to that buyer alone)
+//! is not asking everyone for less.
+//!
 //! The rule is AIMD, as TCP's congestion control: an interval where the purchase API kept its
-//! latency and error targets and never backed off adds `increase` users; one where it did not
-//! multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
+//! latency and error targets and backed off from no more than that share of buyers adds
+//! `increase` users; one where it did not multiplies the batch by `decrease`. Always within `[batch_min, batch_max]`; an interval
 //! with fewer than `min_samples` purchases holds the batch (no evidence either way).
 //!
 //! No-show compensation (`adaptive.target_purchases_per_tick`): admitted buyers whose token
@@ -20,20 +29,57 @@ pub fn latency_bucket(ms: u64) -> usize {
     LATENCY_BUCKETS_MS.iter().position(|b| ms <= *b).unwrap_or(LATENCY_BUCKETS_MS.len() - 1)
 }
 
-/// What the gates saw of the purchase API in one control interval, every instance together.
+/// What one buyer's purchases in a control interval count for: the slowest one's latency
+/// bucket, whether any failed, whether the purchase API backed off from any.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BuyerObservation {
+    /// The [`LATENCY_BUCKETS_MS`] bucket of the slowest purchase.
+    pub bucket: usize,
+    /// A purchase answered 5xx or 429, timed out, or not reached.
+    pub error: bool,
+    /// A purchase answered 503 or 429, or with `Retry-After`.
+    pub backoff: bool,
+}
+
+impl BuyerObservation {
+    /// One buyer's two purchases in an interval as one: the worse of each.
+    pub fn worst(self, other: Self) -> Self {
+        Self {
+            bucket: self.bucket.max(other.bucket),
+            error: self.error || other.error,
+            backoff: self.backoff || other.backoff,
+        }
+    }
+}
+
+/// What the gates saw of the purchase API in one control interval, every instance together,
+/// counted in buyers ([`BuyerObservation`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observations {
-    /// Purchases forwarded and answered (or failed).
+    /// Buyers whose purchases were forwarded and answered (or failed).
     pub purchases: u64,
-    /// Answered 5xx or 429, timed out, or not reached.
+    /// Buyers with a purchase answered 5xx or 429, timed out, or not reached.
     pub errors: u64,
-    /// Answered 503 or 429, or with `Retry-After`: the purchase API asks for less.
+    /// Buyers with a purchase answered 503 or 429, or with `Retry-After`: the purchase API asks
+    /// for less.
     pub backoffs: u64,
-    /// Purchases per [`LATENCY_BUCKETS_MS`] bucket.
+    /// Buyers per [`LATENCY_BUCKETS_MS`] bucket of their slowest purchase.
     pub latency: [u64; LATENCY_BUCKETS_MS.len()],
 }
 
 impl Observations {
+    /// The interval's observations made of each buyer's.
+    pub fn of_buyers<'a>(buyers: impl IntoIterator<Item = &'a BuyerObservation>) -> Self {
+        let mut seen = Self::default();
+        for b in buyers {
+            seen.purchases += 1;
+            seen.errors += u64::from(b.error);
+            seen.backoffs += u64::from(b.backoff);
+            seen.latency[b.bucket.min(LATENCY_BUCKETS_MS.len() - 1)] += 1;
+        }
+        seen
+    }
+
     /// The 95th percentile latency, as the upper bound of its bucket (ms); `None` without
     /// purchases.
     pub fn p95_ms(&self) -> Option<u64> {
@@ -55,6 +101,11 @@ impl Observations {
     pub fn error_ratio(&self) -> f64 {
         if self.purchases == 0 { 0.0 } else { self.errors as f64 / self.purchases as f64 }
     }
+
+    /// The share of buyers the purchase API backed off from.
+    pub fn backoff_ratio(&self) -> f64 {
+        if self.purchases == 0 { 0.0 } else { self.backoffs as f64 / self.purchases as f64 }
+    }
 }
 
 /// The controller's settings (`queue.batch_min`, `queue.batch_max`, `[adaptive]`).
@@ -64,7 +115,7 @@ pub struct Controller {
     pub batch_max: u64,
     /// P95 latency the purchase API should stay under.
     pub latency_ms: u64,
-    /// Share of errors the purchase API may give.
+    /// Share of buyers the purchase API may fail, or back off from.
     pub error_ratio: f64,
     /// Users added after a healthy interval.
     pub increase: u64,
@@ -128,8 +179,8 @@ impl Controller {
         }
         let p95 = seen.p95_ms().unwrap_or(0);
         let ratio = seen.error_ratio();
-        let trouble = if seen.backoffs > 0 {
-            Some(format!("{} purchases answered 503/429 or Retry-After", seen.backoffs))
+        let trouble = if seen.backoff_ratio() > self.error_ratio {
+            Some(format!("{} of {} buyers answered 503/429 or Retry-After", seen.backoffs, seen.purchases))
         } else if ratio > self.error_ratio {
             Some(format!("error ratio {ratio:.3} over {}", self.error_ratio))
         } else if p95 > self.latency_ms {
@@ -187,7 +238,8 @@ mod tests {
         assert_eq!(C.decide3(95, &seen(40, 0, 0, 100)).batch, 100, "never past batch_max");
         assert_eq!(C.decide3(50, &seen(40, 0, 0, 900)).batch, 25, "slow");
         assert_eq!(C.decide3(50, &seen(40, 4, 0, 100)).batch, 25, "10 % errors");
-        assert_eq!(C.decide3(50, &seen(40, 0, 1, 100)).batch, 25, "backing off");
+        assert_eq!(C.decide3(50, &seen(40, 0, 3, 100)).batch, 25, "backing off from 7.5 % of the buyers");
+        assert_eq!(C.decide3(50, &seen(40, 1, 1, 100)).batch, 60, "one buyer of 40 failed and backed off from");
         assert_eq!(C.decide3(12, &seen(40, 40, 0, 100)).batch, 10, "never under batch_min");
         let hold = C.decide3(50, &seen(4, 4, 4, 9000));
         assert_eq!(hold.batch, 50, "too few purchases: hold");
@@ -212,7 +264,7 @@ mod tests {
         assert_eq!(up.batch, 40, "a healthy interval moves to the compensated batch");
         assert!(up.reason.starts_with("target"), "{}", up.reason);
         assert_eq!(t.decide(90, &seen(40, 0, 0, 100), Some(0.5)).batch, 40, "down to it as well");
-        assert_eq!(t.decide(60, &seen(40, 0, 1, 100), Some(0.5)).batch, 30, "backing off still cuts");
+        assert_eq!(t.decide(60, &seen(40, 0, 4, 100), Some(0.5)).batch, 30, "backing off still cuts");
         assert_eq!(t.decide(33, &seen(1, 0, 0, 100), Some(0.5)).batch, 33, "too few purchases: hold");
     }
 
@@ -222,6 +274,21 @@ mod tests {
         assert_eq!(smooth_no_show(Some(0.3), 1, 1), Some(0.3));
         assert_eq!(smooth_no_show(None, 10, 10), Some(0.5));
         assert_eq!(smooth_no_show(Some(0.0), 5, 5), Some(0.25), "half way to the interval's share");
+    }
+
+    #[test]
+    fn a_buyer_counts_once_as_the_worst_of_their_purchases() {
+        let fast = BuyerObservation { bucket: 1, error: false, backoff: false };
+        let failed = BuyerObservation { bucket: 0, error: true, backoff: false };
+        let slow = BuyerObservation { bucket: 7, error: false, backoff: true };
+        assert_eq!(fast.worst(failed).worst(slow), BuyerObservation { bucket: 7, error: true, backoff: true });
+        // One attacker failing 1000 times is one buyer in error beside 39 served well: 2.5 %.
+        let attacker = (0..1000).map(|_| failed).reduce(BuyerObservation::worst).unwrap();
+        let mut buyers = vec![fast; 39];
+        buyers.push(attacker);
+        let seen = Observations::of_buyers(&buyers);
+        assert_eq!((seen.purchases, seen.errors, seen.latency[1], seen.latency[0]), (40, 1, 39, 1));
+        assert_eq!(C.decide3(50, &seen).batch, 60, "under the 5 % threshold: up");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use axum::response::Response;
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{IdentityMode, Settings};
 use crate::domain::{QueueTarget, USER_ID_RULE, UserId};
-use crate::token::Secret;
+use crate::service::QueueService;
 use crate::visitor;
 
 /// `{kind}/{id}` of `/virtual-queues/{kind}/{id}/…`, a declared target: an undeclared one is
@@ -58,15 +58,16 @@ impl User {
         if headers.contains_key("x-user-id") {
             return Err(ApiError::invalid(VISITOR_MODE_REFUSES_USER_ID));
         }
-        let secret = state.service.secret();
-        Ok(match visitor_of(headers, secret) {
+        Ok(match visitor_of(headers, &state.service) {
             Some((id, token)) => User { id, visitor: Some((token, false)) },
             None => {
                 let mut random = [0u8; 16];
                 getrandom::fill(&mut random)
                     .map_err(|e| ApiError::new(ErrorCode::Overloaded, format!("cannot draw a visitor id: {e}")))?;
                 let id = visitor::new_id(random);
-                let token = visitor::sign(secret, &id);
+                // Valid as long as the cookie that carries it: its Max-Age.
+                let expires_at = state.service.now_ms() / 1000 + state.service.settings().identity.visitor_ttl_s;
+                let token = visitor::sign(state.service.secret(), &id, expires_at);
                 User { id, visitor: Some((token, true)) }
             }
         })
@@ -87,7 +88,8 @@ impl User {
 /// Why a request in visitor mode carrying `X-User-Id` is refused: whoever sends it could name
 /// any visitor.
 pub const VISITOR_MODE_REFUSES_USER_ID: &str = "X-User-Id is not taken with identity.mode = \"visitor\": vq names \
-     each visitor itself, in the vq_visitor cookie or the X-Visitor-Token header";
+     each visitor itself, in the visitor cookie (__Host-vq_visitor, or vq_visitor when not Secure) or the \
+     X-Visitor-Token header";
 
 /// The `X-User-Id` header as a user id.
 pub fn header_user(headers: &HeaderMap) -> Result<UserId, ApiError> {
@@ -96,17 +98,20 @@ pub fn header_user(headers: &HeaderMap) -> Result<UserId, ApiError> {
     text.parse::<UserId>().map_err(|e| ApiError::invalid(format!("X-User-Id: {e}")))
 }
 
-/// The visitor `X-Visitor-Token` names, else the first `vq_visitor` cookie that names one;
-/// with the token.
-pub fn visitor_of(headers: &HeaderMap, secret: &Secret) -> Option<(UserId, String)> {
-    let named = |raw: &str| visitor::verify(secret, raw).map(|id| (id, raw.to_owned()));
+/// The visitor `X-Visitor-Token` names, else the first visitor cookie (by the name vq sets:
+/// `__Host-vq_visitor` when `Secure`, else `vq_visitor`) that names one, now (the instance's
+/// clock corrected to Redis'); with the token.
+pub fn visitor_of(headers: &HeaderMap, service: &QueueService) -> Option<(UserId, String)> {
+    let now_s = service.now_ms() / 1000;
+    let named = |raw: &str| visitor::verify(service.secret(), raw, now_s).map(|id| (id, raw.to_owned()));
     if let Some(v) = headers.get(visitor::HEADER) {
         return named(v.to_str().ok()?);
     }
+    let name = visitor::cookie_name(service.settings().identity.cookie_secure);
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(visitor::from_cookie_header)
+        .flat_map(|v| visitor::from_cookie_header(v, name))
         .find_map(named)
 }

@@ -9,7 +9,8 @@
 //!   request whose `Connection` names them).
 //! - The body streams through [`ClientBody`], which tells a client's bad framing, or a body
 //!   that stops arriving, from the purchase API failing: the first is the client's 400, only
-//!   the second a 502/504.
+//!   the second a 502/504. It also notes when the body ended, so the purchase API's time to
+//!   answer leaves out how slowly the client sent it.
 //!
 //! It must not decide anything: whether the request may pass is the gate's call.
 
@@ -17,7 +18,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
@@ -102,7 +103,14 @@ impl Upstream {
         }))
     }
 
-    pub async fn forward(&self, mut parts: Parts, path: &CanonicalPath, body: Body) -> Result<Response, ForwardError> {
+    /// The purchase API's answer, and how long it took to answer once it had the whole request
+    /// (from sending, or from the body's last bytes if the client sent them later).
+    pub async fn forward(
+        &self,
+        mut parts: Parts,
+        path: &CanonicalPath,
+        body: Body,
+    ) -> Result<(Response, Duration), ForwardError> {
         let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
         parts.uri = format!("{}{}{query}", self.base, path.as_str()).parse::<Uri>().map_err(|_| ForwardError::Path)?;
         strip_hop_by_hop(&mut parts.headers);
@@ -111,6 +119,7 @@ impl Upstream {
         let state = Arc::new(BodyState::default());
         let body = Body::new(ClientBody { inner: body, state: state.clone() });
         let req = Request::from_parts(parts, body);
+        let sent = Instant::now();
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Err(_) if state.waiting.load(Ordering::Relaxed) => Err(ForwardError::ClientBody(format!(
                 "the request body stopped arriving: the purchase API waited {} ms for the rest",
@@ -125,9 +134,10 @@ impl Upstream {
                 }
             },
             Ok(Ok(resp)) => {
+                let whole = state.ended.get().map_or(sent, |ended| (*ended).max(sent));
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Ok(Response::from_parts(parts, Body::new(body)))
+                Ok((Response::from_parts(parts, Body::new(body)), whole.elapsed()))
             }
         }
     }
@@ -233,6 +243,8 @@ struct BodyState {
     failed: OnceLock<String>,
     /// The last read is waiting for the client's bytes (not for the purchase API to take them).
     waiting: AtomicBool,
+    /// When the client's last bytes arrived (unset for a body the purchase API never read).
+    ended: OnceLock<Instant>,
 }
 
 /// The client's body as the purchase API reads it, noting failures and waits in [`BodyState`].
@@ -248,8 +260,17 @@ impl hyper::body::Body for ClientBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         self.state.waiting.store(polled.is_pending(), Ordering::Relaxed);
-        if let Poll::Ready(Some(Err(e))) = &polled {
-            let _ = self.state.failed.set(error_chain(e));
+        match &polled {
+            Poll::Ready(Some(Err(e))) => {
+                let _ = self.state.failed.set(error_chain(e));
+            }
+            Poll::Ready(None) => {
+                let _ = self.state.ended.set(Instant::now());
+            }
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => {
+                let _ = self.state.ended.set(Instant::now());
+            }
+            _ => {}
         }
         polled
     }

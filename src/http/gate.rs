@@ -18,7 +18,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::edge::RouteLabel;
-use super::forward::Upstream;
+use super::forward::{ForwardError, Upstream};
 use super::{ApiError, ErrorCode, SharedState};
 use crate::config::{GateSettings, IdentityMode, SettingError};
 use crate::domain::UserId;
@@ -63,7 +63,7 @@ impl Gate {
 pub(super) fn gate_user(headers: &HeaderMap, st: &SharedState) -> Option<UserId> {
     match st.service.settings().identity.mode {
         IdentityMode::Header => header_str(headers, "x-user-id").and_then(|u| u.parse().ok()),
-        IdentityMode::Visitor => super::extract::visitor_of(headers, st.service.secret()).map(|(id, _)| id),
+        IdentityMode::Visitor => super::extract::visitor_of(headers, &st.service).map(|(id, _)| id),
     }
 }
 
@@ -124,6 +124,8 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     }
     let mut paced_target = None;
     let mut route_target = None;
+    // Whose valid token let the purchase through: the only buyers the adaptive outflow hears.
+    let mut token_buyer = None;
     let claim = match st.gate.routes.match_path(&path) {
         None if path.is_queue_api() || st.gate.upstream.is_none() => {
             return ApiError::new(ErrorCode::NotFound, "no such route").into_response();
@@ -133,10 +135,11 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
         Some(Ok(target)) => {
             route_target = Some(target);
             let token = header_str(&parts.headers, "x-entry-token");
-            match st.service.gate_check(target, buyer, token, ClaimMode::Claim).await {
+            match st.service.gate_check(target, buyer.clone(), token, ClaimMode::Claim).await {
                 Ok(GatePass::FlagOff) => None,
                 Ok(GatePass::Verified { claim }) => {
                     paced_target = Some(target);
+                    token_buyer = buyer;
                     claim
                 }
                 Err(e) => return denied(&e).into_response(),
@@ -163,13 +166,21 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     };
     let sent = std::time::Instant::now();
     let sent_tick = st.service.purchase_tick();
-    let mut result = upstream.forward(parts, &path, body).await.map_err(|e| upstream.error(e));
-    if let Some(target) = paced_target {
+    let forwarded = upstream.forward(parts, &path, body).await;
+    // The client's fault (a body framed wrongly, cut short or stalled): no answer of the
+    // purchase API, neither for the record nor for the adaptive outflow.
+    let client_fault = matches!(forwarded, Err(ForwardError::ClientBody(_) | ForwardError::Path));
+    // The purchase API's time, without the client's upload.
+    let took = forwarded.as_ref().map_or_else(|_| sent.elapsed(), |(_, took)| *took);
+    let mut result = forwarded.map(|(r, _)| r).map_err(|e| upstream.error(e));
+    if let Some(target) = paced_target.filter(|_| !client_fault) {
         st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
     }
-    if let Some(target) = route_target {
-        // For the adaptive outflow: failed (5xx, 429, timed out, not reached) and backing off
-        // (503, 429, Retry-After).
+    if let (Some(target), Some(buyer)) = (paced_target, token_buyer)
+        && !client_fault
+    {
+        // For the adaptive outflow, as this buyer's: failed (5xx, 429, timed out, not reached)
+        // and backing off (503, 429, Retry-After).
         let (error, backoff) = match &result {
             Ok(r) => {
                 let s = r.status();
@@ -179,7 +190,7 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
             }
             Err(_) => (true, false),
         };
-        st.service.observe_purchase(target, sent.elapsed(), error, backoff);
+        st.service.observe_purchase(target, buyer, took, error, backoff);
     }
     if let Ok(resp) = &mut result
         && let Some(message) = st.gate.take_close(resp)

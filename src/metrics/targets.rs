@@ -116,14 +116,12 @@ pub(super) fn render_targets(out: &mut String) {
     let signals: [Signal; 3] = [
         (
             ADAPTIVE_P95,
-            "P95 latency of purchases in the adaptive controller's last interval (bucket upper bound)",
+            "P95 latency of buyers' slowest purchases in the adaptive controller's last interval (bucket upper bound)",
             |s| s.0,
         ),
-        (
-            ADAPTIVE_ERROR_RATIO,
-            "Share of purchases failed (5xx, 429, timeout, unreachable) in its last interval",
-            |s| Some(s.1),
-        ),
+        (ADAPTIVE_ERROR_RATIO, "Share of buyers failed (5xx, 429, timeout, unreachable) in its last interval", |s| {
+            Some(s.1)
+        }),
         (ADAPTIVE_NO_SHOW_RATIO, "Smoothed share of admitted buyers whose token expired unused", |s| s.2),
     ];
     let floors: Vec<_> = targets.iter().filter_map(|(t, s)| s.batch_min.map(|m| (t, m))).collect();

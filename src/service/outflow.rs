@@ -1,15 +1,22 @@
-//! What the gate tells the adaptive outflow (`queue.outflow = "adaptive"`): each forwarded
-//! purchase's latency and outcome, counted per control interval in the store, where the pump
-//! that claims the interval reads every instance's observations together (pump.rs); and what
-//! it tells the target's record (`vq sale report`): each forwarded purchase and the purchase
-//! API's answer, per tick.
+//! What the gate tells the adaptive outflow (`queue.outflow = "adaptive"`): each purchase it
+//! forwarded with a valid entry token, its latency and outcome, counted per control interval
+//! and per buyer in the store, where the pump that claims the interval reads every instance's
+//! observations together (pump.rs); and what it tells the target's record (`vq sale report`):
+//! each such purchase and the purchase API's answer, per tick.
+//!
+//! The controller hears the purchase API, not the clients: the gate tells it nothing of a
+//! request vq refused itself, of a body the client framed wrongly or stopped sending, or of a
+//! purchase that needed no token, and the store counts each buyer once per interval.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::QueueService;
-use crate::domain::{AnswerClass, QueueTarget, latency_bucket};
+use crate::domain::{AnswerClass, BuyerObservation, QueueTarget, UserId, latency_bucket};
+
+/// Seconds past its interval that the store remembers which buyers an interval counted.
+const BUYERS_KEEP_MARGIN_S: u64 = 10;
 use crate::store::prelude::*;
 
 /// The adaptive batch of each target as this instance's pump last chose or read it
@@ -51,19 +58,26 @@ impl QueueService {
         });
     }
 
-    /// Counts one purchase the gate forwarded for `target`: how long it took, whether it
-    /// failed (5xx, 429, timed out, not reached) and whether the purchase API backed off (503,
-    /// 429, `Retry-After`). Off the response path: the count is sent by a task of its own, and
-    /// a failed count is only a missing observation.
-    pub fn observe_purchase(&self, target: QueueTarget, took: Duration, error: bool, backoff: bool) {
+    /// Counts one purchase the gate forwarded for `target` with `buyer`'s valid token and the
+    /// purchase API answered (or failed to): how long it took, whether it failed (5xx, 429,
+    /// timed out, not reached) and whether the purchase API backed off (503, 429,
+    /// `Retry-After`), as that buyer's observation of the interval (the worst of theirs). Off
+    /// the response path: the count is sent by a task of its own, and a failed count is only a
+    /// missing observation.
+    pub fn observe_purchase(&self, target: QueueTarget, buyer: UserId, took: Duration, error: bool, backoff: bool) {
         if !self.settings.is_adaptive(target.kind) {
             return;
         }
-        let interval = self.store.now_ms() / self.settings.outflow_interval_ms();
+        let interval_ms = self.settings.outflow_interval_ms();
+        let interval = self.store.now_ms() / interval_ms;
         let bucket = latency_bucket(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+        let seen = BuyerObservation { bucket, error, backoff };
+        // Only the interval's own purchases write who was counted: the interval, and a margin
+        // for instances whose clocks differ.
+        let keep_s = interval_ms.div_ceil(1000) + BUYERS_KEEP_MARGIN_S;
         let store = self.store.clone();
         tokio::spawn(async move {
-            if let Err(e) = store.observe_purchase(target, interval, bucket, error, backoff).await {
+            if let Err(e) = store.observe_purchase(target, interval, &buyer, seen, keep_s).await {
                 tracing::debug!(target_queue = %target, error = %e, "a purchase's observation was lost");
             }
         });

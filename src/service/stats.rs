@@ -59,13 +59,14 @@ pub struct QueueStats {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutflowSignals {
-    /// Purchases the gates forwarded in the interval decided on.
+    /// Buyers whose purchases the gates forwarded with a valid token in the interval decided
+    /// on, each counted once.
     pub purchases: u64,
-    /// Their P95 latency, as the upper bound of its bucket (ms); absent without purchases or
-    /// past the last bounded bucket.
+    /// The P95 of their slowest purchases' latency, as the upper bound of its bucket (ms);
+    /// absent without purchases or past the last bounded bucket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p95_ms: Option<u64>,
-    /// Their share of errors (5xx, 429, timeouts, unreachable).
+    /// The share of them with an error (5xx, 429, timeouts, unreachable).
     pub error_ratio: f64,
     /// The smoothed share of admitted buyers whose token expired unused; absent before
     /// enough tokens ended.

@@ -9,7 +9,8 @@ use super::{
     SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
 };
 use crate::domain::{
-    AnswerClass, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId,
+    AnswerClass, BuyerObservation, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule,
+    TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.
@@ -123,7 +124,7 @@ delegate!(GateOps {
 });
 
 delegate!(OutflowOps {
-    fn observe_purchase(&self, t: QueueTarget, interval: u64, bucket: usize, error: bool, backoff: bool) -> ();
+    fn observe_purchase(&self, t: QueueTarget, interval: u64, buyer: &UserId, seen: BuyerObservation, keep_s: u64) -> ();
     fn claim_outflow(&self, t: QueueTarget, interval: u64) -> OutflowClaim;
     fn set_outflow(&self, t: QueueTarget, state: &OutflowState, change: Option<BatchChange>) -> ();
     fn active_buyers(&self, t: QueueTarget) -> u64;

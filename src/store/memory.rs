@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Candidate, FlagAck, OutflowState, StoreLimits, Waiting};
-use crate::domain::{Observations, QueueTarget, TargetRecord, UserId, WaitHistogram};
+use crate::domain::{BuyerObservation, QueueTarget, TargetRecord, UserId, WaitHistogram};
 
 use crate::clock::{SharedClock, system};
 
@@ -97,10 +97,10 @@ struct TargetState {
     /// The capacity in force and when it expires (ms).
     capacity: Option<(u64, u64)>,
     /// The adaptive outflow: the last decision, the last interval claimed, and what the gates
-    /// saw per interval (the newest few).
+    /// saw per interval (the newest few), per buyer.
     outflow: Option<OutflowState>,
     outflow_interval: Option<u64>,
-    observations: BTreeMap<u64, Observations>,
+    observations: BTreeMap<u64, HashMap<UserId, BuyerObservation>>,
 }
 
 /// Whether a stored token was given to its user or used by a purchase.

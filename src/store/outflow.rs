@@ -4,20 +4,22 @@
 use std::future::Future;
 
 use super::{BatchChange, OutflowClaim, OutflowState, StoreError};
-use crate::domain::QueueTarget;
+use crate::domain::{BuyerObservation, QueueTarget, UserId};
 
 /// The adaptive outflow's state. Every method is one atomic step.
 pub trait OutflowOps: Send + Sync + 'static {
-    /// Counts one purchase the gate forwarded for `target` in control interval `interval`:
-    /// its latency bucket (domain::latency_bucket), whether it failed and whether the
-    /// purchase API backed off.
+    /// Counts one purchase the gate forwarded for `target` with `buyer`'s valid token in
+    /// control interval `interval` (its latency bucket, whether it failed, whether the purchase
+    /// API backed off) as that buyer's: each buyer is one observation per interval, the worst
+    /// of their purchases ([`BuyerObservation::worst`]). What tells one buyer from another
+    /// lives `keep_s` seconds (the interval's own purchases write it).
     fn observe_purchase(
         &self,
         target: QueueTarget,
         interval: u64,
-        bucket: usize,
-        error: bool,
-        backoff: bool,
+        buyer: &UserId,
+        seen: BuyerObservation,
+        keep_s: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Claims control interval `interval` of `target`'s adaptive outflow: once per interval

@@ -322,7 +322,7 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
     let page = app.url("/waiting-room/limited-drop/42");
     a.goto(&page).await;
     assert_eq!(a.wait_status("WAITING", 20).await.1, "1");
-    let cookie = a.cookie("vq_visitor").await.expect("the page set the visitor cookie");
+    let cookie = a.cookie("__Host-vq_visitor").await.expect("the page set the visitor cookie");
     assert_eq!((cookie["httpOnly"].as_bool(), cookie["secure"].as_bool()), (Some(true), Some(true)), "{cookie}");
     assert_eq!(cookie["sameSite"], "Lax", "{cookie}");
     let value = cookie["value"].as_str().unwrap().to_owned();
@@ -330,12 +330,12 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
 
     a.refresh().await;
     assert_eq!(a.wait_status("WAITING", 20).await.1, "1", "a reload keeps the place");
-    assert_eq!(a.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
+    assert_eq!(a.cookie("__Host-vq_visitor").await.unwrap()["value"], value.as_str());
 
     let b = Browser::start().await;
     b.goto(&page).await;
     assert_eq!(b.wait_status("WAITING", 20).await.1, "2", "another browser is another visitor");
-    assert_ne!(b.cookie("vq_visitor").await.unwrap()["value"], value.as_str());
+    assert_ne!(b.cookie("__Host-vq_visitor").await.unwrap()["value"], value.as_str());
 
     // One character of the signature changed: not visitor 1 any more, a new one.
     let last = value.chars().last().unwrap();
@@ -345,7 +345,7 @@ async fn visitors_get_a_cookie_and_a_place_that_a_reload_keeps_and_an_altered_co
     a.set_cookie(forged).await;
     a.refresh().await;
     assert_eq!(a.wait_status("WAITING", 20).await.1, "3", "an altered cookie is a new visitor");
-    let renewed = a.cookie("vq_visitor").await.unwrap()["value"].as_str().unwrap().to_owned();
+    let renewed = a.cookie("__Host-vq_visitor").await.unwrap()["value"].as_str().unwrap().to_owned();
     assert!(renewed != value && renewed != altered, "a new visitor gets a new cookie");
 }
 

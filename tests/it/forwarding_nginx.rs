@@ -153,12 +153,13 @@ async fn visitors_enter_and_buy_through_both_nginx_configs() {
         assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
         let visitor_token = text
             .lines()
-            .find_map(|l| l.strip_prefix("set-cookie: vq_visitor=")?.split(';').next())
+            .find_map(|l| l.strip_prefix("set-cookie: __Host-vq_visitor=")?.split(';').next())
             .unwrap_or_else(|| panic!("{name}: no visitor cookie: {text}"))
             .to_owned();
         let (_, other) = enter(None).await;
-        let other_token = other.lines().find_map(|l| l.strip_prefix("set-cookie: vq_visitor=")?.split(';').next());
-        let visitor = visitor_token.rsplit_once('.').unwrap().0.to_owned();
+        let other_token =
+            other.lines().find_map(|l| l.strip_prefix("set-cookie: __Host-vq_visitor=")?.split(';').next());
+        let visitor = visitor_token.split_once('.').unwrap().0.to_owned();
         let now = vq::service::now_epoch_ms() / 1000;
         let entry =
             vq::token::mint(&secret(), "LIMITED_DROP:1".parse().unwrap(), &visitor.parse().unwrap(), now, 300).raw;
@@ -171,9 +172,9 @@ async fn visitors_enter_and_buy_through_both_nginx_configs() {
                 send_raw(&addr, "POST", "/limited-drops/1/orders", &h).await
             }
         };
-        let (status, text) = buy(format!("vq_visitor={}", other_token.unwrap())).await;
+        let (status, text) = buy(format!("__Host-vq_visitor={}", other_token.unwrap())).await;
         assert_eq!(status, 403, "{name}: another visitor's cookie: {text}");
-        let (status, text) = buy(format!("vq_visitor={visitor_token}")).await;
+        let (status, text) = buy(format!("__Host-vq_visitor={visitor_token}")).await;
         assert_eq!(status, 200, "{name}: {text}\n{}", nginx.error_log());
         let seen = rig.recorder.take();
         assert_eq!(seen.len(), 1, "{name}: {seen:#?}");

@@ -3,6 +3,7 @@
 //! batch (`vq batch set --target`) holds.
 
 mod active;
+mod attack;
 mod decisions;
 
 use std::sync::Arc;
@@ -100,9 +101,11 @@ async fn when_the_purchase_apis_capacity_drops_the_batch_and_the_refusals_fall_a
     };
     let (early, late) = (share(6, 8), share(10, 14));
     eprintln!("refused share: first 2 s of the drop {early:?}, last 4 s {late:?}");
-    // A fixed batch of 10 per tick against 4 per tick would have 60 % refused throughout.
+    // A fixed batch of 10 per tick against 4 per tick would have 60 % refused throughout. The
+    // controller cuts when an interval's share of buyers refused passes the error ratio, so
+    // the share swings about it.
     let target = s.adaptive.error_ratio;
-    assert!(late.0 <= target, "the refused share returned under {target}: {early:?} then {late:?}");
+    assert!(late.0 <= 1.5 * target, "the refused share stayed about {target}: {early:?} then {late:?}");
 }
 
 /// A purchase API that answers 200 after `delay` ms.

@@ -18,7 +18,7 @@ fn outflow_notes(r: &TargetRow) -> String {
     let p95 = sig.p95_ms.map_or_else(|| "-".to_owned(), |p| format!("≤ {p} ms"));
     let no_show = sig.no_show_ratio.map_or_else(|| "-".to_owned(), |n| format!("{n:.2}"));
     let mut out = format!(
-        "{} outflow adaptive: batch {} ({}); last interval {} purchases, P95 {p95}, errors {:.3}, no-shows {no_show}\n",
+        "{} outflow adaptive: batch {} ({}); last interval {} buyers, P95 {p95}, errors {:.3}, no-shows {no_show}\n",
         r.target,
         s.batch_size,
         s.outflow_reason.as_deref().unwrap_or("-"),

@@ -2,7 +2,7 @@
 //! `tokens_expire.lua`).
 
 use super::{MemoryStore, sale};
-use crate::domain::{LedgerEntry, QueueTarget};
+use crate::domain::{BuyerObservation, LedgerEntry, Observations, QueueTarget, UserId};
 use crate::store::{BatchChange, OutflowClaim, OutflowOps, OutflowState, StoreError, TokensEnded};
 
 impl OutflowOps for MemoryStore {
@@ -10,19 +10,15 @@ impl OutflowOps for MemoryStore {
         &self,
         target: QueueTarget,
         interval: u64,
-        bucket: usize,
-        error: bool,
-        backoff: bool,
+        buyer: &UserId,
+        seen: BuyerObservation,
+        _keep_s: u64,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let t = inner.target(target, self.now_ms());
-        let seen = t.observations.entry(interval).or_default();
-        seen.purchases += 1;
-        seen.errors += u64::from(error);
-        seen.backoffs += u64::from(backoff);
-        if let Some(n) = seen.latency.get_mut(bucket) {
-            *n += 1;
-        }
+        let buyers = t.observations.entry(interval).or_default();
+        let counted = buyers.get(buyer).map_or(seen, |before| before.worst(seen));
+        buyers.insert(buyer.clone(), counted);
         while t.observations.len() > 8 {
             t.observations.pop_first();
         }
@@ -47,7 +43,7 @@ impl OutflowOps for MemoryStore {
             }
             None => (None, None),
         };
-        let seen = t.observations.get(&interval).cloned().unwrap_or_default();
+        let seen = t.observations.get(&interval).map(|b| Observations::of_buyers(b.values())).unwrap_or_default();
         Ok(OutflowClaim::Decide { current, seen, no_show_bp, ended, counters })
     }
 

@@ -1,4 +1,5 @@
-//! The adaptive outflow's storage on Redis: the purchase observations per interval, the claim
+//! The adaptive outflow's storage on Redis: the purchase observations per interval and buyer
+//! (`outflow_observe.lua`), the claim
 //! of an interval's decision (`outflow_claim.lua`), the decision with its ledger row
 //! (`outflow_set.lua`), and the counts it reads: active buyers, tokens expired.
 
@@ -6,31 +7,35 @@ use super::RedisStore;
 use super::codec;
 use super::keys;
 use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
-use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
-use crate::domain::{Observations, QueueTarget};
+use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_OBSERVE, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
+use crate::domain::{BuyerObservation, Observations, QueueTarget, UserId};
 use crate::store::OutflowOps;
 use crate::store::{BatchChange, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, StoreError, TokensEnded};
+
+/// How long an interval's observations stay: a few intervals, as the pump reads the one just
+/// ended.
+const OBSERVATIONS_KEEP_S: u64 = 600;
 
 impl OutflowOps for RedisStore {
     async fn observe_purchase(
         &self,
         target: QueueTarget,
         interval: u64,
-        bucket: usize,
-        error: bool,
-        backoff: bool,
+        buyer: &UserId,
+        seen: BuyerObservation,
+        keep_s: u64,
     ) -> Result<(), StoreError> {
-        let key = keys::of(target, &format!("outflow:obs:{interval}"));
-        let mut p = redis::pipe();
-        p.hincr(&key, "n", 1).hincr(&key, format!("l{bucket}"), 1);
-        if error {
-            p.hincr(&key, "e", 1);
-        }
-        if backoff {
-            p.hincr(&key, "b", 1);
-        }
-        // A few intervals: the pump reads the one just ended.
-        let _: () = p.expire(&key, 600).ignore().query_async(&mut self.conn()).await?;
+        let _: u64 = OUTFLOW_OBSERVE
+            .key(keys::of(target, &format!("outflow:obs:{interval}")))
+            .key(keys::of(target, &format!("outflow:buyers:{interval}")))
+            .arg(buyer.as_str())
+            .arg(seen.bucket)
+            .arg(u8::from(seen.error))
+            .arg(u8::from(seen.backoff))
+            .arg(OBSERVATIONS_KEEP_S)
+            .arg(keep_s.max(1))
+            .invoke_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 

@@ -116,6 +116,8 @@ pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(wit
 pub(super) static TOKENS_EXPIRE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("tokens_expire.lua")));
 pub(super) static ACTIVE_COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("active_count.lua")));
 pub(super) static OUTFLOW_SET: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_set.lua")));
+pub(super) static OUTFLOW_OBSERVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(with_prelude!("outflow_observe.lua")));
 pub(super) static OUTFLOW_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_claim.lua")));
 pub(super) static USER_HOLD: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("user_hold.lua")));
 pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));

@@ -113,16 +113,26 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
 }
 
 /// The adaptive outflow's interval is claimed once across pumps, with every gate's
-/// observations of it; a decision is read back; a pinned batch claims nothing.
+/// observations of it, each buyer counted once as the worst of their purchases; a decision is
+/// read back; a pinned batch claims nothing.
 #[tokio::test]
 async fn an_outflow_interval_is_decided_once_with_every_observation() {
     use vq::domain::LedgerEntry;
-    use vq::domain::{Observations, latency_bucket};
+    use vq::domain::{BuyerObservation, Observations, latency_bucket};
     use vq::store::{BatchChange, OutflowClaim, OutflowState, TokensEnded};
     with_both(async |s, _| {
-        s.observe_purchase(t(), 7, latency_bucket(30), false, false).await.unwrap();
-        s.observe_purchase(t(), 7, latency_bucket(700), true, true).await.unwrap();
-        s.observe_purchase(t(), 8, latency_bucket(30), false, false).await.unwrap();
+        let seen =
+            |ms: u64, error: bool, backoff: bool| BuyerObservation { bucket: latency_bucket(ms), error, backoff };
+        let (a, b): (UserId, UserId) = ("a".parse().unwrap(), "b".parse().unwrap());
+        // Buyer a: fast, then slow and failed, then failed again, then fast: one buyer, the worst.
+        s.observe_purchase(t(), 7, &a, seen(30, false, false), 60).await.unwrap();
+        s.observe_purchase(t(), 7, &a, seen(700, true, false), 60).await.unwrap();
+        for _ in 0..3 {
+            s.observe_purchase(t(), 7, &a, seen(30, true, true), 60).await.unwrap();
+        }
+        s.observe_purchase(t(), 7, &a, seen(30, false, false), 60).await.unwrap();
+        s.observe_purchase(t(), 7, &b, seen(30, false, false), 60).await.unwrap();
+        s.observe_purchase(t(), 8, &b, seen(30, false, false), 60).await.unwrap();
         let mut seen = Observations { purchases: 2, errors: 1, backoffs: 1, ..Observations::default() };
         seen.latency[latency_bucket(30)] = 1;
         seen.latency[latency_bucket(700)] = 1;

@@ -1,5 +1,6 @@
 //! What only the Redis store can get wrong, checked on Redis alone: calls coalesced into shared
-//! script calls, and queues larger than Lua unpacks in one go. Redis' `TIME` cannot be
+//! script calls, queues larger than Lua unpacks in one go, and how long the adaptive outflow's
+//! per-interval keys live. Redis' `TIME` cannot be
 //! stepped: the steps wait on its clock ([`Time::of_redis`]).
 
 use super::*;
@@ -159,4 +160,25 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     let most = began.elapsed().as_millis() as u64;
     assert!(snap.waits.sum_ms <= 5 * most, "no wait is longer than the test: {:?}, {most} ms", snap.waits);
     assert_eq!(entry_times(&mut c).await, 1, "only the call holding the latest seq is kept");
+}
+
+/// An interval's observations stay 10 minutes (the pump reads them after the interval); whom
+/// it counted stays only as long as the gate says, every buyer's first purchase renewing it.
+#[tokio::test]
+async fn an_intervals_buyers_expire_with_the_interval_and_its_observations_later() {
+    use redis::AsyncCommands;
+    use vq::domain::BuyerObservation;
+    let redis = RedisServer::spawn();
+    let s = open_store(&test_settings(Some(&redis)));
+    let seen = BuyerObservation::default();
+    for u in 1..=3u64 {
+        s.observe_purchase(t(), 9, &UserId::from(u), seen, 20).await.unwrap();
+    }
+    let mut c = redis.conn().await;
+    let obs: i64 = c.ttl(format!("queue:{{{}}}:outflow:obs:9", t())).await.unwrap();
+    let buyers: i64 = c.ttl(format!("queue:{{{}}}:outflow:buyers:9", t())).await.unwrap();
+    assert!((590..=600).contains(&obs), "observations: {obs} s");
+    assert!((15..=20).contains(&buyers), "buyers: {buyers} s");
+    let counted: u64 = c.hlen(format!("queue:{{{}}}:outflow:buyers:9", t())).await.unwrap();
+    assert_eq!(counted, 3);
 }
