@@ -252,7 +252,10 @@ async fn edge(state: &Edge, req: Request, next: Next) -> Response {
     let origin = if api { state.cors.allowed(req.headers().get(header::ORIGIN)) } else { None };
     let class = state.class(path, preflight);
     // The place (held until the answer is made), or `Some(None)`: none left.
-    let slot = class.map(|c| (c, state.budget(c).admit(state.client(&req))));
+    // Abandoning these changes nothing: a queue API call runs to its end in Redis as when its
+    // client hangs up; a safe method forwarded unchecked acts on nothing.
+    let preemptable = api || (class == Some(Class::Forwarded) && req.method().is_safe());
+    let slot = class.map(|c| (c, state.budget(c).admit(state.client(&req), preemptable)));
     let mut resp = match (&slot, &origin, preflight) {
         // Shed answers carry the CORS headers too: the page reads their Retry-After.
         (Some((c, None)), _, _) => shed(*c, verify),

@@ -6,9 +6,13 @@
 //!   forwards unchecked to the rest of the app. Forwarded traffic, however slow the app behind
 //!   vq or the client sending it, never takes a place the queue needs.
 //! - Within a class no client holds more than its share: a request that finds its class full
-//!   takes the place of the newest request of the heaviest client, if that client holds at
-//!   least two more places than the newcomer's; that request is told it was preempted (the
-//!   edge answers it 503 OVERLOADED at once). Else the newcomer is shed. A client is its peer
+//!   takes the place of the newest preemptable request of the heaviest client, if that client
+//!   holds at least two more places than the newcomer's; that request is told it was preempted
+//!   (the edge answers it 503 OVERLOADED at once). Else the newcomer is shed. Only requests
+//!   whose abandonment changes nothing are preemptable (the edge says which): a queue API call
+//!   (a call already in Redis runs to its end, as when its client hangs up) or a safe-method
+//!   request forwarded unchecked; never a gated purchase (its token claim and pacing place are
+//!   taken) nor a `/gate/verify` check. A client is its peer
 //!   address first, then, among the requests of the heaviest address (all of them, behind a
 //!   proxy), its user: `X-User-Id`, the visitor token, or none ([`Client`]).
 //!
@@ -60,6 +64,7 @@ struct AddrLoad {
 
 struct Held {
     id: u64,
+    preemptable: bool,
     preempt: CancellationToken,
 }
 
@@ -81,13 +86,14 @@ impl Budget {
         self.load.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for `client`, taking the heaviest client's newest one if the budget is full
-    /// and that client holds at least two more than `client`; `None`: shed `client`'s request.
-    pub fn admit(&self, client: Client) -> Option<Slot<'_>> {
+    /// A place for `client`, taking the heaviest client's newest preemptable one if the budget
+    /// is full and that client holds at least two more than `client`; `None`: shed `client`'s
+    /// request. A `preemptable` request's place may be taken in turn.
+    pub fn admit(&self, client: Client, preemptable: bool) -> Option<Slot<'_>> {
         let mut load = self.lock();
         if load.total >= self.max {
             let victim = load.victim(client)?;
-            load.preempt_newest(victim);
+            load.preempt_newest(victim)?;
         }
         let id = load.next_id;
         load.next_id += 1;
@@ -95,7 +101,7 @@ impl Budget {
         load.total += 1;
         let addr = load.addrs.entry(client.addr).or_default();
         addr.count += 1;
-        addr.users.entry(client.user).or_default().push(Held { id, preempt: preempt.clone() });
+        addr.users.entry(client.user).or_default().push(Held { id, preemptable, preempt: preempt.clone() });
         Some(Slot { budget: self, client, id, preempt })
     }
 
@@ -123,13 +129,13 @@ impl Load {
         (count >= my_count + 2).then_some(Client { addr: me.addr, user })
     }
 
-    /// Takes `victim`'s newest place and tells its request.
-    fn preempt_newest(&mut self, victim: Client) {
-        let Some(addr) = self.addrs.get_mut(&victim.addr) else { return };
-        let Some(held) = addr.users.get_mut(&victim.user) else { return };
-        let Some(newest) = held.pop() else { return };
-        newest.preempt.cancel();
+    /// Takes `victim`'s newest preemptable place and tells its request; `None` if it has none.
+    fn preempt_newest(&mut self, victim: Client) -> Option<()> {
+        let held = self.addrs.get_mut(&victim.addr)?.users.get_mut(&victim.user)?;
+        let i = held.iter().rposition(|h| h.preemptable)?;
+        held.remove(i).preempt.cancel();
         self.forget(victim, None);
+        Some(())
     }
 
     /// Counts one place of `client` less, removing place `id` from its list if given.
@@ -181,9 +187,9 @@ mod tests {
     #[test]
     fn below_the_budget_everyone_gets_a_place_and_dropping_frees_it() {
         let b = Budget::new(3);
-        let slots: Vec<_> = (0..3).map(|_| b.admit(client(1, 0)).expect("a place")).collect();
+        let slots: Vec<_> = (0..3).map(|_| b.admit(client(1, 0), true).expect("a place")).collect();
         assert_eq!(b.in_flight(), 3);
-        assert!(b.admit(client(1, 0)).is_none(), "one client alone is shed at the budget");
+        assert!(b.admit(client(1, 0), true).is_none(), "one client alone is shed at the budget");
         drop(slots);
         assert_eq!(b.in_flight(), 0);
         assert!(b.load.lock().unwrap().addrs.is_empty());
@@ -192,14 +198,14 @@ mod tests {
     #[test]
     fn a_full_budget_sheds_the_heaviest_address_first() {
         let b = Budget::new(4);
-        let heavy: Vec<_> = (0..4).map(|_| b.admit(client(1, 0)).unwrap()).collect();
-        let light = b.admit(client(2, 0)).expect("a light client takes a heavy one's place");
+        let heavy: Vec<_> = (0..4).map(|_| b.admit(client(1, 0), true).unwrap()).collect();
+        let light = b.admit(client(2, 0), true).expect("a light client takes a heavy one's place");
         assert!(heavy[3].preempt.is_cancelled(), "the newest of the heaviest is told");
         assert!(heavy[..3].iter().all(|s| !s.preempt.is_cancelled()));
         assert_eq!(b.in_flight(), 4);
-        let second = b.admit(client(2, 0)).expect("3 against 1: still two more");
+        let second = b.admit(client(2, 0), true).expect("3 against 1: still two more");
         // 2 against 2: nobody holds two more, the newcomer is shed.
-        assert!(b.admit(client(2, 0)).is_none());
+        assert!(b.admit(client(2, 0), true).is_none());
         drop((heavy, light, second));
         assert_eq!(b.in_flight(), 0);
         assert!(b.load.lock().unwrap().addrs.is_empty());
@@ -208,21 +214,35 @@ mod tests {
     #[test]
     fn behind_one_address_the_heaviest_user_is_shed_first() {
         let b = Budget::new(4);
-        let heavy: Vec<_> = (0..3).map(|_| b.admit(client(1, 7)).unwrap()).collect();
-        let other = b.admit(client(1, 8)).unwrap();
-        let newcomer = b.admit(client(1, 9)).expect("user 7 holds 3, user 9 none");
+        let heavy: Vec<_> = (0..3).map(|_| b.admit(client(1, 7), true).unwrap()).collect();
+        let other = b.admit(client(1, 8), true).unwrap();
+        let newcomer = b.admit(client(1, 9), true).expect("user 7 holds 3, user 9 none");
         assert!(heavy[2].preempt.is_cancelled());
-        assert!(b.admit(client(1, 7)).is_none(), "the heavy user is shed, not the others");
+        assert!(b.admit(client(1, 7), true).is_none(), "the heavy user is shed, not the others");
         drop((heavy, other, newcomer));
+        assert_eq!(b.in_flight(), 0);
+    }
+
+    #[test]
+    fn requests_that_are_not_preemptable_keep_their_places() {
+        let b = Budget::new(3);
+        let purchases: Vec<_> = (0..3).map(|_| b.admit(client(1, 7), false).unwrap()).collect();
+        assert!(b.admit(client(2, 0), true).is_none(), "a gated purchase is never taken over");
+        drop(purchases);
+        let mixed = [b.admit(client(1, 7), true).unwrap(), b.admit(client(1, 7), false).unwrap()];
+        let third = b.admit(client(1, 7), false).unwrap();
+        let light = b.admit(client(2, 0), true).expect("the preemptable one goes");
+        assert!(mixed[0].preempt.is_cancelled() && !mixed[1].preempt.is_cancelled());
+        drop((mixed, third, light));
         assert_eq!(b.in_flight(), 0);
     }
 
     #[test]
     fn many_addresses_of_one_user_each_are_shed_as_addresses() {
         let b = Budget::new(6);
-        let flood: Vec<_> = (10..16).map(|a| b.admit(client(a, 5)).unwrap()).collect();
+        let flood: Vec<_> = (10..16).map(|a| b.admit(client(a, 5), true).unwrap()).collect();
         // Every address holds one: a newcomer with none is shed (no one holds two more).
-        assert!(b.admit(client(2, 1)).is_none());
+        assert!(b.admit(client(2, 1), true).is_none());
         drop(flood);
     }
 }
