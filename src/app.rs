@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Context;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -212,10 +211,10 @@ pub async fn run(
     }
     tracker.close();
 
-    let gate = Gate::new(&settings.gate)?;
+    let gate = Gate::new(&settings.gate, settings.http.body_read_timeout())?;
     let page = Page::new(&settings.page).map_err(|e| anyhow::anyhow!(e))?;
     let cors = settings.http.cors_origin_list().map_err(|e| anyhow::anyhow!(e))?;
-    let edge = Edge::new(cors, settings.http.max_in_flight);
+    let edge = Edge::new(cors, &settings.http, crate::gate::GateRoutes::compile(&settings.gate.routes)?);
     let app = router(Arc::new(AppState { service, gate, page }), edge);
     tracing::info!(addr = %listener.local_addr()?, instance = %instance_id, pump = opts.pump, "vq serve listening");
     serve_http(listener, app, &settings.http, &cancel).await;
@@ -234,7 +233,6 @@ pub async fn run(
 async fn serve_http(listener: TcpListener, app: axum::Router, http: &HttpSettings, cancel: &CancellationToken) {
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(http.header_read_timeout()).keep_alive(true);
-    let service = TowerToHyperService::new(app);
     let graceful = GracefulShutdown::new();
     // One task per connection, kept here so the drain can wait for them and then drop them.
     let mut conns = JoinSet::new();
@@ -244,9 +242,16 @@ async fn serve_http(listener: TcpListener, app: axum::Router, http: &HttpSetting
             () = cancel.cancelled() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
-                    let conn = builder.serve_connection(TokioIo::new(stream), service.clone());
+                    // The peer's address, for the edge's share of places by client.
+                    let app = app.clone();
+                    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                        // A Router is always ready: no `poll_ready` needed.
+                        tower::Service::call(&mut app.clone(), req)
+                    });
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
                     let conn = graceful.watch(conn);
                     conns.spawn(async move {
                         if let Err(e) = conn.await {

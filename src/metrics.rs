@@ -110,8 +110,8 @@ fn describe() {
     describe_histogram!(HTTP_DURATION, metrics::Unit::Seconds, "HTTP request duration by route template and status");
     describe_counter!(
         OVERLOADED_TOTAL,
-        "Requests answered 503 OVERLOADED while Redis answered: shed at the door (reason in_flight) or \
-         given up after waiting behind this instance's other work (reason slow)"
+        "Requests answered 503 OVERLOADED while Redis answered: shed at the door (reason in_flight; \
+         forwarded for requests the gate forwards unchecked) or given up after waiting behind this instance's other work (reason slow)"
     );
     describe_gauge!(
         CLOCK_OFFSET,
@@ -157,16 +157,22 @@ pub fn failover_fenced(what: &'static str) {
 }
 
 /// The `reason` label values of [`OVERLOADED_TOTAL`].
-const OVERLOAD_REASONS: [&str; 2] = ["in_flight", "slow"];
+const OVERLOAD_REASONS: [&str; 3] = ["in_flight", "slow", "forwarded"];
 
 /// A request given up with 503 OVERLOADED after waiting behind this instance's other work.
 pub fn overloaded() {
     counter!(OVERLOADED_TOTAL, "reason" => "slow").increment(1);
 }
 
-/// A request shed at the door: this instance had `http.max_in_flight` requests already.
+/// A request shed at the door: this instance had `http.max_in_flight` requests already (or
+/// preempted by a lighter client's).
 pub fn shed() {
     counter!(OVERLOADED_TOTAL, "reason" => "in_flight").increment(1);
+}
+
+/// A request to forward unchecked shed at the door: `http.max_forwarded_in_flight` taken.
+pub fn shed_forwarded() {
+    counter!(OVERLOADED_TOTAL, "reason" => "forwarded").increment(1);
 }
 
 /// Redis' clock minus this instance's, in ms.

@@ -40,12 +40,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings = Arc::new(settings);
     server_runtime(settings.threads)?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(settings.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", settings.listen))?;
+        let listener = listen(settings.listen).with_context(|| format!("cannot listen on {}", settings.listen))?;
         let cancel = CancellationToken::new();
         cancel_on_signal(cancel.clone());
         run_app(listener, settings, secret, ServeOptions { pump: !args.no_pump, flag_on: args.flag_on }, cancel).await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Connections the kernel completes and holds for vq to accept: a burst of connections (a
+/// sale's opening, a flood) beyond it has SYNs dropped, which a proxy in front with a short
+/// connect timeout takes for a failing replica. The kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }

@@ -90,7 +90,7 @@ impl Settings {
             crate::store::ReplicaWait::Auto => 0,
             crate::store::ReplicaWait::Count(n) => n,
         };
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 31] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 33] = [
             ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
@@ -123,6 +123,8 @@ impl Settings {
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms, 100..=600_000),
             ("http.drain_timeout_ms", self.http.drain_timeout_ms, 0..=600_000),
             ("http.max_in_flight", self.http.max_in_flight, 1..=1_000_000),
+            ("http.max_forwarded_in_flight", self.http.max_forwarded_in_flight, 1..=1_000_000),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms, 100..=600_000),
         ];
         for (key, value, range) in bounded {
             if !range.contains(&value) {

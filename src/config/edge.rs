@@ -86,15 +86,30 @@ pub struct HttpSettings {
     /// Comma-separated origins (`https://shop.example`) whose web apps may call the queue API
     /// from the browser (CORS); unset: same-origin only.
     pub cors_origins: Option<String>,
-    /// Queue API calls and gated requests this instance works on at once; the next ones are
-    /// answered 503 OVERLOADED with `Retry-After` (their places kept) rather than queued
-    /// behind them, so latency stays bounded when the instance cannot keep up.
+    /// Queue API calls, `/gate/verify` checks and gated requests this instance works on at
+    /// once; the next ones are answered 503 OVERLOADED with `Retry-After` (their places kept)
+    /// rather than queued behind them, so latency stays bounded when the instance cannot keep
+    /// up. The heaviest client's requests are shed first.
     pub max_in_flight: u64,
+    /// Requests the gate forwards unchecked (paths that are not gated routes) this instance
+    /// works on at once: a budget of their own, so slow traffic to the rest of the app never
+    /// takes the queue's places.
+    pub max_forwarded_in_flight: u64,
+    /// A request body the gate forwards must arrive in full within this time of the forward's
+    /// start, else the request is answered 400 and its place freed.
+    pub body_read_timeout_ms: u64,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { header_read_timeout_ms: 10_000, drain_timeout_ms: 10_000, cors_origins: None, max_in_flight: 1024 }
+        Self {
+            header_read_timeout_ms: 10_000,
+            drain_timeout_ms: 10_000,
+            cors_origins: None,
+            max_in_flight: 1024,
+            max_forwarded_in_flight: 1024,
+            body_read_timeout_ms: 10_000,
+        }
     }
 }
 
@@ -121,6 +136,10 @@ impl HttpSettings {
 
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
 }
 

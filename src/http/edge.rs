@@ -8,55 +8,101 @@
 //!   another value than vq decided on, or none. `/gate/verify` answers 403 for it itself
 //!   (nginx turns a 400 into a 500).
 //! - Queue API answers are per user and change every tick: `Cache-Control: no-store`.
-//! - A bounded number of requests in flight (`http.max_in_flight`): the queue API's calls and
-//!   the gate's (they wait on Redis or the purchase API); past it a request is answered at once
-//!   with 503 OVERLOADED and `Retry-After` (a 403 that says so on `/gate/verify`, which nginx
-//!   passes on), instead of queueing behind work the instance cannot get through.
+//! - A bounded number of requests in flight, by class ([`super::shed`]): the queue API's calls,
+//!   `/gate/verify` and gated purchases (`http.max_in_flight`), and the requests the gate
+//!   forwards unchecked (`http.max_forwarded_in_flight`). Past a class's budget a request is
+//!   answered at once with 503 OVERLOADED and `Retry-After` (a 403 that says so on
+//!   `/gate/verify`, which nginx passes on), instead of queueing behind work the instance
+//!   cannot get through; the heaviest client's requests go first.
 //! - CORS for the queue API: web apps on the origins of `http.cors_origins` may call it from
 //!   the browser. `X-User-Id` makes every call "non-simple", so the browser first sends a
 //!   preflight `OPTIONS`, answered here; other origins get no CORS headers (the browser then
 //!   refuses to hand the answer to the page).
 
+use std::hash::BuildHasher;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::OVERLOADED_RETRY_AFTER_S;
+use super::shed::{Budget, Class, Client};
 use super::{ApiError, ErrorCode};
+use crate::config::HttpSettings;
+use crate::gate::{CanonicalPath, GateRoutes};
 use crate::metrics;
 
-/// What the edge layer holds: the CORS origins and the in-flight count.
+/// What the edge layer holds: the CORS origins, the in-flight budgets and the gated routes
+/// (which class a forwarded request counts in).
 pub struct Edge {
     cors: Cors,
-    in_flight: AtomicU64,
-    max_in_flight: u64,
+    queue: Budget,
+    forwarded: Budget,
+    routes: GateRoutes,
+    /// Keyed per process, so nobody can choose user ids that count as another user's.
+    hasher: std::hash::RandomState,
 }
 
 impl Edge {
-    pub fn new(cors_origins: Vec<String>, max_in_flight: u64) -> Arc<Self> {
-        Arc::new(Self { cors: Cors(cors_origins), in_flight: AtomicU64::new(0), max_in_flight })
+    pub fn new(cors_origins: Vec<String>, http: &HttpSettings, routes: GateRoutes) -> Arc<Self> {
+        Arc::new(Self {
+            cors: Cors(cors_origins),
+            queue: Budget::new(http.max_in_flight),
+            forwarded: Budget::new(http.max_forwarded_in_flight),
+            routes,
+            hasher: std::hash::RandomState::new(),
+        })
     }
 
-    /// A place among the requests in flight, or `None` when they are all taken.
-    fn admit(&self) -> Option<InFlight<'_>> {
-        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let slot = InFlight(&self.in_flight);
-        (before < self.max_in_flight).then_some(slot)
+    /// The class `path` counts in, if any: health probes, metrics, the OpenAPI document, the
+    /// waiting page and CORS preflights are answered whatever the load.
+    fn class(&self, path: &str, preflight: bool) -> Option<Class> {
+        if preflight || !counts_in_flight(path) {
+            return None;
+        }
+        // `/gate/release` gives a buyer's token back: never behind the app's traffic either.
+        if is_api(path) || is_verify(path) || path == "/gate/release" {
+            return Some(Class::Queue);
+        }
+        // Spellings the gate refuses are answered 400 at once, in either class.
+        let gated = CanonicalPath::parse(path).is_ok_and(|p| self.routes.match_path(&p).is_some());
+        Some(if gated { Class::Queue } else { Class::Forwarded })
+    }
+
+    fn budget(&self, class: Class) -> &Budget {
+        match class {
+            Class::Queue => &self.queue,
+            Class::Forwarded => &self.forwarded,
+        }
+    }
+
+    /// Who sent `req`: the peer's address, and the user id or visitor token it names (as sent:
+    /// whoever forges ids still comes from one address).
+    fn client(&self, req: &Request) -> Client {
+        let addr = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip().to_canonical());
+        let h = req.headers();
+        let named = h
+            .get("x-user-id")
+            .or_else(|| h.get("x-visitor-token"))
+            .map(HeaderValue::as_bytes)
+            .or_else(|| visitor_cookie(h));
+        Client { addr, user: named.map_or(0, |n| self.hasher.hash_one(n)) }
     }
 }
 
-/// One request in flight; its place frees when the answer is made (or the client hangs up).
-struct InFlight<'a>(&'a AtomicU64);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
+/// The `vq_visitor` cookie's value, if sent.
+fn visitor_cookie(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .find_map(|v| v.as_bytes().split(|b| *b == b';').find_map(|c| c.trim_ascii().strip_prefix(b"vq_visitor=")))
 }
 
 /// The requests that count in flight: those that may wait on Redis or the purchase API. Health
@@ -71,11 +117,32 @@ fn is_verify(path: &str) -> bool {
     path.strip_prefix("/gate/verify").is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-/// The answer to a request shed at the door.
-fn shed(path: &str) -> Response {
-    metrics::shed();
-    let detail = "this instance has as many requests in flight as it takes (http.max_in_flight): retry shortly, your place is kept";
-    if is_verify(path) {
+/// The answer to a CORS preflight from an allowed origin.
+fn preflight_answer() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, Content-Type"),
+    );
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
+    r
+}
+
+/// The answer to a request shed at the door, or preempted by another client's.
+fn shed(class: Class, verify: bool) -> Response {
+    let detail = match class {
+        Class::Queue => {
+            metrics::shed();
+            "this instance has as many requests in flight as it takes (http.max_in_flight): retry shortly, your place is kept"
+        }
+        Class::Forwarded => {
+            metrics::shed_forwarded();
+            "this instance forwards as many requests at once as it takes (http.max_forwarded_in_flight): retry shortly"
+        }
+    };
+    if verify {
         // nginx passes only 401 and 403 on to the buyer.
         return ApiError::new(ErrorCode::QueueBypassDenied, detail)
             .retry_after(OVERLOADED_RETRY_AFTER_S)
@@ -182,32 +249,30 @@ async fn edge(state: &Edge, req: Request, next: Next) -> Response {
     }
     let preflight =
         req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let (api, verify) = (is_api(path), is_verify(path));
+    let origin = if api { state.cors.allowed(req.headers().get(header::ORIGIN)) } else { None };
+    let class = state.class(path, preflight);
     // The place (held until the answer is made), or `Some(None)`: none left.
-    let slot = (counts_in_flight(path) && !preflight).then(|| state.admit());
-    let shed_now = matches!(slot, Some(None));
-    if !is_api(path) {
-        return if shed_now { shed(path) } else { next.run(req).await };
-    }
-    let cors = &state.cors;
-    let origin = cors.allowed(req.headers().get(header::ORIGIN));
-    let mut resp = match (&origin, preflight) {
+    // Abandoning these changes nothing: a queue API call runs to its end in Redis as when its
+    // client hangs up; a safe method forwarded unchecked acts on nothing.
+    let preemptable = api || (class == Some(Class::Forwarded) && req.method().is_safe());
+    let slot = class.map(|c| (c, state.budget(c).admit(state.client(&req), preemptable)));
+    let mut resp = match (&slot, &origin, preflight) {
         // Shed answers carry the CORS headers too: the page reads their Retry-After.
-        _ if shed_now => shed(path),
-        (Some(_), true) => {
-            let mut r = StatusCode::NO_CONTENT.into_response();
-            let h = r.headers_mut();
-            h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
-            h.insert(
-                header::ACCESS_CONTROL_ALLOW_HEADERS,
-                HeaderValue::from_static(
-                    "X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, Content-Type",
-                ),
-            );
-            h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
-            r
-        }
+        (Some((c, None)), _, _) => shed(*c, verify),
+        (_, Some(_), true) => preflight_answer(),
+        // Another client's request may take the place: then answered at once, as if shed.
+        (Some((c, Some(held))), _, _) => tokio::select! {
+            resp = next.run(req) => resp,
+            () = held.preempted() => shed(*c, verify),
+        },
         _ => next.run(req).await,
     };
+    drop(slot);
+    if !api {
+        return resp;
+    }
+    let cors = &state.cors;
     let h = resp.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if !cors.0.is_empty() {

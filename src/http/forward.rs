@@ -9,11 +9,14 @@
 //!   request whose `Connection` names them).
 //! - The body streams through [`ClientBody`], which tells a client's bad framing, or a body
 //!   that stops arriving, from the purchase API failing: the first is the client's 400, only
-//!   the second a 502/504. It also notes when the body ended, so the purchase API's time to
-//!   answer leaves out how slowly the client sent it.
+//!   the second a 502/504. A body not in full within `http.body_read_timeout_ms` is cut off
+//!   there (400), so a client that never sends it holds no place for longer. It also notes when
+//!   the body ended, so the purchase API's time to answer leaves out how slowly the client sent
+//!   it.
 //!
 //! It must not decide anything: whether the request may pass is the gate's call.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -67,6 +70,8 @@ pub struct Upstream {
     /// `Host` of every forwarded request.
     host: HeaderValue,
     timeout: Duration,
+    /// `http.body_read_timeout_ms`.
+    body_timeout: Duration,
     client: Client<HttpConnector, Body>,
 }
 
@@ -84,7 +89,7 @@ pub enum ForwardError {
 
 impl Upstream {
     /// `None` when `gate.upstream` is unset.
-    pub fn new(settings: &GateSettings) -> Result<Option<Self>, SettingError> {
+    pub fn new(settings: &GateSettings, body_timeout: Duration) -> Result<Option<Self>, SettingError> {
         let Some(upstream) = &settings.upstream else { return Ok(None) };
         let base = upstream.trim_end_matches('/').to_owned();
         let host = match &settings.upstream_host {
@@ -99,6 +104,7 @@ impl Upstream {
             base,
             host,
             timeout: Duration::from_millis(settings.timeout_ms),
+            body_timeout,
             client: Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector),
         }))
     }
@@ -117,7 +123,8 @@ impl Upstream {
         strip_rerouting(&mut parts.headers);
         parts.headers.insert(header::HOST, self.host.clone());
         let state = Arc::new(BodyState::default());
-        let body = Body::new(ClientBody { inner: body, state: state.clone() });
+        let deadline = Box::pin(tokio::time::sleep(self.body_timeout));
+        let body = Body::new(ClientBody { inner: body, state: state.clone(), deadline, limit: self.body_timeout });
         let req = Request::from_parts(parts, body);
         let sent = Instant::now();
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
@@ -145,7 +152,7 @@ impl Upstream {
     /// The answer for a request that did not get the purchase API's.
     pub fn error(&self, e: ForwardError) -> ApiError {
         match e {
-            ForwardError::ClientBody(why) => ApiError::invalid(format!("malformed request body: {why}")),
+            ForwardError::ClientBody(why) => ApiError::invalid(format!("request body refused: {why}")),
             ForwardError::Path => ApiError::invalid("the request path cannot be forwarded"),
             ForwardError::Unreachable => {
                 ApiError::new(ErrorCode::UpstreamUnavailable, "the purchase API is unreachable")
@@ -247,10 +254,13 @@ struct BodyState {
     ended: OnceLock<Instant>,
 }
 
-/// The client's body as the purchase API reads it, noting failures and waits in [`BodyState`].
+/// The client's body as the purchase API reads it, noting failures and waits in [`BodyState`],
+/// cut off once `deadline` has passed with the rest still to come.
 struct ClientBody {
     inner: Body,
     state: Arc<BodyState>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    limit: Duration,
 }
 
 impl hyper::body::Body for ClientBody {
@@ -259,6 +269,14 @@ impl hyper::body::Body for ClientBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_pending() && self.deadline.as_mut().poll(cx).is_ready() {
+            let why = format!(
+                "the request body did not arrive in full within {} ms (http.body_read_timeout_ms)",
+                self.limit.as_millis()
+            );
+            let _ = self.state.failed.set(why.clone());
+            return Poll::Ready(Some(Err(axum::Error::new(why))));
+        }
         self.state.waiting.store(polled.is_pending(), Ordering::Relaxed);
         match &polled {
             Poll::Ready(Some(Err(e))) => {

@@ -40,10 +40,10 @@ const CLOSE_MESSAGE_MAX: usize = 200;
 impl Gate {
     /// The same checks as loading the settings: a route that does not compile or a close
     /// header that is not a header name is an error, never a fallback.
-    pub fn new(settings: &GateSettings) -> Result<Self, SettingError> {
+    pub fn new(settings: &GateSettings, body_timeout: std::time::Duration) -> Result<Self, SettingError> {
         Ok(Self {
             routes: GateRoutes::compile(&settings.routes)?,
-            upstream: Upstream::new(settings)?,
+            upstream: Upstream::new(settings, body_timeout)?,
             close_header: HeaderName::from_bytes(settings.close_header.as_bytes())
                 .map_err(|_| SettingError::CloseHeaderNotAName(settings.close_header.clone()))?,
         })

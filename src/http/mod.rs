@@ -9,6 +9,7 @@ pub mod gate;
 mod metrics;
 pub mod page;
 mod queue;
+mod shed;
 mod verify;
 
 use std::sync::Arc;

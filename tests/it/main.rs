@@ -38,6 +38,7 @@ mod sale;
 mod scripts;
 mod secrets;
 mod serve_limits;
+mod shedding;
 mod stall;
 mod stats;
 mod support;

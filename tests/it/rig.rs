@@ -154,12 +154,18 @@ pub struct Nginx {
 
 impl Nginx {
     pub async fn start(site: String, port: u16) -> Self {
+        Self::start_sized(site, port, 2048).await
+    }
+
+    /// Like [`Nginx::start`], with room for `worker_connections` connections (clients and
+    /// upstreams together).
+    pub async fn start_sized(site: String, port: u16, worker_connections: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display().to_string();
         std::fs::write(dir.path().join("site.conf"), site).unwrap();
         let conf = format!(
             "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-             events {{ worker_connections 2048; }}\n\
+             events {{ worker_connections {worker_connections}; }}\n\
              http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  \
              fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  \
              include {d}/site.conf;\n}}\n"
