@@ -65,7 +65,8 @@ async fn every_shape_of_id_waits_is_admitted_and_buys(redis: Option<&RedisServer
     }
     assert_eq!(app.json(app.enter(T, "007").await).await["position"], 6, "entering again keeps the place");
     if let Some(redis) = redis {
-        // The queue's members are the ids as sent; the per-user count is a key per id.
+        // The queue's members are the ids as sent; the per-user count is a field per id, in the
+        // shared count's HASHes.
         let mut c = redis.conn().await;
         let members: Vec<String> = redis::cmd("ZRANGE")
             .arg("queue:{LIMITED_DROP:42}:waiting")
@@ -75,9 +76,15 @@ async fn every_shape_of_id_waits_is_admitted_and_buys(redis: Option<&RedisServer
             .await
             .unwrap();
         assert_eq!(members, ids);
-        let held: u64 =
-            redis::cmd("ZCARD").arg(format!("queue:user:{{{UUID}}}:queues")).query_async(&mut c).await.unwrap();
-        assert_eq!(held, 1);
+        let counts: Vec<String> = redis::cmd("KEYS").arg("queue:holds:*").query_async(&mut c).await.unwrap();
+        let mut held = Vec::new();
+        for key in &counts {
+            let field: Option<String> = redis::cmd("HGET").arg(key).arg(UUID).query_async(&mut c).await.unwrap();
+            held.extend(field);
+        }
+        assert_eq!(held.len(), 1, "one count of the UUID's queues: {held:?}");
+        let targets: Vec<&str> = held[0].split(' ').map(|t| t.split_once('=').unwrap().0).collect();
+        assert_eq!(targets, ["LIMITED_DROP:42"], "{held:?}");
     }
 
     let mut tokens = vec![None; ids.len()];
