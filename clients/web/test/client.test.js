@@ -454,7 +454,8 @@ test("a proxy that drops the solution's headers ends the wait with POW_IGNORED a
 
 // ---- Visitor mode ----
 
-const VISITOR_TOKEN = /^v_[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]+$/;
+// v_<22 chars of id>.<expiry, epoch s>.<signature>
+const VISITOR_TOKEN = /^v_[A-Za-z0-9_-]{22}\.[0-9]+\.[A-Za-z0-9_-]+$/;
 
 test("visitor mode: two rooms without a stored token are two visitors; a stored token keeps the place", async () => {
   // Nobody admitted: a minute-long tick, on a Redis of its own.
