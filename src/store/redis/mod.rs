@@ -94,18 +94,8 @@ impl RedisStore {
         // A connection of its own for WAIT, which blocks the connection it is sent on.
         let waits = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        let pulse = Arc::new(Pulse::start(&[url.to_owned()], false)?);
-        let fences = Arc::new(Fences::new(limits.key_ttl_s));
-        let durable = Arc::new(Durable::new(Conn::Single(waits), limits.durable));
-        Ok(Self {
-            conn: Conn::Single(conn),
-            limits,
-            lanes: Arc::default(),
-            pulse,
-            fences,
-            holds: Arc::default(),
-            durable,
-        })
+        let pulse = Pulse::start(&[url.to_owned()], false)?;
+        Ok(Self::assemble(Conn::Single(conn), Conn::Single(waits), limits, pulse))
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -123,18 +113,15 @@ impl RedisStore {
             |client| LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
         // Connections of their own (one per node) for WAIT, which blocks the one it is sent on.
         let waits = Conn::Cluster(Arc::new(lazy(client.clone())));
-        let pulse = Arc::new(Pulse::start(nodes, true)?);
+        let pulse = Pulse::start(nodes, true)?;
+        Ok(Self::assemble(Conn::Cluster(Arc::new(lazy(client))), waits, limits, pulse))
+    }
+
+    /// The store on its connections: `conn` for the scripts, `waits` for WAIT alone.
+    fn assemble(conn: Conn, waits: Conn, limits: StoreLimits, pulse: Pulse) -> Self {
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
         let durable = Arc::new(Durable::new(waits, limits.durable));
-        Ok(Self {
-            conn: Conn::Cluster(Arc::new(lazy(client))),
-            limits,
-            lanes: Arc::default(),
-            pulse,
-            fences,
-            holds: Arc::default(),
-            durable,
-        })
+        Self { conn, limits, lanes: Arc::default(), pulse: Arc::new(pulse), fences, holds: Arc::default(), durable }
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
