@@ -139,7 +139,8 @@ async fn metrics_upkeep_loop(cancel: CancellationToken) {
 async fn clock_watch_loop(service: Arc<QueueService>, cancel: CancellationToken) {
     let mut warned = false;
     loop {
-        if let Some(offset) = service.clock_offset_ms() {
+        let measured = service.clock_offset_ms();
+        if let Some(offset) = measured {
             crate::metrics::set_clock_offset(offset);
             let off = offset.unsigned_abs() > crate::service::CLOCK_OFF_MS;
             if off && !warned {
@@ -154,9 +155,11 @@ async fn clock_watch_loop(service: Arc<QueueService>, cancel: CancellationToken)
             }
             warned = off;
         }
+        // Until the probe's first answer, look again soon: the gauge exists from start.
+        let wait = if measured.is_some() { Duration::from_secs(2) } else { Duration::from_millis(50) };
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            () = tokio::time::sleep(wait) => {}
         }
     }
 }

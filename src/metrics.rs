@@ -145,6 +145,12 @@ fn register_at_zero() {
     for what in FENCED_COUNTERS {
         counter!(FAILOVER_FENCED_TOTAL, "counter" => what).absolute(0);
     }
+    // Histograms render once their handle exists, with zero counts: the waits are observed
+    // only by the instance whose pump admitted, and a fleet-wide sum must not have gaps.
+    let _ = histogram!(WAIT_SECONDS);
+    // The scrape itself is the first request every instance answers; before it, its series
+    // exists with zero counts.
+    let _ = histogram!(HTTP_DURATION, "route" => "/metrics", "status" => "200");
 }
 
 /// The `counter` label values of [`FAILOVER_FENCED_TOTAL`].

@@ -12,6 +12,7 @@ mod eviction;
 mod failover;
 mod fault_isolation;
 mod flag;
+mod fleet;
 mod forward_auth;
 mod forwarding;
 mod forwarding_nginx;

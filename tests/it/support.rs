@@ -254,6 +254,17 @@ impl VqProcess {
     /// Like [`VqProcess::serve_env`], run through `wrapper` (e.g. `nice -n 19`), which must
     /// exec vq (so the child's PID is vq's).
     pub async fn serve_wrapped(wrapper: &[&str], envs: &[(&str, String)]) -> Self {
+        Self::serve_full(wrapper, &[], envs).await
+    }
+
+    /// Like [`VqProcess::serve`], with more arguments to `vq serve` (e.g. `--no-pump`).
+    pub async fn serve_args(redis: &RedisServer, args: &[&str], envs: &[(&str, String)]) -> Self {
+        let mut all = vec![("VQ_REDIS__URL", redis.url()), ("VQ_REDIS__TIMEOUT_MS", TEST_REDIS_TIMEOUT_MS.to_string())];
+        all.extend(envs.iter().cloned());
+        Self::serve_full(&[], args, &all).await
+    }
+
+    async fn serve_full(wrapper: &[&str], args: &[&str], envs: &[(&str, String)]) -> Self {
         let port = free_port();
         let mut cmd = match wrapper {
             [] => vq_command(),
@@ -264,6 +275,7 @@ impl VqProcess {
             }
         };
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
             .env("VQ_TARGETS__RANGES", test_ranges_env())
             .env("VQ_TOKEN_SECRET", SECRET)
             .env("RUST_LOG", "warn")
