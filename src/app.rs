@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{HttpSettings, Settings, StoreKind, redact_credentials};
+use crate::domain::InstanceReport;
 use crate::http::edge::Edge;
 use crate::http::gate::Gate;
 use crate::http::page::Page;
@@ -108,6 +109,37 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
     }
 }
 
+/// How often a serving instance reports itself to the fleet (`store::FleetOps`), and how long
+/// a report lives: a target that only a stopped instance declared leaves the operator
+/// commands' view within [`FLEET_REPORT_TTL_MS`] (at once when it stops with SIGTERM).
+pub const FLEET_REPORT_EVERY_MS: u64 = 2000;
+pub const FLEET_REPORT_TTL_MS: u64 = 10_000;
+
+/// Reports this instance (its declarations and the settings that must agree) every
+/// [`FLEET_REPORT_EVERY_MS`], reads the others' reports and sets the drift gauge; withdraws
+/// the report on shutdown. Off the request path: a Redis error only skips a round.
+async fn report_to_fleet_loop(service: Arc<QueueService>, report: InstanceReport, cancel: CancellationToken) {
+    let mut drifting: Vec<String> = Vec::new();
+    loop {
+        let _ = service.store.report_instance(&report, FLEET_REPORT_TTL_MS).await;
+        if let Ok(fleet) = service.store.fleet().await {
+            let now: Vec<String> = crate::domain::drift(&fleet).into_iter().map(|d| d.setting).collect();
+            crate::metrics::set_fleet_drift(now.len());
+            if now != drifting && !now.is_empty() {
+                tracing::warn!(settings = %now.join(", "), "the instances of this fleet disagree on settings: `vq fleet` shows who holds what");
+            }
+            drifting = now;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => {
+                let _ = service.store.withdraw_instance(&report.instance).await;
+                return;
+            }
+            () = tokio::time::sleep(Duration::from_millis(FLEET_REPORT_EVERY_MS)) => {}
+        }
+    }
+}
+
 /// Sends the heartbeats of polls answered from this instance's copy of the mark and refreshes
 /// the copies (`queue.local_polls`), every quarter tick.
 async fn sync_local_views_loop(service: Arc<QueueService>, cancel: CancellationToken) {
@@ -181,6 +213,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let store = open_store(&settings)?;
     let instance_id = settings.instance_id();
+    let report = settings.instance_report(&instance_id, &secret.key_ids())?;
     let service = Arc::new(QueueService::new(store.clone(), secret, settings.clone()));
     if opts.flag_on {
         // A few tries: a busy machine can make one call outlast the timeout.
@@ -203,6 +236,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
     tracker.spawn(metrics_upkeep_loop(cancel.clone()));
+    tracker.spawn(report_to_fleet_loop(service.clone(), report, cancel.clone()));
     tracker.spawn(clock_watch_loop(service.clone(), cancel.clone()));
     if settings.queue.local_polls {
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));

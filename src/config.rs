@@ -11,6 +11,7 @@
 
 mod check;
 mod edge;
+mod fleet;
 mod queue;
 mod redis_url;
 mod secret;
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::check::{BATCH_SIZE, POW_BITS, REDIS_TIMEOUT_MS, SettingError, TOKEN_TTL_S};
 pub use self::edge::{EntrySettings, GateSettings, HttpSettings, IdentityMode, IdentitySettings, PageSettings};
+pub use self::fleet::{LUA_DIGEST, VQ_VERSION};
 pub use self::queue::{AdaptiveSettings, OnStoreFailure, Outflow, QueueSettings, TargetTypeSettings, TargetsSettings};
 pub use self::redis_url::{RedisUrl, redact_credentials};
 pub use self::secret::secret_from_env;

@@ -38,6 +38,7 @@ pub const BYPASS_ATTEMPTS_TOTAL: &str = "virtual_queue_bypass_attempts_total";
 pub const REDIS_DEGRADED_TOTAL: &str = "virtual_queue_redis_degraded_total";
 pub const HTTP_DURATION: &str = "virtual_queue_http_request_duration_seconds";
 pub const FLAG_MISSING: &str = "virtual_queue_flag_missing";
+pub const FLEET_DRIFT: &str = "virtual_queue_fleet_drift";
 pub const POLLS_LOCAL_TOTAL: &str = "virtual_queue_polls_answered_locally_total";
 pub const OVERLOADED_TOTAL: &str = "virtual_queue_overloaded_total";
 pub const CLOCK_OFFSET: &str = "virtual_queue_clock_offset_seconds";
@@ -119,6 +120,10 @@ fn describe() {
         "Redis' clock minus this instance's, as measured by its probe"
     );
     describe_gauge!(
+        FLEET_DRIFT,
+        "Settings on which the live vq instances sharing this Redis disagree (0: none; vq fleet names them)"
+    );
+    describe_gauge!(
         FLAG_MISSING,
         "1 while the flag hash is missing from Redis and this instance keeps its last known flag"
     );
@@ -147,6 +152,7 @@ fn register_at_zero() {
     }
     // Histograms render once their handle exists, with zero counts: the waits are observed
     // only by the instance whose pump admitted, and a fleet-wide sum must not have gaps.
+    gauge!(FLEET_DRIFT).set(0.0);
     let _ = histogram!(WAIT_SECONDS);
     // The scrape itself is the first request every instance answers; before it, its series
     // exists with zero counts.
@@ -210,6 +216,11 @@ pub fn set_capacity(max_capacity: u64) {
 pub fn set_flag_missing(missing: bool) {
     install();
     gauge!(FLAG_MISSING).set(if missing { 1.0 } else { 0.0 });
+}
+
+/// How many settings the live instances disagree on, as this instance last read the fleet.
+pub fn set_fleet_drift(settings: usize) {
+    gauge!(FLEET_DRIFT).set(settings as f64);
 }
 
 /// One admitted user's wait, entry to admission.

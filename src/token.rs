@@ -89,6 +89,21 @@ impl Secret {
         self.previous.is_some()
     }
 
+    /// Ids of the keys, current then previous: an HMAC of a fixed text with each, cut to 48
+    /// bits. Instances that show the same ids hold the same keys; an id gives nothing of its key.
+    pub fn key_ids(&self) -> String {
+        let id = |key: &[u8]| {
+            let mut mac = Self::mac(key);
+            mac.update(b"vq-key-id|");
+            let sum: [u8; 32] = mac.finalize().into_bytes().into();
+            sum[..6].iter().map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        match &self.previous {
+            Some(previous) => format!("{} (previous {})", id(&self.current), id(previous)),
+            None => id(&self.current),
+        }
+    }
+
     fn mac(key: &[u8]) -> HmacSha256 {
         HmacSha256::new_from_slice(key).expect("hmac accepts keys of any length")
     }

@@ -4,6 +4,7 @@
 mod batch;
 mod config_error;
 mod flag;
+mod fleet;
 mod loadgen;
 mod pow;
 mod pump;
@@ -51,6 +52,8 @@ enum Command {
     Sale(sale::Args),
     /// Declare the targets queues answer for: add, list, remove
     Target(target::Args),
+    /// The serving instances side by side: declarations, settings, drift (--check)
+    Fleet(fleet::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -174,6 +177,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),
+        Command::Fleet(a) => fleet::run(a),
     };
     flush_logs();
     match result {

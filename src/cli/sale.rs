@@ -345,7 +345,7 @@ fn refused_clear(target: QueueTarget, opening: bool, n: u64) -> anyhow::Result<(
 }
 
 /// The declared targets that are active or have a sale scheduled (before anyone entered),
-/// sorted: what `vq sale show` and `vq stats` list.
+/// and any target with users waiting, sorted: what `vq sale show` and `vq stats` list.
 pub(super) async fn listed_targets(store: &AnyStore, settings: &Settings) -> anyhow::Result<Vec<QueueTarget>> {
     let declared = super::target::declared(store, settings).await?;
     let mut all = store.active_targets().await.map_err(|e| anyhow::anyhow!("cannot list targets: {e}"))?;
@@ -356,10 +356,16 @@ pub(super) async fn listed_targets(store: &AnyStore, settings: &Settings) -> any
             all.push(t);
         }
     }
-    all.retain(|t| declared.contains(*t));
     all.sort();
     all.dedup();
-    Ok(all)
+    // Undeclared (its instance gone, say) yet with users waiting: still shown.
+    let mut listed = Vec::with_capacity(all.len());
+    for t in all {
+        if declared.contains(t) || super::target::in_use(store, t).await? {
+            listed.push(t);
+        }
+    }
+    Ok(listed)
 }
 
 async fn control(

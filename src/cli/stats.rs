@@ -15,10 +15,11 @@ use serde::Serialize;
 mod render;
 
 use self::render::{columns, render_within};
+use super::fleet::{DriftRow, drift_rows};
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{FlagState, LedgerEntry, QueueTarget, admission_rate_over};
+use crate::domain::{FlagState, LedgerEntry, QueueTarget, admission_rate_over, served_by};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::prelude::*;
 use crate::store::{AnyStore, TargetSnapshot};
@@ -59,6 +60,10 @@ pub struct Report {
     pub flag: String,
     pub flag_version: u64,
     pub tick_ms: u64,
+    /// The serving instances (their reports, `vq fleet`).
+    pub instances: Vec<String>,
+    /// The settings on which they disagree (empty: no drift).
+    pub drift: Vec<DriftRow>,
     pub targets: Vec<TargetRow>,
 }
 
@@ -93,6 +98,21 @@ pub struct TargetRow {
     /// ledger's `batch` rows).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub batch_changes: Vec<LedgerEntry>,
+    /// Where the target's declaration comes from: `runtime`, `configuration of vq-a, …`,
+    /// `this shell's configuration`, or `users waiting` when nothing declares it any more.
+    pub sources: Vec<String>,
+    /// With `--watch`: the change of waiting and admitted users since the last refresh.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trend: Option<Trend>,
+}
+
+/// The change since the last refresh of `--watch`.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Trend {
+    pub waiting: i64,
+    pub admitted: i64,
+    pub over_ms: u64,
 }
 
 /// Batch changes shown per target.
@@ -170,6 +190,10 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         None => super::sale::listed_targets(store, settings).await?,
     };
     targets.sort();
+    let reports = super::target::fleet(store).await?;
+    let runtime =
+        store.declared_targets().await.map_err(|e| anyhow::anyhow!("cannot read the declared targets: {e}"))?;
+    let here = settings.declared_targets()?;
     let mut rows = Vec::with_capacity(targets.len());
     for t in targets {
         let (snap, stats) = read_target_stats(store, t, settings).await?;
@@ -180,7 +204,13 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         } else {
             Vec::new()
         };
+        let mut sources = super::target::sources(runtime.contains(&t), &served_by(&reports, t), here.contains(t));
+        if sources.is_empty() {
+            sources.push("users waiting (no serving instance declares it)".to_owned());
+        }
         rows.push(TargetRow {
+            sources,
+            trend: None,
             batch_changes,
             target: t.to_string(),
             flag: describe(Some(t)),
@@ -207,6 +237,8 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
         flag: describe(None),
         flag_version: stored.as_ref().map_or(0, |f| f.version),
         tick_ms: settings.queue.tick_ms,
+        instances: reports.iter().map(|r| r.instance.clone()).collect(),
+        drift: drift_rows(&reports),
         targets: rows,
     })
 }
@@ -223,9 +255,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             return anyhow::Ok(());
         }
         let every = Duration::from_millis(settings.queue.tick_ms);
+        let mut last: Option<(Instant, Report)> = None;
         loop {
             match collect(&store, &settings, args.target).await {
-                Ok(report) => print(&report, args.json, colour, columns, true)?,
+                Ok(mut report) => {
+                    if let Some((at, before)) = &last {
+                        with_trend(&mut report, before, at.elapsed());
+                    }
+                    print(&report, args.json, colour, columns, true)?;
+                    last = Some((Instant::now(), report));
+                }
                 // Keep watching through a Redis outage: that is when the operator looks.
                 Err(e) if colour => println!("\x1b[H\x1b[2Jvq stats  {e:#}  (retrying every tick)"),
                 Err(e) => eprintln!("error: {e:#}"),
@@ -243,6 +282,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sets each target's change since `before`, taken `over` ago (a target new since then has none).
+fn with_trend(report: &mut Report, before: &Report, over: Duration) {
+    for row in &mut report.targets {
+        if let Some(old) = before.targets.iter().find(|o| o.target == row.target) {
+            row.trend = Some(Trend {
+                waiting: row.stats.waiting_count as i64 - old.stats.waiting_count as i64,
+                admitted: row.stats.admitted_count as i64 - old.stats.admitted_count as i64,
+                over_ms: over.as_millis() as u64,
+            });
+        }
+    }
 }
 
 fn print(report: &Report, json: bool, colour: bool, columns: Option<u16>, watch: bool) -> anyhow::Result<()> {

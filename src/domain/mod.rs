@@ -5,6 +5,7 @@
 
 mod declared;
 mod flag;
+mod fleet;
 mod ledger;
 mod opening;
 mod outflow;
@@ -16,6 +17,7 @@ mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
+pub use fleet::{Drift, InstanceReport, UNREPORTED, drift, fleet_declared, fleet_types, served_by};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};
 pub use outflow::{

@@ -4,13 +4,13 @@
 //! that hold for both.
 
 use super::{
-    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FlagAck, FlagOps, GateOps,
-    MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore, SaleOps,
-    SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FlagAck, FlagOps, FleetOps,
+    GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore,
+    SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
 };
 use crate::domain::{
-    AnswerClass, BuyerObservation, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule,
-    TargetRecord, UserId,
+    AnswerClass, BuyerObservation, FlagChange, FlagState, InstanceReport, LedgerEntry, QueueTarget, SaleControl,
+    SaleSchedule, TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.
@@ -141,4 +141,10 @@ delegate!(TargetOps {
     fn active_targets(&self) -> Vec<QueueTarget>;
     fn forget_if_expired(&self, t: QueueTarget) -> bool;
     fn ping(&self) -> ();
+});
+
+delegate!(FleetOps {
+    fn report_instance(&self, r: &InstanceReport, ttl_ms: u64) -> ();
+    fn fleet(&self) -> Vec<InstanceReport>;
+    fn withdraw_instance(&self, instance: &str) -> ();
 });

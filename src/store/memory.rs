@@ -17,11 +17,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Candidate, FlagAck, OutflowState, StoreLimits, Waiting};
-use crate::domain::{BuyerObservation, QueueTarget, TargetRecord, UserId, WaitHistogram};
+use crate::domain::{BuyerObservation, InstanceReport, QueueTarget, TargetRecord, UserId, WaitHistogram};
 
 use crate::clock::{SharedClock, system};
 
 mod flag;
+mod fleet;
 mod outflow;
 mod queue;
 mod sale;
@@ -206,6 +207,8 @@ struct Inner {
     global_batch: Option<u64>,
     /// instance -> (its acknowledgement, expiry ms)
     acks: HashMap<String, (FlagAck, u64)>,
+    /// instance -> (its report of itself, expiry ms)
+    fleet: BTreeMap<String, (InstanceReport, u64)>,
     /// (target, tick) -> purchases forwarded by the gate
     forwarded: HashMap<(QueueTarget, u64), u64>,
     /// Each target's sale and ledger (`queue:{T}:sale`, `prequeue`, `ledger`).

@@ -3,7 +3,7 @@
 //! The contract: [`QueueOps`] (a target's line: enter, poll, admit, evict), [`SaleOps`] (a
 //! sale, its record and ledger), [`FlagOps`] (the flag, batch sizes, acknowledgements),
 //! [`GateOps`] (one-time use and pacing of purchases), [`OutflowOps`] (the adaptive outflow)
-//! and [`TargetOps`] (which targets exist); [`QueueStore`] is all of them, for callers that
+//! [`TargetOps`] (which targets exist) and [`FleetOps`] (the serving instances' reports); [`QueueStore`] is all of them, for callers that
 //! need every part (`use crate::store::prelude::*` brings the methods into scope). What they
 //! answer is in `outcome.rs`; how they fail, in `error.rs`.
 //!
@@ -18,6 +18,7 @@ mod coalesce;
 mod durable;
 mod error;
 mod flag;
+mod fleet;
 mod gate;
 mod memory;
 mod outcome;
@@ -32,6 +33,7 @@ pub use self::any::AnyStore;
 pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::flag::FlagOps;
+pub use self::fleet::{FLEET_KEEP_MS, FleetOps};
 pub use self::gate::GateOps;
 pub use self::memory::MemoryStore;
 pub use self::outcome::*;
@@ -45,13 +47,13 @@ pub use self::targets::TargetOps;
 use crate::domain::QueueTargetType;
 
 /// Every part of the store contract: the one bound for callers that use them all.
-pub trait QueueStore: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps {}
+pub trait QueueStore: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps {}
 
-impl<S: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps> QueueStore for S {}
+impl<S: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps> QueueStore for S {}
 
 /// The contract's traits, to call store operations on a concrete store.
 pub mod prelude {
-    pub use super::{FlagOps, GateOps, OutflowOps, QueueOps, QueueStore, SaleOps, TargetOps};
+    pub use super::{FlagOps, FleetOps, GateOps, OutflowOps, QueueOps, QueueStore, SaleOps, TargetOps};
 }
 
 /// Records the waits (ms) of the users one admission let in, in this instance's wait

@@ -120,12 +120,45 @@ fn headline(report: &Report, columns: Option<u16>) -> String {
         report.tick_ms,
         report.targets.len()
     );
-    match columns {
+    let head = match columns {
         Some(max) if redis.chars().count() + 2 + rest.chars().count() > usize::from(max) => {
             format!("{redis}\n{rest}\n")
         }
         _ => format!("{redis}  {rest}\n"),
+    };
+    format!("{head}{}\n", fleet_line(report))
+}
+
+/// Who serves, and whether they agree: `serving vq-a, vq-b  no drift`, or `DRIFT` naming the
+/// settings.
+fn fleet_line(report: &Report) -> String {
+    let serving = if report.instances.is_empty() {
+        "no serving instance reports".to_owned()
+    } else {
+        format!("serving {}", report.instances.join(", "))
+    };
+    if report.drift.is_empty() {
+        format!("{serving}  no drift")
+    } else {
+        let names: Vec<&str> = report.drift.iter().map(|d| d.setting.as_str()).collect();
+        format!("{serving}  DRIFT in {} (vq fleet)", names.join(", "))
     }
+}
+
+/// The lines under the table for every target: where it is declared, and with `--watch`
+/// its change since the last refresh.
+fn target_notes(r: &TargetRow) -> String {
+    let mut out = format!("{} from {}\n", r.target, r.sources.join("; "));
+    if let Some(t) = &r.trend {
+        out.push_str(&format!(
+            "{} since last refresh ({:.1} s): waiting {:+}, admitted {:+}\n",
+            r.target,
+            t.over_ms as f64 / 1000.0,
+            t.waiting,
+            t.admitted
+        ));
+    }
+    out
 }
 
 /// The table within `columns`: two-line headers, the numbers that say whether the sale goes
@@ -160,6 +193,7 @@ fn render_compact(report: &Report, colour: bool, columns: u16) -> String {
             notes.push_str(&format!("{} flag: {}\n", r.target, r.flag));
         }
         notes.push_str(&outflow_notes(r));
+        notes.push_str(&target_notes(r));
     }
     // The figures never wrap; the target and the alert words do when they must.
     for i in 1..5 {
@@ -226,6 +260,7 @@ pub fn render(report: &Report, colour: bool) -> String {
         out.push('\n');
         for r in &report.targets {
             out.push_str(&outflow_notes(r));
+            out.push_str(&target_notes(r));
         }
     }
     out

@@ -97,6 +97,8 @@ fn without_a_terminal_the_marker_word_shows_and_no_escape_codes() {
         flag: "on 100%".into(),
         flag_version: 1,
         tick_ms: 2000,
+        instances: vec!["vq-a".into()],
+        drift: Vec::new(),
         targets: vec![TargetRow {
             target: "LIMITED_DROP:42".into(),
             stats: stats(950, 0.0),
@@ -105,6 +107,8 @@ fn without_a_terminal_the_marker_word_shows_and_no_escape_codes() {
             capacity_percent: 95.0,
             alerts: alerts_of(&stats(950, 0.0), &seen(0.0)),
             batch_changes: Vec::new(),
+            sources: vec!["configuration of vq-a".into()],
+            trend: None,
         }],
     };
     let text = render(&report, false);
@@ -136,6 +140,8 @@ fn busy_report() -> Report {
             capacity_percent: waiting as f64 * 100.0 / 100_000.0,
             alerts: alerts_of(&s, &seen(rate)),
             batch_changes: Vec::new(),
+            sources: vec!["configuration of vq-a".into()],
+            trend: None,
             stats: s,
         }
     };
@@ -150,6 +156,8 @@ fn busy_report() -> Report {
         flag: "on 100%".into(),
         flag_version: 12,
         tick_ms: 2000,
+        instances: vec!["vq-a".into()],
+        drift: Vec::new(),
         targets: vec![row("LIMITED_DROP:42", 95_000, 12.5, true), row("TICKETING_EVENT:2026", 10_000, 50.0, false)],
     }
 }

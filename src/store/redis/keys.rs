@@ -15,6 +15,9 @@ pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
 /// prelude's `ack_value`, read by its `ack_parse`, in `flag_ack.lua` and `flag_acks.lua`): the
 /// instances' flag acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
 pub const FLAG_ACKS: &str = "virtual-queue:acks";
+/// HASH instance -> "expires_at_ms|{json}": each serving instance's report of itself (its
+/// configured types and declarations, the settings that must agree), `store/redis/fleet.rs`.
+pub const FLEET: &str = "virtual-queue:fleet";
 
 pub fn of(target: QueueTarget, name: &str) -> String {
     format!("queue:{{{target}}}:{name}")

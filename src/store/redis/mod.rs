@@ -30,6 +30,7 @@ mod error;
 mod fence;
 mod flag;
 mod flag_ack;
+mod fleet;
 mod gate;
 mod holds;
 pub mod keys;
