@@ -20,5 +20,5 @@ fn main() {
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    println!("cargo:rustc-env=VQ_LUA_DIGEST={hash:016x}");
+    println!("cargo:rustc-env=LUA_SCRIPTS_DIGEST={hash:016x}");
 }

@@ -10,7 +10,7 @@ use crate::domain::InstanceReport;
 
 /// The version of vq, and of its Lua scripts (a digest of `lua/`, made by `build.rs`).
 pub const VQ_VERSION: &str = env!("CARGO_PKG_VERSION");
-pub const LUA_DIGEST: &str = env!("VQ_LUA_DIGEST");
+pub const LUA_DIGEST: &str = env!("LUA_SCRIPTS_DIGEST");
 
 impl Settings {
     /// The settings that must agree across instances, by name, as compared.
