@@ -83,12 +83,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let live = store.flag_acks().await.map_err(|e| anyhow::anyhow!("cannot read acknowledgements: {e}"))?;
         let kept = stored.is_none() && live.iter().any(|a| a.kept_missing && a.silent_ms.is_none());
         let change = match args.action {
-            Action::Status { json: true } => {
-                println!("{}", status_json(stored.as_ref(), &live));
-                return Ok(ExitCode::SUCCESS);
-            }
-            Action::Status { json: false } => {
-                print_status(stored.as_ref(), &live);
+            Action::Status { json } => {
+                // The instances' settings side by side: drift is named here too (`vq fleet`).
+                let drift = super::fleet::drift_rows(&super::target::fleet(&store).await?);
+                if json {
+                    let mut out = status_json(stored.as_ref(), &live);
+                    out["drift"] = serde_json::to_value(&drift)?;
+                    println!("{out}");
+                } else {
+                    print_status(stored.as_ref(), &live);
+                    for d in &drift {
+                        println!("DRIFT {} (vq fleet)", d.describe());
+                    }
+                }
                 return Ok(ExitCode::SUCCESS);
             }
             Action::On { percent, target: None } => FlagChange::On { percent },

@@ -109,10 +109,13 @@ fn print_text(reports: &[InstanceReport], drift: &[DriftRow]) {
             .map(|t| format!("{}:{}", t.kind.slug(), t.id))
             .chain(r.declared.ranges.iter().map(ToString::to_string))
             .collect();
-        println!("  declares           {}", if declared.is_empty() { "-".to_owned() } else { declared.join(" ") });
+        println!(
+            "  declares                 {}",
+            if declared.is_empty() { "-".to_owned() } else { declared.join(" ") }
+        );
         for (k, v) in &r.settings {
             let marker = if drift.iter().any(|d| d.setting == *k) { "  DRIFT" } else { "" };
-            println!("  {k:<18} {v}{marker}");
+            println!("  {k:<24} {v}{marker}");
         }
     }
     println!();

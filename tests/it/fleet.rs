@@ -173,3 +173,131 @@ async fn operator_commands_with_only_the_redis_url_see_and_act_on_what_the_fleet
     assert_eq!(report["targets"][0]["target"], "LIMITED_DROP:42", "buyers still wait there: {report}");
     assert_eq!(report["targets"][0]["sources"][0], "users waiting (no serving instance declares it)", "{report}");
 }
+
+/// `extra` with `VQ_INSTANCE_ID` = `name`.
+fn named<'a>(name: &str, extra: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
+    let mut envs = extra.to_vec();
+    envs.push(("VQ_INSTANCE_ID", name.to_owned()));
+    envs
+}
+
+/// Two instances `vq-a` and `vq-b` on `redis`, each with its own extra settings; returns once
+/// both reported themselves.
+async fn pair(redis: &RedisServer, a: &[(&str, String)], b: &[(&str, String)]) -> [VqProcess; 2] {
+    let procs = [VqProcess::serve(redis, &named("vq-a", a)).await, VqProcess::serve(redis, &named("vq-b", b)).await];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fleet = fleet_json(redis);
+        if fleet["instances"].as_array().map_or(0, Vec::len) == 2 {
+            return procs;
+        }
+        assert!(Instant::now() < deadline, "both instances report themselves: {fleet}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn fleet_json(redis: &RedisServer) -> serde_json::Value {
+    let out = operator(redis, &["fleet", "--json"]);
+    assert!(out.status.success(), "{}", said(&out));
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// The settings `vq fleet --json` says drift, each with its sides' instances.
+fn drifting(redis: &RedisServer) -> Vec<(String, Vec<Vec<String>>)> {
+    let fleet = fleet_json(redis);
+    fleet["drift"]
+        .as_array()
+        .expect("drift")
+        .iter()
+        .map(|d| {
+            let sides = d["sides"]
+                .as_array()
+                .expect("sides")
+                .iter()
+                .map(|s| {
+                    s["instances"]
+                        .as_array()
+                        .expect("instances")
+                        .iter()
+                        .map(|i| i.as_str().unwrap().to_owned())
+                        .collect()
+                })
+                .collect();
+            (d["setting"].as_str().expect("setting").to_owned(), sides)
+        })
+        .collect()
+}
+
+/// Waits (≤ 5 s) until `addr`'s `/metrics` says `virtual_queue_fleet_drift {n}`.
+async fn drift_gauge_reaches(addr: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let want = format!("virtual_queue_fleet_drift {n}");
+    loop {
+        let text = scrape(addr).await;
+        if text.lines().any(|l| l == want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr} never said {want}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Identical instances: no drift, `--check` passes, the gauge is 0. Then one instance with
+/// another token secret: `vq fleet` names `token.key_ids` with each instance on its side (no
+/// secret printed), `--check` exits 1, both instances' gauges say 1 and `vq stats` says DRIFT.
+#[tokio::test]
+async fn instances_with_different_token_secrets_are_drift_and_identical_ones_are_not() {
+    let redis = RedisServer::spawn();
+    let same = pair(&redis, &[], &[]).await;
+    assert!(drifting(&redis).is_empty(), "identical instances: {}", fleet_json(&redis));
+    let check = operator(&redis, &["fleet", "--check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", said(&check));
+    assert!(said(&check).contains("no drift"), "{}", said(&check));
+    drift_gauge_reaches(&same[0].addr, 0).await;
+    let stats = said(&operator(&redis, &["stats"]));
+    assert!(stats.contains("serving vq-a, vq-b  no drift"), "{stats}");
+    drop(same);
+    redis.conn().await.del::<_, ()>("virtual-queue:fleet").await.unwrap();
+
+    let other = "another-secret-9876543210fedcba9876543210".to_owned();
+    let procs = pair(&redis, &[], &[("VQ_TOKEN_SECRET", other.clone())]).await;
+    let found = drifting(&redis);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "token.key_ids");
+    let mut sides = found[0].1.clone();
+    sides.sort();
+    assert_eq!(sides, vec![vec!["vq-a".to_owned()], vec!["vq-b".to_owned()]]);
+    let check = operator(&redis, &["fleet", "--check"]);
+    assert_eq!(check.status.code(), Some(1), "{}", said(&check));
+    let text = said(&check);
+    assert!(text.contains("DRIFT token.key_ids: "), "{text}");
+    assert!(!text.contains(&other) && !text.contains(crate::support::SECRET), "no secret printed: {text}");
+    for p in &procs {
+        drift_gauge_reaches(&p.addr, 1).await;
+    }
+    let stats = said(&operator(&redis, &["stats"]));
+    assert!(stats.contains("DRIFT in token.key_ids (vq fleet)"), "{stats}");
+    let status = said(&operator(&redis, &["flag", "status"]));
+    assert!(status.contains("DRIFT token.key_ids: "), "{status}");
+}
+
+/// Instances with another tick, other target types or other gate routes: each is drift,
+/// named.
+#[tokio::test]
+async fn instances_with_different_tick_types_or_routes_are_drift_named() {
+    let types = "[{slug=\"limited-drop\"},{slug=\"ticketing-event\"},{slug=\"flash-coupon\"}]".to_owned();
+    let routes = "[{method=\"POST\",path=\"/drops/{id}/buy\",target=\"limited-drop\"}]".to_owned();
+    for (setting, env, value) in [
+        ("queue.tick_ms", "VQ_QUEUE__TICK_MS", "1500".to_owned()),
+        ("targets.types", "VQ_TARGETS__TYPES", types),
+        ("gate.routes", "VQ_GATE__ROUTES", routes),
+    ] {
+        let redis = RedisServer::spawn();
+        let _procs = pair(&redis, &[], &[(env, value)]).await;
+        let found: Vec<String> = drifting(&redis).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(found, vec![setting.to_owned()], "{env}");
+        let check = operator(&redis, &["fleet", "--check"]);
+        assert_eq!(check.status.code(), Some(1), "{}", said(&check));
+        assert!(said(&check).contains(&format!("DRIFT {setting}: ")), "{}", said(&check));
+    }
+}
