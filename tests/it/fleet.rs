@@ -8,6 +8,33 @@ use redis::AsyncCommands;
 
 use crate::support::{RedisServer, VqProcess, flag_on, vq_bin};
 
+mod watch;
+
+/// Turns the queue on and enters `users` at `addr`'s `limited-drop:42`, each until queued
+/// (≤ 5 s: an instance whose probe has not yet seen a restarted Redis answers without it).
+async fn flag_on_and_enter(redis: &RedisServer, addr: &str, users: std::ops::RangeInclusive<u64>) {
+    flag_on(redis).await;
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for user in users {
+        loop {
+            let r = client
+                .post(format!("{addr}/virtual-queues/limited-drop/42/entries"))
+                .header("X-User-Id", user.to_string())
+                .send()
+                .await
+                .expect("enter");
+            assert_eq!(r.status(), 200);
+            let v: serde_json::Value = r.json().await.expect("json");
+            if v["status"] == "WAITING" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "user {user} never queued: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// The series the README's `/metrics` table lists, but for the rows it says exist only in
 /// some cases (`only for` targets of a kind, `absent` before an event).
 fn readme_series() -> Vec<String> {
@@ -108,17 +135,7 @@ async fn operator_commands_with_only_the_redis_url_see_and_act_on_what_the_fleet
         ("VQ_FLAG__REFRESH_MS", "100".to_owned()),
     ];
     let mut server = VqProcess::serve(&redis, &envs).await;
-    flag_on(&redis).await;
-    let client = reqwest::Client::new();
-    for user in 1..=30 {
-        let r = client
-            .post(format!("{}/virtual-queues/limited-drop/42/entries", server.addr))
-            .header("X-User-Id", user.to_string())
-            .send()
-            .await
-            .expect("enter");
-        assert_eq!(r.status(), 200);
-    }
+    flag_on_and_enter(&redis, &server.addr, 1..=30).await;
     let json = |o: &Output| -> serde_json::Value { serde_json::from_slice(&o.stdout).expect("json") };
 
     let stats = operator(&redis, &["stats", "--json"]);
