@@ -235,3 +235,46 @@ async fn dev_script_without_redis_server_refuses_and_says_what_works() {
     assert!(text.contains("no operator command reaches it"), "says what the embedded store cannot do: {text}");
     assert!(!text.contains("Try:") && !text.contains("building vq"), "{text}");
 }
+
+/// On a fresh machine (no `VQ_REDIS__URL`, a private Redis), the operator lines the script
+/// prints, run as printed in a shell of their own (nothing of the server's configuration), show
+/// the buyers waiting in the target the script declares only in vq serve's environment.
+#[tokio::test]
+async fn the_operator_lines_dev_sh_prints_show_the_waiting_buyers() {
+    let port = free_port();
+    let log = NamedTempFile::new().unwrap();
+    let mut child = dev_sh(port, &[("VQ_QUEUE__BATCH_SIZE", "1".to_owned())], &log);
+    assert_eq!(first_enter(&mut child, port, &log).await["status"], "WAITING");
+    let client = reqwest::Client::new();
+    for user in 2..=40 {
+        let url = format!("http://127.0.0.1:{port}/virtual-queues/limited-drop/42/entries");
+        let r = client.post(url).header("X-User-Id", user.to_string()).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    wait_for_text(&log, "Ctrl-C stops it.").await;
+    let text = said(&log);
+    let lines: Vec<&str> = text
+        .split("==> Operator commands talk to this Redis")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no operator lines printed: {text}"))
+        .lines()
+        .skip(1)
+        .take(2)
+        .map(str::trim)
+        .collect();
+    assert!(lines[0].starts_with("export VQ_REDIS__URL=") && lines[1].contains(" stats"), "{lines:?}");
+    let shell = lines.join("\n");
+    let out = Command::new("env")
+        .args(["-i", &format!("PATH={}", std::env::var("PATH").unwrap_or_default()), "bash", "-c", &shell])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    stop(&mut child, &log).await;
+    assert!(out.status.success(), "{shell}\n{shown}");
+    assert!(shown.contains("1 target(s)") && shown.contains("LIMITED_DROP:42"), "{shell}\n{shown}");
+    assert!(shown.contains("from configuration of"), "{shown}");
+    let row = shown.lines().find(|l| l.contains("│ LIMITED_DROP:42")).unwrap_or_else(|| panic!("{shown}"));
+    let waiting: u64 = row.split('┆').nth(1).and_then(|c| c.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    assert!(waiting >= 30, "the buyers wait there: {row}");
+}
