@@ -1,4 +1,5 @@
-//! What operators and instances write besides the queue: flag acknowledgements, batch sizes.
+//! What operators and instances write besides the queue: flag acknowledgements, batch sizes,
+//! the instances' reports.
 
 use vq::store::FlagAck;
 
@@ -117,6 +118,32 @@ async fn targets_are_declared_within_the_room_and_deactivated_on_request() {
         s.register_active(other).await.unwrap();
         s.deactivate(t()).await.unwrap();
         assert_eq!(s.active_targets().await.unwrap(), vec![other]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn instance_reports_round_trip_expire_and_are_withdrawn() {
+    use vq::domain::{DeclaredTargets, InstanceReport, QueueTargetType};
+    with_both(async |s, time| {
+        let report = |instance: &str, tick: &str| InstanceReport {
+            instance: instance.to_owned(),
+            types: vec![QueueTargetType::parse_any("limited-drop").unwrap()],
+            declared: DeclaredTargets { listed: [t()].into(), ranges: vec!["limited-drop:1000-1999".parse().unwrap()] },
+            settings: [("queue.tick_ms".to_owned(), tick.to_owned()), ("token.key_ids".to_owned(), "ab12".to_owned())]
+                .into(),
+        };
+        assert!(s.fleet().await.unwrap().is_empty());
+        s.report_instance(&report("b", "2000"), 60_000).await.unwrap();
+        s.report_instance(&report("a", "2000"), 300).await.unwrap();
+        assert_eq!(s.fleet().await.unwrap(), vec![report("a", "2000"), report("b", "2000")], "by instance");
+        let gone = async || s.fleet().await.unwrap().len() == 1;
+        assert!(time.eventually(gone).await, "a's report never expired");
+        assert_eq!(s.fleet().await.unwrap()[0].instance, "b");
+        s.report_instance(&report("b", "1500"), 60_000).await.unwrap();
+        assert_eq!(s.fleet().await.unwrap(), vec![report("b", "1500")], "one report per instance");
+        s.withdraw_instance("b").await.unwrap();
+        assert!(s.fleet().await.unwrap().is_empty());
     })
     .await;
 }
