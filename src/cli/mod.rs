@@ -3,6 +3,7 @@
 
 mod batch;
 mod config_error;
+mod events;
 mod flag;
 mod loadgen;
 mod pow;
@@ -51,6 +52,8 @@ enum Command {
     Sale(sale::Args),
     /// Declare the targets queues answer for: add, list, remove
     Target(target::Args),
+    /// The event logs as JSON lines: sale changes, outflow, milestones (--follow, --since)
+    Events(events::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -174,6 +177,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),
+        Command::Events(a) => events::run(a),
     };
     flush_logs();
     match result {

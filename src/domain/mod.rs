@@ -4,6 +4,7 @@
 //! the time it needs as arguments, so the admission arithmetic is unit-tested without Redis.
 
 mod declared;
+mod event;
 mod flag;
 mod ledger;
 mod opening;
@@ -15,6 +16,7 @@ mod stats;
 mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
+pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};

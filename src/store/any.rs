@@ -4,13 +4,13 @@
 //! that hold for both.
 
 use super::{
-    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FlagAck, FlagOps, GateOps,
-    MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore, SaleOps,
-    SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, EventOps, FlagAck, FlagOps,
+    GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore,
+    SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
 };
 use crate::domain::{
-    AnswerClass, BuyerObservation, FlagChange, FlagState, LedgerEntry, QueueTarget, SaleControl, SaleSchedule,
-    TargetRecord, UserId,
+    AnswerClass, BuyerObservation, Event, EventId, EventKind, EventLog, FlagChange, FlagState, LedgerEntry,
+    QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.
@@ -141,4 +141,12 @@ delegate!(TargetOps {
     fn active_targets(&self) -> Vec<QueueTarget>;
     fn forget_if_expired(&self, t: QueueTarget) -> bool;
     fn ping(&self) -> ();
+});
+
+delegate!(EventOps {
+    fn read_events(&self, log: EventLog, after: EventId, count: usize) -> Vec<Event>;
+    fn append_instance_event(&self, at_ms: u64, kind: &EventKind) -> ();
+    fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> bool;
+    fn event_cursor(&self, subscriber: &str, log: EventLog) -> Option<EventId>;
+    fn save_event_cursor(&self, subscriber: &str, log: EventLog, id: EventId) -> ();
 });

@@ -11,16 +11,17 @@
 //! This file holds the state model (typed: a token is [`TokenState::Issued`] or `Used`, an
 //! acknowledgement a [`FlagAck`], a ledger row a `LedgerEntry`; no Redis string encodings);
 //! the operations are in files by concern, each naming the scripts it mirrors: `queue.rs`,
-//! `sale.rs`, `flag.rs`, `token.rs` (the gate), `outflow.rs`, `targets.rs`.
+//! `sale.rs`, `flag.rs`, `token.rs` (the gate), `outflow.rs`, `targets.rs`, `events.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Candidate, FlagAck, OutflowState, StoreLimits, Waiting};
-use crate::domain::{BuyerObservation, QueueTarget, TargetRecord, UserId, WaitHistogram};
+use super::{Candidate, EventLimits, FlagAck, OutflowState, StoreLimits, Waiting};
+use crate::domain::{BuyerObservation, EventId, EventLog, QueueTarget, TargetRecord, UserId, WaitHistogram};
 
 use crate::clock::{SharedClock, system};
 
+mod events;
 mod flag;
 mod outflow;
 mod queue;
@@ -218,6 +219,12 @@ struct Inner {
     /// The record's lifetime after a write (ms) and the width of its ticks.
     record_ttl_ms: u64,
     tick_ms: u64,
+    /// The event logs (`queue:{T}:events`, `queue:events`), the webhooks' cursors
+    /// ((subscriber, log) -> last delivered) and delivery leases (name -> holder, until ms).
+    events: HashMap<EventLog, events::MemLog>,
+    event_cursors: HashMap<(String, EventLog), EventId>,
+    event_leases: HashMap<String, (String, u64)>,
+    event_limits: EventLimits,
 }
 
 impl Inner {
@@ -276,7 +283,12 @@ impl MemoryStore {
 
     /// A store that reads `clock` for every decision (tests step a manual one).
     pub fn with_clock(limits: StoreLimits, clock: SharedClock) -> Self {
-        let inner = Inner { record_ttl_ms: limits.record_ttl_s * 1000, tick_ms: limits.tick_ms, ..Inner::default() };
+        let inner = Inner {
+            record_ttl_ms: limits.record_ttl_s * 1000,
+            tick_ms: limits.tick_ms,
+            event_limits: limits.events,
+            ..Inner::default()
+        };
         Self { inner: Arc::new(Mutex::new(inner)), limits, clock }
     }
 
@@ -312,6 +324,7 @@ mod tests {
             record_ttl_s: 1,
             tick_ms: 1000,
             durable: Default::default(),
+            events: Default::default(),
         };
         let s = MemoryStore::with_clock(limits, Arc::new(clock.clone()));
         let t: QueueTarget = "limited-drop:1".parse().expect("target");

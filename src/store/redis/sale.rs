@@ -46,6 +46,7 @@ impl RedisStore {
             .arg(LEDGER_MAX_ROWS)
             .arg(self.limits.record_ttl_s)
             .arg(u8::from(force))
+            .arg(self.limits.events.max_len)
             .invoke_async(&mut self.conn())
             .await?)
     }
@@ -69,6 +70,7 @@ impl SaleOps for RedisStore {
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
             .arg(self.limits.record_ttl_s)
+            .arg(self.limits.events.max_len)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -195,7 +197,8 @@ impl SaleOps for RedisStore {
             .arg(opens_at_ms)
             .arg(self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
-            .arg(self.limits.record_ttl_s);
+            .arg(self.limits.record_ttl_s)
+            .arg(self.limits.events.max_len);
         for (seq, user) in places {
             inv.arg(*seq).arg(user.as_str());
         }
