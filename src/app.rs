@@ -206,7 +206,7 @@ pub async fn run(
     if settings.queue.local_polls {
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
     }
-    tracker.spawn(crate::events::record_degraded_loop(service.clone(), instance_id.clone(), cancel.clone()));
+    tracker.spawn(crate::events::upkeep_loop(service.clone(), instance_id.clone(), cancel.clone()));
     crate::metrics::register_webhooks(&webhooks.iter().map(|w| w.name.clone()).collect::<Vec<_>>());
     for webhook in webhooks {
         let options = crate::events::DeliveryOptions::of(&settings);

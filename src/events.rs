@@ -23,15 +23,25 @@ use crate::store::{AnyStore, StoreError};
 /// Events read from one log per call.
 const PAGE: usize = 500;
 
-/// The logs that may hold events: the instances', and those of the targets that are active,
-/// have a sale or were declared at runtime (a target's events come from its sale, its
-/// admission or its outflow, each of which puts it in one of those sets).
+/// The logs that may hold events: the instances', and those of the targets that are active
+/// or have a sale (a target's events come from its sale, its admission or its outflow, each
+/// of which puts it in one of those sets), or were remembered as having a log
+/// ([`remember_event_logs`]; a sale's change remembers its target itself).
 pub async fn event_logs(store: &AnyStore) -> Result<Vec<EventLog>, StoreError> {
     let mut targets = BTreeSet::new();
     targets.extend(store.active_targets().await?);
     targets.extend(store.sale_targets().await?);
-    targets.extend(store.declared_targets().await?);
+    targets.extend(store.event_log_targets().await?);
     Ok(std::iter::once(EventLog::Instances).chain(targets.into_iter().map(EventLog::Target)).collect())
+}
+
+/// Remembers the active targets and those with a sale as having event logs, so their events
+/// are still read once they leave those sets (a queue's keys expire after
+/// `queue.key_ttl_s`; a delivery held up by a dead webhook may take longer than that).
+async fn remember_event_logs(store: &AnyStore) -> Result<(), StoreError> {
+    let mut targets = store.active_targets().await?;
+    targets.extend(store.sale_targets().await?);
+    store.register_event_logs(&targets).await
 }
 
 /// Every event after where `seen` says each log was read to (a log not in it: after `since`),
@@ -63,16 +73,20 @@ pub async fn read_new(
 /// How often the instance looks at its degraded answers.
 const DEGRADED_EVERY: Duration = Duration::from_secs(2);
 
-/// Appends a `store.degraded` event for the requests this instance answered without the store
-/// (failed open, refused for lack of memory, not replicated) since the last one, every few
-/// seconds while there are any. Appending needs Redis: the events of an outage land once
-/// Redis takes writes again, counting every such answer once.
-pub async fn record_degraded_loop(service: Arc<QueueService>, instance: String, cancel: CancellationToken) {
+/// Every few seconds: remembers the targets with event logs ([`remember_event_logs`]), and
+/// appends a `store.degraded` event for the requests this instance answered without the
+/// store (failed open, refused for lack of memory, not replicated) since the last one, while
+/// there are any. Appending needs Redis: the events of an outage land once Redis takes
+/// writes again, counting every such answer once.
+pub async fn upkeep_loop(service: Arc<QueueService>, instance: String, cancel: CancellationToken) {
     let mut told = service.degraded_answers().map(|(_, n)| n);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(DEGRADED_EVERY) => {}
+        }
+        if let Err(e) = remember_event_logs(&service.store).await {
+            tracing::debug!(error = %e, "cannot remember the targets' event logs yet: trying again");
         }
         let now = service.store.now_ms();
         for (i, (answer, count)) in service.degraded_answers().into_iter().enumerate() {

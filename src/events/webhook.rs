@@ -202,7 +202,11 @@ impl Delivery {
             if failures > 0 {
                 crate::metrics::webhook_delivery(name, "retried");
             }
-            match self.attempt(event, &body).await {
+            let attempt = tokio::select! {
+                () = cancel.cancelled() => return Err(Stop::Yield),
+                result = self.attempt(event, &body) => result,
+            };
+            match attempt {
                 Ok(()) => {
                     crate::metrics::webhook_delivery(name, "delivered");
                     return Ok(());

@@ -146,6 +146,8 @@ delegate!(TargetOps {
 delegate!(EventOps {
     fn read_events(&self, log: EventLog, after: EventId, count: usize) -> Vec<Event>;
     fn append_instance_event(&self, at_ms: u64, kind: &EventKind) -> ();
+    fn register_event_logs(&self, targets: &[QueueTarget]) -> ();
+    fn event_log_targets(&self) -> Vec<QueueTarget>;
     fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> bool;
     fn event_cursor(&self, subscriber: &str, log: EventLog) -> Option<EventId>;
     fn save_event_cursor(&self, subscriber: &str, log: EventLog, id: EventId) -> ();

@@ -7,7 +7,7 @@
 use std::future::Future;
 
 use super::StoreError;
-use crate::domain::{Event, EventId, EventKind, EventLog};
+use crate::domain::{Event, EventId, EventKind, EventLog, QueueTarget};
 
 /// The event logs. Every method is one atomic step.
 pub trait EventOps: Send + Sync + 'static {
@@ -26,6 +26,14 @@ pub trait EventOps: Send + Sync + 'static {
         at_ms: u64,
         kind: &EventKind,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Remembers that `targets` have event logs, so they are read after the targets leave
+    /// every other set (a sale cleared, a queue expired).
+    fn register_event_logs(&self, targets: &[QueueTarget]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The targets remembered by [`EventOps::register_event_logs`] (or whose log was
+    /// appended to by a step that registers it: schedule, pause, resume, close, clear).
+    fn event_log_targets(&self) -> impl Future<Output = Result<Vec<QueueTarget>, StoreError>> + Send;
 
     /// Takes or keeps the lease `name` for `holder` for `ttl_ms`; false while another holds it.
     fn lease_events(

@@ -224,6 +224,8 @@ struct Inner {
     events: HashMap<EventLog, events::MemLog>,
     event_cursors: HashMap<(String, EventLog), EventId>,
     event_leases: HashMap<String, (String, u64)>,
+    /// `queue:events:logs`: targets remembered as having a log.
+    event_log_targets: BTreeSet<QueueTarget>,
     event_limits: EventLimits,
 }
 

@@ -60,6 +60,19 @@ impl EventOps for MemoryStore {
         Ok(())
     }
 
+    async fn register_event_logs(&self, targets: &[QueueTarget]) -> Result<(), StoreError> {
+        self.lock().event_log_targets.extend(targets.iter().copied());
+        Ok(())
+    }
+
+    async fn event_log_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let inner = self.lock();
+        let logged = inner.events.keys().filter_map(EventLog::target);
+        let all: std::collections::BTreeSet<QueueTarget> =
+            inner.event_log_targets.iter().copied().chain(logged).collect();
+        Ok(all.into_iter().collect())
+    }
+
     async fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         let now = self.now_ms();
         let mut inner = self.lock();

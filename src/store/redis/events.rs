@@ -10,7 +10,7 @@ use redis::{AsyncCommands, Script};
 use super::RedisStore;
 use super::codec;
 use super::keys;
-use crate::domain::{Event, EventId, EventKind, EventLog};
+use crate::domain::{Event, EventId, EventKind, EventLog, QueueTarget};
 use crate::store::{EventOps, StoreError};
 
 /// The lease script: it needs nothing of the prelude.
@@ -58,6 +58,20 @@ impl EventOps for RedisStore {
             .query_async(&mut self.conn())
             .await?;
         Ok(())
+    }
+
+    async fn register_event_logs(&self, targets: &[QueueTarget]) -> Result<(), StoreError> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let _: u64 = self.conn().sadd(keys::EVENT_LOGS, names).await?;
+        Ok(())
+    }
+
+    async fn event_log_targets(&self) -> Result<Vec<QueueTarget>, StoreError> {
+        let members: Vec<String> = self.conn().smembers(keys::EVENT_LOGS).await?;
+        Ok(members.iter().filter_map(|m| m.parse().ok()).collect())
     }
 
     async fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {

@@ -13,6 +13,9 @@ pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
 /// STREAM the instances' event log (`store::EventOps`); each target's is `queue:{T}:events`.
 pub const INSTANCE_EVENTS: &str = "queue:events";
+/// SET of the targets with an event log (`LIMITED_DROP:42`), read by the webhooks' delivery
+/// and `vq events`; outside any target's slot.
+pub const EVENT_LOGS: &str = "queue:events:logs";
 /// HASH "<subscriber>|<log>" -> the last event id delivered to that webhook from that log.
 pub const EVENT_CURSORS: &str = "queue:events:delivered";
 /// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (written by the

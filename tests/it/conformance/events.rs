@@ -25,7 +25,7 @@ async fn a_sale_appends_each_change_and_milestone_once_in_order() {
         async |s, time| {
             let now = time.now_ms();
             let schedule = vq::domain::SaleSchedule {
-                opens_at_ms: now + 1200,
+                opens_at_ms: now + 1500,
                 prequeue_from_ms: Some(now - 1000),
                 closes_at_ms: None,
             };
@@ -36,10 +36,11 @@ async fn a_sale_appends_each_change_and_milestone_once_in_order() {
             s.register_active(t()).await.unwrap();
             s.set_batch_size(None, Some(2)).await.unwrap();
             let pump = vq::pump::Pump::new(s.clone(), Arc::new(test_settings(None)), "c".into());
-            // Two rounds in the pre-queue: its opening is told once.
-            for _ in 0..2 {
-                pump.tick().await.unwrap();
-            }
+            // Two ticks in the pre-queue: its opening is told once.
+            pump.tick().await.unwrap();
+            time.pass(450).await; // the admission lock's 400 ms
+            time.next_tick(500).await;
+            pump.tick().await.unwrap();
             time.pass(1250).await;
             time.next_tick(500).await;
             let ticks = pump.tick().await.unwrap();
