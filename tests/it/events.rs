@@ -406,3 +406,48 @@ async fn a_webhook_without_its_secret_or_with_a_bad_url_stops_vq_at_start_naming
         assert!(err.contains(said), "expected `{said}` in: {err}");
     }
 }
+
+/// The receiver of the README's Events section (its `python` block), as written.
+fn readme_receiver() -> String {
+    let readme = include_str!("../../README.md");
+    let section = &readme[readme.find("\n## Events\n").expect("README has an Events section")..];
+    let start = section.find("```python\n").expect("a python block") + "```python\n".len();
+    let end = start + section[start..].find("```").expect("its end");
+    section[start..end].to_owned()
+}
+
+#[tokio::test]
+async fn the_readmes_receiver_checks_and_prints_what_vq_sends() {
+    let redis = RedisServer::spawn();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("receiver.py"), readme_receiver()).unwrap();
+    let port = free_port();
+    let mut python = std::process::Command::new("python3")
+        .arg("receiver.py")
+        .arg(port.to_string())
+        .current_dir(dir.path())
+        .env("VQ_EVENTS_SECRET", EVENTS_SECRET)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 runs the README's receiver");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = python.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/hooks/vq");
+    let _vq = VqProcess::serve(&redis, &events_env(&url)).await;
+    let store = open_store(&test_settings(Some(&redis)));
+    let later = SaleSchedule { opens_at_ms: store.now_ms() + 3_600_000, prequeue_from_ms: None, closes_at_ms: None };
+    store.schedule_sale(t(), later, [1; 32]).await.unwrap();
+    let out = vq_command().args(["sale", "pause", "limited-drop:42"]).env("VQ_REDIS__URL", redis.url()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let next = || rx.recv_timeout(Duration::from_secs(15)).expect("the receiver printed an event");
+    assert!(next().starts_with("sale.scheduled limited-drop:42 {\"opensAtMs\": "));
+    assert_eq!(next(), "sale.paused limited-drop:42 {\"source\": \"command\"}");
+    let _ = python.kill();
+    let _ = python.wait();
+}
