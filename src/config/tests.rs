@@ -255,15 +255,21 @@ fn webhooks_are_checked_at_load_naming_the_key() {
         jail.set_env("VQ_EVENTS_SECRET", "not-a-key");
         let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
         let all = s.events.all_webhooks();
-        assert_eq!(all.iter().map(|w| (w.name.as_str(), w.secret_env())).collect::<Vec<_>>(), [
-            ("orders", "ORDERS_SECRET"),
-            ("http://127.0.0.1:9000/a", "VQ_EVENTS_SECRET")
-        ]);
+        assert_eq!(
+            all.iter().map(|w| (w.name.as_str(), w.secret_env())).collect::<Vec<_>>(),
+            [("orders", "ORDERS_SECRET"), ("http://127.0.0.1:9000/a", "VQ_EVENTS_SECRET")]
+        );
         for (file, says) in [
             ("[[events.webhooks]]\nname = \"a b\"\nurl = \"http://x/\"\n", "the name `a b` must be"),
-            ("[[events.webhooks]]\nname = \"a\"\nurl = \"https://x/\"\n", "events.webhooks.a.url must be an http:// URL"),
+            (
+                "[[events.webhooks]]\nname = \"a\"\nurl = \"https://x/\"\n",
+                "events.webhooks.a.url must be an http:// URL",
+            ),
             ("[[events.webhooks]]\nname = \"a\"\nurl = \"ftp://x/\"\n", "events.webhooks.a.url must be an http:// URL"),
-            ("[[events.webhooks]]\nname = \"a\"\nurl = \"http://x/\"\nsecret_env = \"VQ_A\"\n", "`VQ_A` starts with VQ_"),
+            (
+                "[[events.webhooks]]\nname = \"a\"\nurl = \"http://x/\"\nsecret_env = \"VQ_A\"\n",
+                "`VQ_A` starts with VQ_",
+            ),
             (
                 "[[events.webhooks]]\nname = \"a\"\nurl = \"http://x/\"\n[[events.webhooks]]\nname = \"a\"\nurl = \"http://y/\"\n",
                 "`a` names two webhooks",

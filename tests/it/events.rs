@@ -7,6 +7,7 @@ use std::io::BufRead;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -443,11 +444,108 @@ async fn the_readmes_receiver_checks_and_prints_what_vq_sends() {
     let store = open_store(&test_settings(Some(&redis)));
     let later = SaleSchedule { opens_at_ms: store.now_ms() + 3_600_000, prequeue_from_ms: None, closes_at_ms: None };
     store.schedule_sale(t(), later, [1; 32]).await.unwrap();
-    let out = vq_command().args(["sale", "pause", "limited-drop:42"]).env("VQ_REDIS__URL", redis.url()).output().unwrap();
+    let out =
+        vq_command().args(["sale", "pause", "limited-drop:42"]).env("VQ_REDIS__URL", redis.url()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let next = || rx.recv_timeout(Duration::from_secs(15)).expect("the receiver printed an event");
     assert!(next().starts_with("sale.scheduled limited-drop:42 {\"opensAtMs\": "));
     assert_eq!(next(), "sale.paused limited-drop:42 {\"source\": \"command\"}");
     let _ = python.kill();
     let _ = python.wait();
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster_each_target_logs_on_its_node_and_one_delivery_sends_them_all() {
+    use crate::support::{RedisCluster, cluster_settings};
+    let cluster = RedisCluster::spawn();
+    let mut settings = cluster_settings(&cluster);
+    settings.events.admitted_every = 1;
+    let store = open_store(&settings);
+    let targets: Vec<QueueTarget> = (1..=6).map(|id| format!("limited-drop:{id}").parse().unwrap()).collect();
+    let later = SaleSchedule { opens_at_ms: store.now_ms() + 3_600_000, prequeue_from_ms: None, closes_at_ms: None };
+    for t in &targets[..3] {
+        store.schedule_sale(*t, later, [2; 32]).await.unwrap();
+        assert!(store.control_sale(*t, SaleControl::Pause).await.unwrap());
+    }
+    // The others admit, with no sale: a first admission each.
+    for t in &targets[3..] {
+        for u in 1..=2u64 {
+            store.enter(*t, vq::domain::UserId::from(u), &"tok").await.unwrap();
+        }
+        store.register_active(*t).await.unwrap();
+    }
+    let pump = vq::pump::Pump::new(store.clone(), Arc::new(settings.clone()), "c".into());
+    pump.tick().await.unwrap();
+    let mut expected: Vec<(String, &str)> = Vec::new();
+    for t in &targets[..3] {
+        expected.push((format!("limited-drop:{}", t.id), "sale.scheduled"));
+        expected.push((format!("limited-drop:{}", t.id), "sale.paused"));
+    }
+    for t in &targets[3..] {
+        expected.push((format!("limited-drop:{}", t.id), "admission.first"));
+        expected.push((format!("limited-drop:{}", t.id), "admission.milestone"));
+    }
+    expected.sort();
+    let mut seen = std::collections::HashMap::new();
+    let read = vq::events::read_new(&store, vq::domain::EventId::ZERO, &mut seen).await.unwrap();
+    let mut logged: Vec<(String, &str)> = read.iter().map(|e| (e.log.name(), e.kind.name())).collect();
+    logged.sort();
+    assert_eq!(logged, expected);
+
+    // One delivery, its lease and cursors on the cluster too.
+    let inbox = Inbox::default();
+    let _receiver = Receiver::start(inbox.clone(), free_port()).await;
+    let secret = vq::token::Secret::from_source(EVENTS_SECRET.as_bytes().to_vec(), "VQ_EVENTS_SECRET").unwrap();
+    let webhook = vq::events::Webhook::new("shop", format!("http://127.0.0.1:{}/hook", _receiver.port), secret);
+    let options = vq::events::DeliveryOptions {
+        timeout: Duration::from_secs(1),
+        retry_min: Duration::from_millis(100),
+        retry_max: Duration::from_millis(400),
+        poll: Duration::from_millis(100),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let delivery = vq::events::Delivery::new(store.clone(), webhook, options, "i-1".into());
+    let task = tokio::spawn(delivery.run(cancel.clone()));
+    let got = inbox.wait_until("every event", |g| g.len() >= expected.len()).await;
+    assert!(got.iter().all(|r| r.signed));
+    let delivered: std::collections::HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!((delivered.len(), got.len()), (expected.len(), expected.len()), "once each: {got:?}");
+    assert!(!store.lease_events("shop", "i-2", 1000).await.unwrap(), "i-1 holds the webhook");
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn answers_given_without_redis_are_one_event_once_redis_is_back() {
+    let mut redis = RedisServer::spawn();
+    let port = redis.port;
+    flag_on_before_start(&redis).await;
+    let inbox = Inbox::default();
+    let receiver = Receiver::start(inbox.clone(), free_port()).await;
+    let vq = VqProcess::serve(&redis, &events_env(&receiver.url())).await;
+    redis.kill();
+    for u in 1..=5 {
+        assert_eq!(enter(&vq, u).await["status"], "DIRECT_ADMITTED");
+    }
+    let _back = RedisServer::spawn_on(port);
+    let got = inbox
+        .wait_until("store.degraded", |g| {
+            g.iter()
+                .filter(|r| r.kind() == "store.degraded")
+                .map(|r| r.body["data"]["count"].as_u64().unwrap())
+                .sum::<u64>()
+                >= 5
+        })
+        .await;
+    let degraded: Vec<&Received> = got.iter().filter(|r| r.kind() == "store.degraded").collect();
+    assert!(degraded.iter().all(|r| r.body["data"]["answer"] == "failed_open" && r.signed), "{degraded:?}");
+    assert!(degraded.iter().all(|r| r.id.starts_with("vq/") && r.body.get("target").is_none()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counted: u64 = inbox
+        .got()
+        .iter()
+        .filter(|r| r.kind() == "store.degraded")
+        .map(|r| r.body["data"]["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 5, "each answer counted once");
 }
