@@ -18,6 +18,7 @@ use redis::AsyncCommands;
 use serde_json::Value;
 use sha2::Sha256;
 use vq::domain::{QueueTarget, SaleControl, SaleSchedule, SaleSource};
+use vq::store::AnyStore;
 use vq::store::prelude::*;
 
 use crate::support::{RedisServer, VqProcess, flag_on_before_start, free_port, open_store, test_settings, vq_command};
@@ -155,6 +156,32 @@ fn events_env(url: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A receiver for `inbox`, a `vq serve` on `redis` delivering to it (with `extra` settings),
+/// and a store on the same Redis for the test's own changes.
+async fn serving(
+    redis: &RedisServer,
+    inbox: &Inbox,
+    extra: &[(&'static str, &str)],
+) -> (Receiver, VqProcess, AnyStore) {
+    let receiver = Receiver::start(inbox.clone(), free_port()).await;
+    let mut env = events_env(&receiver.url());
+    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    let vq = VqProcess::serve(redis, &env).await;
+    (receiver, vq, open_store(&test_settings(Some(redis))))
+}
+
+/// The lines a child prints on stdout, as they come.
+fn stdout_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().expect("stdout piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
 async fn enter(vq: &VqProcess, user: u64) -> Value {
     let r = reqwest::Client::new()
         .post(format!("{}/virtual-queues/{T}/entries", vq.addr))
@@ -182,12 +209,8 @@ async fn a_webhook_gets_every_event_of_a_scheduled_sale_in_order_and_signed() {
     let redis = RedisServer::spawn();
     flag_on_before_start(&redis).await;
     let inbox = Inbox::default();
-    let receiver = Receiver::start(inbox.clone(), free_port()).await;
-    let mut env = events_env(&receiver.url());
-    env.push(("VQ_QUEUE__BATCH_SIZE", "2".to_owned()));
-    env.push(("VQ_EVENTS__ADMITTED_EVERY", "2".to_owned()));
-    let vq = VqProcess::serve(&redis, &env).await;
-    let store = open_store(&test_settings(Some(&redis)));
+    let extra = [("VQ_QUEUE__BATCH_SIZE", "2"), ("VQ_EVENTS__ADMITTED_EVERY", "2")];
+    let (_receiver, vq, store) = serving(&redis, &inbox, &extra).await;
     let now = store.now_ms();
     let schedule = SaleSchedule { opens_at_ms: now + 1500, prequeue_from_ms: Some(now - 100), closes_at_ms: None };
     store.schedule_sale(t(), schedule, [9; 32]).await.unwrap();
@@ -273,13 +296,9 @@ async fn a_webhook_that_hangs_does_not_change_what_each_tick_admits() {
     flag_on_before_start(&redis).await;
     let inbox = Inbox::default();
     inbox.hang.store(true, Ordering::SeqCst);
-    let receiver = Receiver::start(inbox.clone(), free_port()).await;
-    let mut env = events_env(&receiver.url());
     // Each attempt hangs far longer than the whole admission takes.
-    env.push(("VQ_EVENTS__TIMEOUT_MS", "60000".to_owned()));
-    env.push(("VQ_QUEUE__BATCH_SIZE", "5".to_owned()));
-    let vq = VqProcess::serve(&redis, &env).await;
-    let store = open_store(&test_settings(Some(&redis)));
+    let extra = [("VQ_EVENTS__TIMEOUT_MS", "60000"), ("VQ_QUEUE__BATCH_SIZE", "5")];
+    let (_receiver, vq, store) = serving(&redis, &inbox, &extra).await;
     // Paused while the line forms (a pause alone holds admission), then let go at once.
     assert!(store.control_sale(t(), SaleControl::Pause).await.unwrap());
     for u in 1..=40 {
@@ -356,13 +375,7 @@ async fn vq_events_prints_the_logs_as_json_lines_and_follows_new_ones() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = follow.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stdout_lines(&mut follow);
     let next = || serde_json::from_str::<Value>(&rx.recv_timeout(Duration::from_secs(10)).unwrap()).unwrap();
     assert_eq!(next()["id"], first.as_str());
     assert!(store.control_sale(t(), SaleControl::Pause).await.unwrap());
@@ -432,13 +445,7 @@ async fn the_readmes_receiver_checks_and_prints_what_vq_sends() {
         .stderr(Stdio::null())
         .spawn()
         .expect("python3 runs the README's receiver");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = python.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stdout_lines(&mut python);
     let url = format!("http://127.0.0.1:{port}/hooks/vq");
     let _vq = VqProcess::serve(&redis, &events_env(&url)).await;
     let store = open_store(&test_settings(Some(&redis)));
@@ -521,8 +528,7 @@ async fn answers_given_without_redis_are_one_event_once_redis_is_back() {
     let port = redis.port;
     flag_on_before_start(&redis).await;
     let inbox = Inbox::default();
-    let receiver = Receiver::start(inbox.clone(), free_port()).await;
-    let vq = VqProcess::serve(&redis, &events_env(&receiver.url())).await;
+    let (_receiver, vq, _) = serving(&redis, &inbox, &[]).await;
     redis.kill();
     for u in 1..=5 {
         assert_eq!(enter(&vq, u).await["status"], "DIRECT_ADMITTED");
