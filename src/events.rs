@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use self::webhook::{Delivery, DeliveryOptions, SIGNATURE_VERSION, Webhook, WebhookError, sign, webhooks_from_env};
-use crate::domain::{Event, EventId, EventKind, EventLog};
+use crate::domain::{Event, EventId, EventKind, EventLog, QueueTarget};
 use crate::service::QueueService;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, StoreError};
@@ -35,13 +35,21 @@ pub async fn event_logs(store: &AnyStore) -> Result<Vec<EventLog>, StoreError> {
     Ok(std::iter::once(EventLog::Instances).chain(targets.into_iter().map(EventLog::Target)).collect())
 }
 
-/// Remembers the active targets and those with a sale as having event logs, so their events
-/// are still read once they leave those sets (a queue's keys expire after
-/// `queue.key_ttl_s`; a delivery held up by a dead webhook may take longer than that).
+/// Remembers the active targets and those with a sale whose event log has entries, so their
+/// events are still read once they leave those sets (a queue's keys expire after
+/// `queue.key_ttl_s`; a delivery held up by a dead webhook may take longer than that). A
+/// target without events is not written down.
 async fn remember_event_logs(store: &AnyStore) -> Result<(), StoreError> {
-    let mut targets = store.active_targets().await?;
-    targets.extend(store.sale_targets().await?);
-    store.register_event_logs(&targets).await
+    let known: BTreeSet<QueueTarget> = store.event_log_targets().await?.into_iter().collect();
+    let mut candidates: BTreeSet<QueueTarget> = store.active_targets().await?.into_iter().collect();
+    candidates.extend(store.sale_targets().await?);
+    let mut logged = Vec::new();
+    for t in candidates.difference(&known) {
+        if !store.read_events(EventLog::Target(*t), EventId::ZERO, 1).await?.is_empty() {
+            logged.push(*t);
+        }
+    }
+    store.register_event_logs(&logged).await
 }
 
 /// Every event after where `seen` says each log was read to (a log not in it: after `since`),
