@@ -41,6 +41,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = args.config.load_shared("events")?;
     runtime()?.block_on(async move {
         let store = open_store(&settings)?;
+        if let Some(t) = args.target {
+            super::target::require_declared(&store, &settings, t).await?;
+        }
         let since = args.since.unwrap_or(EventId::ZERO);
         let mut seen = HashMap::new();
         loop {

@@ -392,6 +392,10 @@ async fn vq_events_prints_the_logs_as_json_lines_and_follows_new_ones() {
         .collect();
     assert_eq!(types, ["store.degraded", "sale.paused"], "only what came after");
 
+    let out = vq_events(&redis, &["--target", "limited-drop:100000"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "an undeclared target");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a declared target"));
+
     let out = vq_events(&redis, &["--since", "yesterday"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
