@@ -1,6 +1,7 @@
 //! What the event logs feed: the webhooks (`webhook.rs`: signed, retried, one instance
 //! delivering each at a time), `vq events` (reads them), and the instance's own events
-//! (`store.degraded`: requests it answered without the store, appended once Redis takes them).
+//! (`store.degraded`: requests it answered without the store, appended once Redis takes them;
+//! `clock.drift`: its clock off Redis').
 //!
 //! The logs themselves are the store's (`store::EventOps`): a target's events are appended by
 //! the step that makes the change, so nothing here is on the request path or in the pump's
@@ -81,13 +82,16 @@ pub async fn read_new(
 /// How often the instance looks at its degraded answers.
 const DEGRADED_EVERY: Duration = Duration::from_secs(2);
 
-/// Every few seconds: remembers the targets with event logs ([`remember_event_logs`]), and
-/// appends a `store.degraded` event for the requests this instance answered without the
-/// store (failed open, refused for lack of memory, not replicated) since the last one, while
-/// there are any. Appending needs Redis: the events of an outage land once Redis takes
+/// Every few seconds: remembers the targets with event logs ([`remember_event_logs`]);
+/// appends a `clock.drift` event when this instance's clock goes more than
+/// [`crate::service::CLOCK_OFF_MS`] off Redis' and when it agrees again; and a
+/// `store.degraded` event for the requests this instance answered without the store (failed
+/// open, refused for lack of memory, not replicated) since the last one, while there are any. Appending needs Redis: the events of an outage land once Redis takes
 /// writes again, counting every such answer once.
 pub async fn upkeep_loop(service: Arc<QueueService>, instance: String, cancel: CancellationToken) {
     let mut told = service.degraded_answers().map(|(_, n)| n);
+    // Whether the clock was off at the last event (none yet: only a clock off is told).
+    let mut clock_off = false;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -97,6 +101,16 @@ pub async fn upkeep_loop(service: Arc<QueueService>, instance: String, cancel: C
             tracing::debug!(error = %e, "cannot remember the targets' event logs yet: trying again");
         }
         let now = service.store.now_ms();
+        if let Some(offset_ms) = service.clock_offset_ms() {
+            let off = offset_ms.unsigned_abs() > crate::service::CLOCK_OFF_MS;
+            if off != clock_off {
+                let kind = EventKind::ClockDrift { instance: instance.clone(), offset_ms, off };
+                match service.store.append_instance_event(now, &kind).await {
+                    Ok(()) => clock_off = off,
+                    Err(e) => tracing::debug!(error = %e, "cannot append the clock event yet: trying again"),
+                }
+            }
+        }
         for (i, (answer, count)) in service.degraded_answers().into_iter().enumerate() {
             if count <= told[i] {
                 continue;

@@ -1,5 +1,6 @@
 //! The events a shop subscribes to, typed: a sale's changes, the purchase API's health as the
-//! adaptive outflow sees it, admission milestones and an instance's degraded answers. Each is
+//! adaptive outflow sees it, admission milestones, an instance's degraded answers and its
+//! clock's drift. Each is
 //! an entry of an event log (one per target, one for the instances; the stored form is
 //! `store::redis::codec`'s), named by its log and its place in it ([`EventId`]).
 
@@ -128,6 +129,11 @@ pub enum EventKind {
     /// previous such event.
     #[serde(rename = "store.degraded", rename_all = "camelCase")]
     Degraded { instance: String, answer: String, count: u64 },
+    /// An instance's clock is more than a second off Redis' (`off`), or agrees again:
+    /// `offsetMs` is Redis' clock minus the instance's. vq decides by Redis' clock; the host's
+    /// time sync needs fixing.
+    #[serde(rename = "clock.drift", rename_all = "camelCase")]
+    ClockDrift { instance: String, offset_ms: i64, off: bool },
 }
 
 impl EventKind {
@@ -169,6 +175,7 @@ impl EventKind {
             EventKind::AdmissionMilestone { .. } => "admission.milestone",
             EventKind::QueueEmptied { .. } => "queue.emptied",
             EventKind::Degraded { .. } => "store.degraded",
+            EventKind::ClockDrift { .. } => "clock.drift",
         }
     }
 }

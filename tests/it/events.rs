@@ -560,3 +560,22 @@ async fn answers_given_without_redis_are_one_event_once_redis_is_back() {
         .sum();
     assert_eq!(counted, 5, "each answer counted once");
 }
+
+#[tokio::test]
+async fn an_instance_whose_clock_is_off_says_so_once() {
+    const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(std::path::Path::new(FAKETIME).exists(), "{FAKETIME} is missing: scripts/test.sh installs faketime");
+    let redis = RedisServer::spawn();
+    let inbox = Inbox::default();
+    let behind = [("LD_PRELOAD", FAKETIME), ("FAKETIME", "-50s"), ("FAKETIME_DONT_FAKE_MONOTONIC", "1")];
+    let (_receiver, _vq, _) = serving(&redis, &inbox, &behind).await;
+    let got = inbox.wait_until("clock.drift", |g| g.iter().any(|r| r.kind() == "clock.drift")).await;
+    let drift = &got.iter().find(|r| r.kind() == "clock.drift").unwrap().body;
+    assert_eq!(drift["data"]["off"], true);
+    let offset = drift["data"]["offsetMs"].as_i64().unwrap();
+    assert!((45_000..55_000).contains(&offset), "Redis' clock minus the instance's: {offset}");
+    assert!(drift["id"].as_str().unwrap().starts_with("vq/"));
+    // Said once while it stays off (the upkeep looks every two seconds).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(inbox.kinds().iter().filter(|k| *k == "clock.drift").count(), 1, "{:?}", inbox.kinds());
+}

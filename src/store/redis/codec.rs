@@ -60,7 +60,8 @@ pub(super) fn decode_ledger_row(row: &str) -> Option<LedgerEntry> {
 /// An event log's entry (its field `row`): a ledger row of the sale or the outflow
 /// ([`decode_ledger_row`]), or a kind only the logs hold: `prequeue|ms|opens_at|prequeue_from`,
 /// `admitted|ms|total|first` or `|every`, `emptied|ms|mark` (written by the scripts), and
-/// `degraded|ms|answer|count|instance` ([`encode_instance_event`]). The time, and the event.
+/// `degraded|ms|answer|count|instance`, `drift|ms|offset_ms|off|instance`
+/// ([`encode_instance_event`]). The time, and the event.
 pub(super) fn decode_event_row(row: &str) -> Option<(u64, EventKind)> {
     if let Some(entry) = decode_ledger_row(row) {
         return EventKind::of_ledger(&entry).map(|k| (entry.at_ms(), k));
@@ -84,17 +85,25 @@ pub(super) fn decode_event_row(row: &str) -> Option<(u64, EventKind)> {
             let count = p.next()?.parse().ok()?;
             EventKind::Degraded { instance: p.next().unwrap_or_default().to_owned(), answer, count }
         }
+        "drift" => {
+            let offset_ms = p.next()?.parse().ok()?;
+            let off = p.next()? == "1";
+            EventKind::ClockDrift { instance: p.next().unwrap_or_default().to_owned(), offset_ms, off }
+        }
         _ => return None,
     };
     Some((at_ms, event))
 }
 
-/// The stored row of an instance's event (only [`EventKind::Degraded`] is one); `None` for
+/// The stored row of an instance's event ([`EventKind::Degraded`], [`EventKind::ClockDrift`]); `None` for
 /// the kinds only a target's scripts write.
 pub(super) fn encode_instance_event(at_ms: u64, kind: &EventKind) -> Option<String> {
     match kind {
         EventKind::Degraded { instance, answer, count } => {
             Some(format!("degraded|{at_ms}|{answer}|{count}|{instance}"))
+        }
+        EventKind::ClockDrift { instance, offset_ms, off } => {
+            Some(format!("drift|{at_ms}|{offset_ms}|{}|{instance}", u8::from(*off)))
         }
         _ => None,
     }

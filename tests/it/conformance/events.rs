@@ -109,8 +109,10 @@ async fn the_instances_log_cursors_and_leases_agree_on_both_stores() {
         let degraded = |count| EventKind::Degraded { instance: "i-1".into(), answer: "failed_open".into(), count };
         s.append_instance_event(time.now_ms(), &degraded(3)).await.unwrap();
         s.append_instance_event(time.now_ms(), &degraded(1)).await.unwrap();
+        let drift = EventKind::ClockDrift { instance: "i-1".into(), offset_ms: -1200, off: true };
+        s.append_instance_event(time.now_ms(), &drift).await.unwrap();
         let events = all_events(&s, EventLog::Instances).await;
-        assert_eq!(events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(), [degraded(3), degraded(1)]);
+        assert_eq!(events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(), [degraded(3), degraded(1), drift]);
         assert_eq!(events[0].wire_id(), format!("vq/{}", events[0].id));
 
         assert_eq!(s.event_cursor("shop", EventLog::Instances).await.unwrap(), None);
