@@ -579,3 +579,38 @@ async fn an_instance_whose_clock_is_off_says_so_once() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(inbox.kinds().iter().filter(|k| *k == "clock.drift").count(), 1, "{:?}", inbox.kinds());
 }
+
+#[tokio::test]
+async fn when_the_delivering_instance_dies_the_other_goes_on_from_its_cursor() {
+    let redis = RedisServer::spawn();
+    let inbox = Inbox::default();
+    let mut receiver = Receiver::start(inbox.clone(), free_port()).await;
+    let env = events_env(&receiver.url());
+    let mut instances = vec![VqProcess::serve(&redis, &env).await, VqProcess::serve(&redis, &env).await];
+    let store = open_store(&test_settings(Some(&redis)));
+    let later = SaleSchedule { opens_at_ms: store.now_ms() + 3_600_000, prequeue_from_ms: None, closes_at_ms: None };
+    store.schedule_sale(t(), later, [1; 32]).await.unwrap();
+    assert!(store.control_sale(t(), SaleControl::Pause).await.unwrap());
+    inbox.wait_until("the first two", |g| g.len() == 2).await;
+
+    // The receiver goes down; the instance holding the lease dies while it retries.
+    receiver.stop().await;
+    assert!(store.control_sale(t(), SaleControl::Resume).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut conn = redis.conn().await;
+    let holder: String = conn.get(format!("queue:events:lease:{}", receiver.url())).await.unwrap();
+    let dying = instances
+        .iter()
+        .position(|p| holder.ends_with(&format!("-{}", p.child.id())))
+        .unwrap_or_else(|| panic!("the lease names one of the instances: {holder}"));
+    drop(instances.remove(dying));
+    let close = SaleControl::Close { message: String::new(), source: SaleSource::Command };
+    assert!(store.control_sale(t(), close).await.unwrap());
+    receiver.restart().await;
+    inbox.wait_until("the rest", |g| g.len() >= 4).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(inbox.kinds(), ["sale.scheduled", "sale.paused", "sale.resumed", "sale.closed"]);
+    assert_signed_once_in_order(&inbox.got());
+    let now_holder: String = conn.get(format!("queue:events:lease:{}", receiver.url())).await.unwrap();
+    assert_ne!(now_holder, holder, "the survivor took the lease");
+}
