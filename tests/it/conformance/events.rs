@@ -25,7 +25,7 @@ async fn a_sale_appends_each_change_and_milestone_once_in_order() {
         async |s, time| {
             let now = time.now_ms();
             let schedule = vq::domain::SaleSchedule {
-                opens_at_ms: now + 1500,
+                opens_at_ms: now + 2000,
                 prequeue_from_ms: Some(now - 1000),
                 closes_at_ms: None,
             };
@@ -41,7 +41,7 @@ async fn a_sale_appends_each_change_and_milestone_once_in_order() {
             time.pass(450).await; // the admission lock's 400 ms
             time.next_tick(500).await;
             pump.tick().await.unwrap();
-            time.pass(1250).await;
+            time.pass(1750).await;
             time.next_tick(500).await;
             let ticks = pump.tick().await.unwrap();
             assert_eq!(ticks[0].as_ref().unwrap().admit.unwrap().admitted, 2, "the opening tick admits");
