@@ -27,6 +27,11 @@
 --                                    prelude.lua): t:<tick> admitted, admitted, wb:<bucket>,
 --                                    wc, ws, wmax (the waits as in KEYS[7]), tick_ms, and the
 --                                    scheduled close as an event
+-- KEYS[17] queue:{T}:events          STREAM the event log (optional, with ARGV[13]): the
+--                                    scheduled close, the pre-queue's opening (once, marked
+--                                    `prequeue_told` in the sale), the first admission, every
+--                                    ARGV[14] admitted, and the line gone (a tick under its
+--                                    batch after a full one) (prelude.lua's event_add)
 -- ARGV[1] batch size in force when the target has none of its own
 -- ARGV[2] tick length ms
 -- ARGV[3] key ttl seconds
@@ -41,6 +46,8 @@
 -- ARGV[11] the wait buckets' edges, "below:width ..." (`domain::stats::WAIT_BUCKETS`; see
 --          `wait_bucket` in prelude.lua)
 -- ARGV[12] ticks kept in KEYS[5] (`store::rules::ADMISSIONS_KEPT`)
+-- ARGV[13] event log entries kept (`events.max_len`), with KEYS[17]; its ttl is ARGV[10]'s
+-- ARGV[14] an event each time the users admitted in all pass a multiple of this (0: none)
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced}: waits = the admitted
 -- users' waits in ms, comma-separated (for the Prometheus histogram), '' when none; fenced =
 -- bits 1 the seq counter, 2 the mark, 4 the last tick was raised to the instance's fence
@@ -81,17 +88,21 @@ end
 local saleKey, ledger = KEYS[12], KEYS[15]
 local rec, recTtl = KEYS[16], tonumber(ARGV[10] or '0')
 local ledgerMax = ARGV[5]
+local log = event_log(KEYS[17], ARGV[13], recTtl)
 if saleKey then
   local phase, s = sale_phase(saleKey, now)
   if phase == P_CLOSED and s[5] ~= '1' then
     -- `closes_at` has passed: the first tick after it closes the sale.
     redis.call('HSET', saleKey, 'closed', 1, 'close_source', 'schedule', 'closed_at', now)
-    sale_event(ledger, ledgerMax, ttl, rec, recTtl, ledger_row('close', now, 'schedule', s[6] or ''))
+    sale_event(ledger, ledgerMax, ttl, rec, recTtl, ledger_row('close', now, 'schedule', s[6] or ''), log)
   end
   -- A sale closed before its opening was done is frozen all the same (enter.lua freezes in
   -- P_OPENING only).
   if s[1] and now >= tonumber(s[1]) and not s[8] then
     freeze_prequeue(saleKey, s, KEYS[9], KEYS[13], KEYS[14], nil, now, ttl)
+  end
+  if phase == P_PRE_QUEUE and log and redis.call('HSETNX', saleKey, 'prequeue_told', now) == 1 then
+    event_add(log, ledger_row('prequeue', now, s[1], s[2]))
   end
   if sale_holds_admission(phase, s) then
     -- Keep a gathering pre-queue (and the sale) alive while nobody is admitted; a closed
@@ -156,8 +167,25 @@ if admitted > 0 then
   end
   redis.call('HINCRBY', KEYS[7], 'count', counted)
   redis.call('HINCRBY', KEYS[7], 'sum_ms', sum)
-  redis.call('HINCRBY', KEYS[7], 'admitted', admitted)
+  local total = redis.call('HINCRBY', KEYS[7], 'admitted', admitted)
+  if log then
+    -- Milestones: the first users admitted, and each multiple of ARGV[14] passed.
+    local every, was = tonumber(ARGV[14]), total - admitted
+    if was == 0 then
+      event_add(log, ledger_row('admitted', now, total, 'first'))
+    end
+    if every > 0 and math.floor(was / every) < math.floor(total / every) then
+      event_add(log, ledger_row('admitted', now, total, 'every'))
+    end
+  end
   redis.call('EXPIRE', KEYS[7], ttl)
+end
+if log and admitted < batch then
+  -- The line is gone: the tick before filled its batch, this one does not.
+  local prev = redis.call('LINDEX', KEYS[5], 0)
+  if prev and tonumber(string.match(prev, ':(%d+)$')) >= batch then
+    event_add(log, ledger_row('emptied', now, mark))
+  end
 end
 redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
 redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[12]) - 1)

@@ -220,13 +220,35 @@ local function ledger_push(ledger, row, max, ttl)
   end
 end
 
--- A change of the sale (schedule, open, pause, resume, close, clear): a ledger row, and the
--- same row as an event of the record when the record's key is given.
-local function sale_event(ledger, max, ttl, rec, recTtl, row)
+-- The target's event log (queue:{T}:events, a STREAM that `vq events` and the webhooks read;
+-- decoded by `store::redis::codec::decode_event_row`): `key`, about `max` entries kept
+-- (`events.max_len`), `ttl` s after its last entry. nil without the key: no log.
+local function event_log(key, max, ttl)
+  if key then
+    return {key = key, max = max, ttl = ttl}
+  end
+  return nil
+end
+
+-- Appends `row` (a ledger row, or one of the kinds only the log has: prequeue, admitted,
+-- emptied) to the event log `log` (event_log's), in the step that made the change: each
+-- change is in the log once, in the order the changes happened.
+local function event_add(log, row)
+  if log then
+    redis.call('XADD', log.key, 'MAXLEN', '~', log.max, '*', 'row', row)
+    redis.call('EXPIRE', log.key, log.ttl)
+  end
+end
+
+-- A change of the sale (schedule, open, pause, resume, close, clear): a ledger row, the
+-- same row as an event of the record when the record's key is given, and in the event log
+-- `log` when given.
+local function sale_event(ledger, max, ttl, rec, recTtl, row, log)
   ledger_push(ledger, row, max, ttl)
   if rec then
     record_event(rec, recTtl, row)
   end
+  event_add(log, row)
 end
 
 -- A flag acknowledgement as stored (virtual-queue:acks, instance -> value; decoded by

@@ -7,14 +7,16 @@
 -- KEYS[3] queue:{T}:prequeue   ZSET pre-queued users (deleted by clear)
 -- KEYS[4] queue:{T}:opening    ZSET frozen pre-queue (deleted by clear)
 -- KEYS[5] queue:{T}:record     HASH the sale's record: the change as an event (prelude.lua)
+-- KEYS[6] queue:{T}:events     STREAM the event log: the change (prelude.lua's event_add)
 -- ARGV[1] pause | resume | close | clear
 -- ARGV[2] source: command | schedule | purchase-api
 -- ARGV[3] close message ('' otherwise)
 -- ARGV[4] key ttl seconds
 -- ARGV[5] ledger rows kept
--- ARGV[6] record ttl seconds
+-- ARGV[6] record ttl seconds (also the event log's)
 -- ARGV[7] clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
 --         (pre-queued before the opening, or being given their places at the opening)
+-- ARGV[8] event log entries kept (`events.max_len`)
 -- returns {1} when the state changed, {0} when it already was so (nothing recorded), and
 -- {2, opening, users} when a clear was refused: opening 1 in P_OPENING, 0 before it,
 -- users = those in the pre-queue (or the frozen one). The check and the clear are one step:
@@ -64,5 +66,5 @@ if action ~= 'clear' then
     redis.call('EXPIRE', KEYS[1], ttl)
   end
 end
-sale_event(KEYS[2], ARGV[5], ttl, KEYS[5], tonumber(ARGV[6]), row)
+sale_event(KEYS[2], ARGV[5], ttl, KEYS[5], tonumber(ARGV[6]), row, event_log(KEYS[6], ARGV[8], tonumber(ARGV[6])))
 return {1}

@@ -16,12 +16,14 @@
 -- KEYS[6] queue:{T}:opening       ZSET the frozen pre-queue (unlinked by the last chunk)
 -- KEYS[7] queue:{T}:ledger        LIST ledger rows, newest first
 -- KEYS[8] queue:{T}:record        HASH the sale's record: the opening (seed, commitment) as an event
+-- KEYS[9] queue:{T}:events        STREAM the event log: the opening (prelude.lua's event_add)
 -- ARGV[1] 1 for the last chunk, else 0
 -- ARGV[2] entry time ms of the pre-queued users (the opening time)
 -- ARGV[3] key ttl seconds
 -- ARGV[4] ledger rows kept
--- ARGV[5] record ttl seconds
--- ARGV[6..] seq, user pairs, seqs ascending and contiguous
+-- ARGV[5] record ttl seconds (also the event log's)
+-- ARGV[6] event log entries kept (`events.max_len`)
+-- ARGV[7..] seq, user pairs, seqs ascending and contiguous
 -- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
 local s = redis.call('HMGET', KEYS[5], 'frozen', 'opened_at', 'commitment', 'seed')
 if not s[1] or s[2] then
@@ -29,7 +31,7 @@ if not s[1] or s[2] then
 end
 local ttl = tonumber(ARGV[3])
 local adds, gone = {}, {}
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local seq, user = ARGV[i], ARGV[i + 1]
   if not redis.call('ZSCORE', KEYS[1], user) and not redis.call('ZSCORE', KEYS[3], seq) then
     if redis.call('ZSCORE', KEYS[2], user) then
@@ -47,8 +49,8 @@ if #gone > 0 then
   redis.call('ZADD', KEYS[3], unpack(gone))
   redis.call('EXPIRE', KEYS[3], ttl)
 end
-if #ARGV >= 6 then
-  local first, last = ARGV[6], ARGV[#ARGV - 1]
+if #ARGV >= 7 then
+  local first, last = ARGV[7], ARGV[#ARGV - 1]
   redis.call('ZADD', KEYS[4], first, first .. '-' .. last .. ':' .. ARGV[2])
   redis.call('EXPIRE', KEYS[4], ttl)
 end
@@ -56,6 +58,7 @@ if ARGV[1] == '1' then
   local now = now_ms()
   redis.call('HSET', KEYS[5], 'opened_at', now)
   redis.call('UNLINK', KEYS[6])
-  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, s[1], s[3] or '', s[4] or ''))
+  local log = event_log(KEYS[9], ARGV[6], tonumber(ARGV[5]))
+  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, s[1], s[3] or '', s[4] or ''), log)
 end
 return 1

@@ -7,6 +7,7 @@
 -- KEYS[1] queue:{T}:sale     HASH opens_at, prequeue_from, closes_at (ms), seed, commitment (hex), ...
 -- KEYS[2] queue:{T}:ledger   LIST ledger rows, newest first: gets "schedule|ms|opens|prequeue|closes"
 -- KEYS[3] queue:{T}:record   HASH the sale's record: the schedule as an event (prelude.lua)
+-- KEYS[4] queue:{T}:events   STREAM the event log: the schedule (prelude.lua's event_add)
 -- ARGV[1] opens_at ms
 -- ARGV[2] prequeue_from ms, '' for none
 -- ARGV[3] closes_at ms, '' for none
@@ -14,7 +15,8 @@
 -- ARGV[5] commitment, lowercase hex SHA-256 of ARGV[4]'s bytes
 -- ARGV[6] expiry, epoch s (the last of the schedule's times plus the key ttl)
 -- ARGV[7] ledger rows kept
--- ARGV[8] record ttl seconds
+-- ARGV[8] record ttl seconds (also the event log's)
+-- ARGV[9] event log entries kept (`events.max_len`)
 -- returns {1, commitment} when scheduled, {0, frozen_at ms} when the pre-queue was frozen
 -- already (the opening happened: clear the sale first)
 local frozen = redis.call('HGET', KEYS[1], 'frozen_at')
@@ -27,7 +29,8 @@ if not commitment or not redis.call('HGET', KEYS[1], 'seed') then
   redis.call('HSET', KEYS[1], 'seed', ARGV[4], 'commitment', commitment)
 end
 redis.call('HSET', KEYS[1], 'opens_at', ARGV[1])
-redis.call('HDEL', KEYS[1], 'closed', 'close_source', 'closed_at', 'message')
+-- `prequeue_told`: a new schedule's pre-queue opening is announced again (admit.lua).
+redis.call('HDEL', KEYS[1], 'closed', 'close_source', 'closed_at', 'message', 'prequeue_told')
 for i, field in ipairs({'prequeue_from', 'closes_at'}) do
   if ARGV[1 + i] == '' then
     redis.call('HDEL', KEYS[1], field)
@@ -38,7 +41,8 @@ end
 redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[6]))
 -- Every schedule written is in the ledger, so a changed opening is on record.
 -- The ledger lives at least as long as the schedule (below), not the key ttl.
-sale_event(KEYS[2], ARGV[7], nil, KEYS[3], tonumber(ARGV[8]), ledger_row('schedule', now_ms(), ARGV[1], ARGV[2], ARGV[3]))
+local log = event_log(KEYS[4], ARGV[9], tonumber(ARGV[8]))
+sale_event(KEYS[2], ARGV[7], nil, KEYS[3], tonumber(ARGV[8]), ledger_row('schedule', now_ms(), ARGV[1], ARGV[2], ARGV[3]), log)
 if redis.call('TTL', KEYS[2]) < tonumber(ARGV[6]) - math.floor(now_ms() / 1000) then
   redis.call('EXPIREAT', KEYS[2], tonumber(ARGV[6]))
 end

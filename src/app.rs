@@ -1,4 +1,4 @@
-//! Assembles a running `vq serve`: store, service, flag refresher, pump and HTTP server, all
+//! Assembles a running `vq serve`: store, service, flag refresher, pump, event delivery and HTTP server, all
 //! stopped by one `CancellationToken`. Tests call [`run`] with a listener bound to port 0.
 
 use std::sync::Arc;
@@ -214,6 +214,8 @@ pub async fn run(
     let store = open_store(&settings)?;
     let instance_id = settings.instance_id();
     let report = settings.instance_report(&instance_id, &secret.key_ids())?;
+    // Before anything starts: a webhook without its secret is a configuration error.
+    let webhooks = crate::events::webhooks_from_env(&settings)?;
     let service = Arc::new(QueueService::new(store.clone(), secret, settings.clone()));
     if opts.flag_on {
         // A few tries: a busy machine can make one call outlast the timeout.
@@ -240,6 +242,13 @@ pub async fn run(
     tracker.spawn(clock_watch_loop(service.clone(), cancel.clone()));
     if settings.queue.local_polls {
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
+    }
+    tracker.spawn(crate::events::upkeep_loop(service.clone(), instance_id.clone(), cancel.clone()));
+    crate::metrics::register_webhooks(&webhooks.iter().map(|w| w.name.clone()).collect::<Vec<_>>());
+    for webhook in webhooks {
+        let options = crate::events::DeliveryOptions::of(&settings);
+        let delivery = crate::events::Delivery::new(store.clone(), webhook, options, instance_id.clone());
+        tracker.spawn(delivery.run(cancel.clone()));
     }
     if opts.pump {
         let pump =

@@ -6,11 +6,13 @@
 //! This file holds the tree's root ([`Settings`]), its loading and the accessors the rest of
 //! vq reads; `queue.rs` the admission settings (`[queue]`, `[adaptive]`, `[targets]`),
 //! `edge.rs` what a request meets (`[gate]`, `[http]`, `[page]`, `[identity]`, `[entry]`),
+//! `events.rs` the event logs and their webhooks (`[events]`),
 //! `check.rs` every bound and cross-setting rule ([`SettingError`]), `redis_url.rs` credential
 //! redaction and `secret.rs` the token secret.
 
 mod check;
 mod edge;
+mod events;
 mod fleet;
 mod queue;
 mod redis_url;
@@ -26,12 +28,13 @@ use serde::{Deserialize, Serialize};
 
 pub use self::check::{BATCH_SIZE, POW_BITS, REDIS_TIMEOUT_MS, SettingError, TOKEN_TTL_S};
 pub use self::edge::{EntrySettings, GateSettings, HttpSettings, IdentityMode, IdentitySettings, PageSettings};
+pub use self::events::{EVENTS_SECRET_ENV, EventsSettings, WebhookSettings};
 pub use self::fleet::{LUA_DIGEST, VQ_VERSION};
 pub use self::queue::{AdaptiveSettings, OnStoreFailure, Outflow, QueueSettings, TargetTypeSettings, TargetsSettings};
 pub use self::redis_url::{RedisUrl, redact_credentials};
 pub use self::secret::secret_from_env;
 use crate::domain::{DeclaredTargets, QueueTargetType};
-use crate::store::{DurableWrites, ReplicaWait, StoreLimits};
+use crate::store::{DurableWrites, EventLimits, ReplicaWait, StoreLimits};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +73,7 @@ pub struct Settings {
     pub adaptive: AdaptiveSettings,
     pub identity: IdentitySettings,
     pub entry: EntrySettings,
+    pub events: EventsSettings,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -128,6 +132,7 @@ impl Default for Settings {
             adaptive: AdaptiveSettings::default(),
             identity: IdentitySettings::default(),
             entry: EntrySettings::default(),
+            events: EventsSettings::default(),
         }
     }
 }
@@ -170,8 +175,14 @@ pub fn env_name(key: &str) -> String {
 }
 
 /// Environment variables with the `VQ_` prefix that are not configuration keys.
-const NOT_KEYS: [&str; 5] =
-    ["TOKEN_SECRET", "TOKEN_SECRET_FILE", "TOKEN_SECRET_PREVIOUS", "TOKEN_SECRET_PREVIOUS_FILE", "URL"];
+const NOT_KEYS: [&str; 6] = [
+    "TOKEN_SECRET",
+    "TOKEN_SECRET_FILE",
+    "TOKEN_SECRET_PREVIOUS",
+    "TOKEN_SECRET_PREVIOUS_FILE",
+    "URL",
+    "EVENTS_SECRET",
+];
 
 /// Settings from the command line that win over every other source.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -303,6 +314,7 @@ impl Settings {
             record_ttl_s: self.queue.record_ttl_days * 86_400,
             tick_ms: self.queue.tick_ms,
             durable: DurableWrites { replicas: self.redis.wait_replicas, timeout_ms: self.redis.wait_timeout_ms },
+            events: EventLimits { max_len: self.events.max_len, admitted_every: self.events.admitted_every },
         }
     }
 

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod domain;
+pub mod events;
 pub mod gate;
 pub mod http;
 pub mod loadgen;

@@ -50,6 +50,7 @@ pub const TARGET_TOKENS: &str = "virtual_queue_target_tokens";
 pub const ADAPTIVE_P95: &str = "virtual_queue_adaptive_purchase_p95_seconds";
 pub const ADAPTIVE_ERROR_RATIO: &str = "virtual_queue_adaptive_error_ratio";
 pub const ADAPTIVE_NO_SHOW_RATIO: &str = "virtual_queue_adaptive_no_show_ratio";
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "virtual_queue_webhook_deliveries_total";
 
 /// The `state` label values of [`SALE_STATE`]: `none` for a target without a sale, then the
 /// sale's states as `vq sale show` names them.
@@ -118,6 +119,11 @@ fn describe() {
         CLOCK_OFFSET,
         metrics::Unit::Seconds,
         "Redis' clock minus this instance's, as measured by its probe"
+    );
+    describe_counter!(
+        WEBHOOK_DELIVERIES_TOTAL,
+        "Event deliveries to the webhooks ([events]) by webhook and outcome: delivered (2xx), failed (an attempt \
+         that got no 2xx in events.timeout_ms), retried (an attempt after a failed one)"
     );
     describe_gauge!(
         FLEET_DRIFT,
@@ -255,6 +261,24 @@ pub fn pow(outcome: &'static str) {
 
 pub fn bypass_attempt() {
     counter!(BYPASS_ATTEMPTS_TOTAL).increment(1);
+}
+
+/// The `outcome` label values of [`WEBHOOK_DELIVERIES_TOTAL`].
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "failed", "retried"];
+
+/// Creates [`WEBHOOK_DELIVERIES_TOTAL`] at 0 for every webhook and outcome.
+pub fn register_webhooks(names: &[String]) {
+    install();
+    for name in names {
+        for outcome in WEBHOOK_OUTCOMES {
+            counter!(WEBHOOK_DELIVERIES_TOTAL, "webhook" => name.clone(), "outcome" => outcome).absolute(0);
+        }
+    }
+}
+
+/// One delivery attempt to webhook `name`, by outcome (one of [`WEBHOOK_OUTCOMES`]).
+pub fn webhook_delivery(name: &str, outcome: &'static str) {
+    counter!(WEBHOOK_DELIVERIES_TOTAL, "webhook" => name.to_owned(), "outcome" => outcome).increment(1);
 }
 
 /// The `answer` label values of [`REDIS_DEGRADED_TOTAL`].

@@ -3,6 +3,7 @@
 
 mod batch;
 mod config_error;
+mod events;
 mod flag;
 mod fleet;
 mod loadgen;
@@ -54,6 +55,8 @@ enum Command {
     Target(target::Args),
     /// The serving instances side by side: declarations, settings, drift (--check)
     Fleet(fleet::Args),
+    /// The event logs as JSON lines: sale changes, outflow, milestones (--follow, --since)
+    Events(events::Args),
 }
 
 /// `--config FILE`, shared by every command that reads settings.
@@ -178,6 +181,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),
         Command::Fleet(a) => fleet::run(a),
+        Command::Events(a) => events::run(a),
     };
     flush_logs();
     match result {

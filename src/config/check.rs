@@ -2,7 +2,8 @@
 
 use std::ops::RangeInclusive;
 
-use super::{Settings, env_name};
+use super::events::{is_webhook_name, webhook_url_problem};
+use super::{EVENTS_SECRET_ENV, Settings, env_name};
 use crate::domain::QueueTargetType;
 use crate::gate::RouteError;
 
@@ -40,6 +41,18 @@ pub enum SettingError {
     CorsOrigin(String),
     #[error("{key} ({}) must be an http:// or https:// URL, got `{value}`", env_name(.key))]
     NotWebUrl { key: &'static str, value: String },
+    #[error("{key} must be an http:// URL such as http://127.0.0.1:9000/hooks/vq ({why}), got `{value}`")]
+    WebhookUrl { key: String, value: String, why: &'static str },
+    #[error("events.webhooks: the name `{0}` must be 1-64 letters, digits, `-` or `_`")]
+    WebhookName(String),
+    #[error("events.webhooks: `{0}` names two webhooks (names keep each one's place in the log)")]
+    WebhookTwice(String),
+    #[error(
+        "events.webhooks.{name}.secret_env: `{env}` starts with VQ_, which vq reads as configuration keys; use VQ_EVENTS_SECRET or a name of your own"
+    )]
+    WebhookSecretEnv { name: String, env: String },
+    #[error("events.retry_max_ms ({max}) must be at least events.retry_min_ms ({min})")]
+    RetryMaxUnderMin { min: u64, max: u64 },
     #[error("gate.upstream must be an http:// URL, got `{0}`")]
     UpstreamNotHttp(String),
     #[error("gate.close_header (VQ_GATE__CLOSE_HEADER) must be an HTTP header name such as X-Queue-Close, got `{0}`")]
@@ -90,7 +103,12 @@ impl Settings {
             crate::store::ReplicaWait::Auto => 0,
             crate::store::ReplicaWait::Count(n) => n,
         };
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 33] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 38] = [
+            ("events.max_len", self.events.max_len, 10..=10_000_000),
+            ("events.admitted_every", self.events.admitted_every, 0..=1_000_000_000),
+            ("events.timeout_ms", self.events.timeout_ms, 100..=60_000),
+            ("events.retry_min_ms", self.events.retry_min_ms, 10..=600_000),
+            ("events.poll_ms", self.events.poll_ms, 50..=60_000),
             ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
@@ -212,6 +230,45 @@ impl Settings {
         }
         if let Some(h) = g.upstream_host.as_ref().filter(|h| !is_host(h)) {
             return Err(SettingError::UpstreamHostNotAHost(h.clone()));
+        }
+        self.check_events()
+    }
+
+    fn check_events(&self) -> Result<(), SettingError> {
+        let e = &self.events;
+        if e.retry_max_ms < e.retry_min_ms {
+            return Err(SettingError::RetryMaxUnderMin { min: e.retry_min_ms, max: e.retry_max_ms });
+        }
+        for (i, u) in e.webhook_urls.iter().enumerate() {
+            if let Some(why) = webhook_url_problem(u) {
+                return Err(SettingError::WebhookUrl {
+                    key: format!("events.webhook_urls[{i}]"),
+                    value: u.clone(),
+                    why,
+                });
+            }
+        }
+        for w in &e.webhooks {
+            if !is_webhook_name(&w.name) {
+                return Err(SettingError::WebhookName(w.name.clone()));
+            }
+            if let Some(why) = webhook_url_problem(&w.url) {
+                return Err(SettingError::WebhookUrl {
+                    key: format!("events.webhooks.{}.url", w.name),
+                    value: w.url.clone(),
+                    why,
+                });
+            }
+            let env = w.secret_env();
+            if env.starts_with("VQ_") && env != EVENTS_SECRET_ENV {
+                return Err(SettingError::WebhookSecretEnv { name: w.name.clone(), env: env.to_owned() });
+            }
+        }
+        let all = e.all_webhooks();
+        for (i, w) in all.iter().enumerate() {
+            if all[..i].iter().any(|o| o.name == w.name) {
+                return Err(SettingError::WebhookTwice(w.name.clone()));
+            }
         }
         Ok(())
     }

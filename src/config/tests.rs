@@ -243,3 +243,46 @@ fn unknown_keys_are_errors_naming_the_key() {
         Ok(())
     });
 }
+
+#[test]
+fn webhooks_are_checked_at_load_naming_the_key() {
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "vq.toml",
+            "[events]\nwebhook_urls = [\"http://127.0.0.1:9000/a\"]\n\n[[events.webhooks]]\nname = \"orders\"\nurl = \"http://crm.internal/hooks\"\nsecret_env = \"ORDERS_SECRET\"\n",
+        )?;
+        // VQ_EVENTS_SECRET is a secret, not a configuration key.
+        jail.set_env("VQ_EVENTS_SECRET", "not-a-key");
+        let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+        let all = s.events.all_webhooks();
+        assert_eq!(
+            all.iter().map(|w| (w.name.as_str(), w.secret_env())).collect::<Vec<_>>(),
+            [("orders", "ORDERS_SECRET"), ("http://127.0.0.1:9000/a", "VQ_EVENTS_SECRET")]
+        );
+        for (file, says) in [
+            ("[[events.webhooks]]\nname = \"a b\"\nurl = \"http://x/\"\n", "the name `a b` must be"),
+            (
+                "[[events.webhooks]]\nname = \"a\"\nurl = \"https://x/\"\n",
+                "events.webhooks.a.url must be an http:// URL",
+            ),
+            ("[[events.webhooks]]\nname = \"a\"\nurl = \"ftp://x/\"\n", "events.webhooks.a.url must be an http:// URL"),
+            (
+                "[[events.webhooks]]\nname = \"a\"\nurl = \"http://x/\"\nsecret_env = \"VQ_A\"\n",
+                "`VQ_A` starts with VQ_",
+            ),
+            (
+                "[[events.webhooks]]\nname = \"a\"\nurl = \"http://x/\"\n[[events.webhooks]]\nname = \"a\"\nurl = \"http://y/\"\n",
+                "`a` names two webhooks",
+            ),
+            ("[events]\nwebhook_urls = [\"http:///nohost\"]\n", "events.webhook_urls[0]"),
+            ("[events]\nmax_len = 5\n", "events.max_len (VQ_EVENTS__MAX_LEN) must be between 10"),
+            ("[events]\nretry_min_ms = 1000\nretry_max_ms = 500\n", "events.retry_max_ms (500) must be at least"),
+            ("[events]\nwebhook = []\n", "unknown field"),
+        ] {
+            jail.create_file("vq.toml", file)?;
+            let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains(says), "{file}: {err}");
+        }
+        Ok(())
+    });
+}

@@ -4,6 +4,7 @@
 //! the time it needs as arguments, so the admission arithmetic is unit-tested without Redis.
 
 mod declared;
+mod event;
 mod flag;
 mod fleet;
 mod ledger;
@@ -16,6 +17,7 @@ mod stats;
 mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
+pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
 pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
 pub use fleet::{Drift, InstanceReport, UNREPORTED, drift, fleet_declared, fleet_types, served_by};
 pub use ledger::{LedgerEntry, ledger_admitted};

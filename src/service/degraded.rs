@@ -25,6 +25,9 @@ const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
 pub(super) struct Degraded {
     /// Per [`Failure`]: last log line, events since.
     logs: [(Mutex<Option<Instant>>, AtomicU64); 5],
+    /// Requests answered without the store since start, per `metrics::DEGRADED_ANSWERS`
+    /// (for the `store.degraded` events, `crate::events`).
+    answered: [AtomicU64; 3],
 }
 
 /// What a store failure was, for its log line and its count.
@@ -63,12 +66,28 @@ impl Failure {
 impl Degraded {
     pub(super) fn new() -> Self {
         crate::metrics::register_store_errors(&StoreErrorKind::ALL.map(StoreErrorKind::label));
-        Self { logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))) }
+        Self {
+            logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))),
+            answered: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Requests answered without the store since start, by answer (`failed_open`,
+    /// `out_of_memory`, `not_replicated`).
+    pub(super) fn answered(&self) -> [(&'static str, u64); 3] {
+        std::array::from_fn(|i| (crate::metrics::DEGRADED_ANSWERS[i], self.answered[i].load(Ordering::Relaxed)))
+    }
+
+    fn count_answer(&self, answer: &'static str) {
+        crate::metrics::redis_degraded(answer);
+        if let Some(i) = crate::metrics::DEGRADED_ANSWERS.iter().position(|a| *a == answer) {
+            self.answered[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A request that failed open without calling the store (the probe finds Redis down).
     pub(super) fn record_skipped(&self) {
-        crate::metrics::redis_degraded(Failure::Unavailable.answer());
+        self.count_answer(Failure::Unavailable.answer());
     }
 
     pub(super) fn record(&self, what: &str, target: QueueTarget, err: &StoreError) {
@@ -76,7 +95,7 @@ impl Degraded {
         if failure == Failure::Overloaded {
             crate::metrics::overloaded();
         } else {
-            crate::metrics::redis_degraded(failure.answer());
+            self.count_answer(failure.answer());
             crate::metrics::store_error(err.kind().label());
         }
         let (last_log, since_log) = &self.logs[failure as usize];

@@ -135,6 +135,12 @@ pub struct QueueService {
 }
 
 impl QueueService {
+    /// Requests this instance answered without the store since start, by answer (as
+    /// `virtual_queue_redis_degraded_total`).
+    pub fn degraded_answers(&self) -> [(&'static str, u64); 3] {
+        self.degraded.answered()
+    }
+
     pub fn new(store: AnyStore, secret: Secret, settings: Arc<Settings>) -> Self {
         // Settings::load refuses declarations that do not parse.
         let targets = TargetCache::new(

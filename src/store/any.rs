@@ -4,13 +4,14 @@
 //! that hold for both.
 
 use super::{
-    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, FlagAck, FlagOps, FleetOps,
-    GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore,
-    SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, EventOps, FlagAck, FlagOps,
+    FleetOps, GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps,
+    RedisStore, SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim,
+    ViewSync,
 };
 use crate::domain::{
-    AnswerClass, BuyerObservation, FlagChange, FlagState, InstanceReport, LedgerEntry, QueueTarget, SaleControl,
-    SaleSchedule, TargetRecord, UserId,
+    AnswerClass, BuyerObservation, Event, EventId, EventKind, EventLog, FlagChange, FlagState, InstanceReport,
+    LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.
@@ -147,4 +148,13 @@ delegate!(FleetOps {
     fn report_instance(&self, r: &InstanceReport, ttl_ms: u64) -> ();
     fn fleet(&self) -> Vec<InstanceReport>;
     fn withdraw_instance(&self, instance: &str) -> ();
+});
+delegate!(EventOps {
+    fn read_events(&self, log: EventLog, after: EventId, count: usize) -> Vec<Event>;
+    fn append_instance_event(&self, at_ms: u64, kind: &EventKind) -> ();
+    fn register_event_logs(&self, targets: &[QueueTarget]) -> ();
+    fn event_log_targets(&self) -> Vec<QueueTarget>;
+    fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> bool;
+    fn event_cursor(&self, subscriber: &str, log: EventLog) -> Option<EventId>;
+    fn save_event_cursor(&self, subscriber: &str, log: EventLog, id: EventId) -> ();
 });

@@ -11,16 +11,19 @@
 //! This file holds the state model (typed: a token is [`TokenState::Issued`] or `Used`, an
 //! acknowledgement a [`FlagAck`], a ledger row a `LedgerEntry`; no Redis string encodings);
 //! the operations are in files by concern, each naming the scripts it mirrors: `queue.rs`,
-//! `sale.rs`, `flag.rs`, `token.rs` (the gate), `outflow.rs`, `targets.rs`.
+//! `sale.rs`, `flag.rs`, `token.rs` (the gate), `outflow.rs`, `targets.rs`, `events.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Candidate, FlagAck, OutflowState, StoreLimits, Waiting};
-use crate::domain::{BuyerObservation, InstanceReport, QueueTarget, TargetRecord, UserId, WaitHistogram};
+use super::{Candidate, EventLimits, FlagAck, OutflowState, StoreLimits, Waiting};
+use crate::domain::{
+    BuyerObservation, EventId, EventLog, InstanceReport, QueueTarget, TargetRecord, UserId, WaitHistogram,
+};
 
 use crate::clock::{SharedClock, system};
 
+mod events;
 mod flag;
 mod fleet;
 mod outflow;
@@ -221,6 +224,14 @@ struct Inner {
     /// The record's lifetime after a write (ms) and the width of its ticks.
     record_ttl_ms: u64,
     tick_ms: u64,
+    /// The event logs (`queue:{T}:events`, `queue:events`), the webhooks' cursors
+    /// ((subscriber, log) -> last delivered) and delivery leases (name -> holder, until ms).
+    events: HashMap<EventLog, events::MemLog>,
+    event_cursors: HashMap<(String, EventLog), EventId>,
+    event_leases: HashMap<String, (String, u64)>,
+    /// `queue:events:logs`: targets remembered as having a log.
+    event_log_targets: BTreeSet<QueueTarget>,
+    event_limits: EventLimits,
 }
 
 impl Inner {
@@ -279,7 +290,12 @@ impl MemoryStore {
 
     /// A store that reads `clock` for every decision (tests step a manual one).
     pub fn with_clock(limits: StoreLimits, clock: SharedClock) -> Self {
-        let inner = Inner { record_ttl_ms: limits.record_ttl_s * 1000, tick_ms: limits.tick_ms, ..Inner::default() };
+        let inner = Inner {
+            record_ttl_ms: limits.record_ttl_s * 1000,
+            tick_ms: limits.tick_ms,
+            event_limits: limits.events,
+            ..Inner::default()
+        };
         Self { inner: Arc::new(Mutex::new(inner)), limits, clock }
     }
 
@@ -315,6 +331,7 @@ mod tests {
             record_ttl_s: 1,
             tick_ms: 1000,
             durable: Default::default(),
+            events: Default::default(),
         };
         let s = MemoryStore::with_clock(limits, Arc::new(clock.clone()));
         let t: QueueTarget = "limited-drop:1".parse().expect("target");

@@ -2,8 +2,9 @@
 //!
 //! The contract: [`QueueOps`] (a target's line: enter, poll, admit, evict), [`SaleOps`] (a
 //! sale, its record and ledger), [`FlagOps`] (the flag, batch sizes, acknowledgements),
-//! [`GateOps`] (one-time use and pacing of purchases), [`OutflowOps`] (the adaptive outflow)
-//! [`TargetOps`] (which targets exist) and [`FleetOps`] (the serving instances' reports); [`QueueStore`] is all of them, for callers that
+//! [`GateOps`] (one-time use and pacing of purchases), [`OutflowOps`] (the adaptive outflow),
+//! [`TargetOps`] (which targets exist), [`FleetOps`] (the serving instances' reports) and
+//! [`EventOps`] (the event logs); [`QueueStore`] is all of them, for callers that
 //! need every part (`use crate::store::prelude::*` brings the methods into scope). What they
 //! answer is in `outcome.rs`; how they fail, in `error.rs`.
 //!
@@ -17,6 +18,7 @@ mod any;
 mod coalesce;
 mod durable;
 mod error;
+mod events;
 mod flag;
 mod fleet;
 mod gate;
@@ -32,6 +34,7 @@ mod targets;
 pub use self::any::AnyStore;
 pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
+pub use self::events::EventOps;
 pub use self::flag::FlagOps;
 pub use self::fleet::{FLEET_KEEP_MS, FleetOps};
 pub use self::gate::GateOps;
@@ -47,13 +50,13 @@ pub use self::targets::TargetOps;
 use crate::domain::QueueTargetType;
 
 /// Every part of the store contract: the one bound for callers that use them all.
-pub trait QueueStore: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps {}
+pub trait QueueStore: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps + EventOps {}
 
-impl<S: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps> QueueStore for S {}
+impl<S: QueueOps + SaleOps + FlagOps + GateOps + OutflowOps + TargetOps + FleetOps + EventOps> QueueStore for S {}
 
 /// The contract's traits, to call store operations on a concrete store.
 pub mod prelude {
-    pub use super::{FlagOps, FleetOps, GateOps, OutflowOps, QueueOps, QueueStore, SaleOps, TargetOps};
+    pub use super::{EventOps, FlagOps, FleetOps, GateOps, OutflowOps, QueueOps, QueueStore, SaleOps, TargetOps};
 }
 
 /// Records the waits (ms) of the users one admission let in, in this instance's wait
@@ -81,6 +84,24 @@ pub struct StoreLimits {
     pub tick_ms: u64,
     /// The replicas a token issued or a purchase claimed waits for (`redis/durable.rs`).
     pub durable: DurableWrites,
+    /// The event logs' length and the admission milestones (`[events]`).
+    pub events: EventLimits,
+}
+
+/// What the scripts that append to a target's event log are told (`[events]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventLimits {
+    /// Entries kept per log, about (`XADD MAXLEN ~`): `events.max_len`.
+    pub max_len: u64,
+    /// An event each time the users admitted in all pass a multiple of this; 0: none
+    /// (`events.admitted_every`).
+    pub admitted_every: u64,
+}
+
+impl Default for EventLimits {
+    fn default() -> Self {
+        Self { max_len: 10_000, admitted_every: 1000 }
+    }
 }
 
 impl StoreLimits {

@@ -5,6 +5,7 @@
 //! store runs on a manual clock each check steps ([`Time`]); Redis' `TIME` cannot be stepped,
 //! so there the same steps wait until Redis' clock has moved.
 
+mod events;
 mod expiry;
 mod gate;
 mod operator;

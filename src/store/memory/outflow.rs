@@ -82,7 +82,8 @@ impl OutflowOps for MemoryStore {
                 instance: c.instance,
                 reason: state.reason.clone(),
             };
-            sale::ledger_entry(&mut inner, target, entry);
+            let now = self.now_ms();
+            sale::ledger_entry(&mut inner, target, now, entry);
         }
         Ok(())
     }

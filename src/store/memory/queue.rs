@@ -2,7 +2,7 @@
 //! `evict.lua` do, under the store's one mutex.
 
 use super::{MemoryStore, Place, sale};
-use crate::domain::{LedgerEntry, QueueTarget, UserId};
+use crate::domain::{EventKind, LedgerEntry, QueueTarget, UserId};
 use crate::store::rules::{ADMISSIONS_KEPT, TTL_REFRESH_EVERY};
 use crate::store::{
     AdmitOutcome, Candidate, EnterOutcome, QueueOps, StatusOutcome, StoreError, TargetSnapshot, Waiting,
@@ -202,10 +202,13 @@ impl QueueOps for MemoryStore {
             q.expires_at = Some(now + ttl_ms);
         }
         let mark = q.mark;
+        let total = q.admitted_total;
         let (admissions, until) = &mut t.admissions;
         if *until <= now {
             admissions.clear();
         }
+        // The line is gone: the tick before filled its batch, this one does not.
+        let emptied = admitted < batch && admissions.first().is_some_and(|(_, n)| *n >= batch);
         admissions.insert(0, (tick, admitted));
         admissions.truncate(ADMISSIONS_KEPT as usize);
         *until = now + ttl_ms;
@@ -225,7 +228,18 @@ impl QueueOps for MemoryStore {
                 admitted,
                 instance: "embedded".into(),
             };
-            sale::ledger_entry(&mut inner, target, step);
+            sale::ledger_entry(&mut inner, target, now, step);
+            // Milestones: the first users admitted, and each multiple of events.admitted_every.
+            let (was, every) = (total - admitted, inner.event_limits.admitted_every);
+            if was == 0 {
+                inner.target_event(target, now, EventKind::FirstAdmission { admitted: total });
+            }
+            if every > 0 && was / every < total / every {
+                inner.target_event(target, now, EventKind::AdmissionMilestone { admitted: total });
+            }
+        }
+        if emptied {
+            inner.target_event(target, now, EventKind::QueueEmptied { mark });
         }
         Ok(AdmitOutcome { advanced: true, mark, tick, admitted, batch })
     }

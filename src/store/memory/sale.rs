@@ -9,7 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use super::{Inner, MemoryStore};
 use crate::domain::{
-    AnswerClass, LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, TargetRecord, UserId,
+    AnswerClass, EventKind, LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, TargetRecord,
+    UserId,
 };
 use crate::store::{
     ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleNotice, SaleOps, SaleView, ScheduleOutcome, StoreError,
@@ -26,6 +27,8 @@ pub(super) struct MemSale {
     frozen_at: Option<u64>,
     /// Newest first.
     ledger: VecDeque<LedgerEntry>,
+    /// The pre-queue's opening is in the event log (`prequeue_told` in the sale's hash).
+    prequeue_told: bool,
 }
 
 impl MemSale {
@@ -44,14 +47,19 @@ impl MemSale {
     }
 }
 
-/// A schedule, opening, pause, resume, close or clear: in the ledger and in the target's record.
+/// A schedule, opening, pause, resume, close or clear: in the ledger, in the target's record
+/// and in its event log.
 fn event(inner: &mut Inner, target: QueueTarget, now: u64, entry: LedgerEntry) {
     inner.record(target, now).events.push(entry.clone());
-    inner.sales.entry(target).or_default().record(entry);
+    ledger_entry(inner, target, now, entry);
 }
 
-/// The ledger keeps existing after a clear; the schedule goes.
-pub(super) fn ledger_entry(inner: &mut Inner, target: QueueTarget, entry: LedgerEntry) {
+/// The ledger keeps existing after a clear; the schedule goes. A row with an event (all but
+/// an admission step) is in the event log too.
+pub(super) fn ledger_entry(inner: &mut Inner, target: QueueTarget, now: u64, entry: LedgerEntry) {
+    if let Some(kind) = crate::domain::EventKind::of_ledger(&entry) {
+        inner.append_event(crate::domain::EventLog::Target(target), now, entry.at_ms(), kind);
+    }
     inner.sales.entry(target).or_default().record(entry);
 }
 
@@ -168,7 +176,18 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         let message = sale.record.message.clone().unwrap_or_default();
         event(inner, target, now, LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
     }
-    match phase(inner, target, now, ttl_ms) {
+    let phase = phase(inner, target, now, ttl_ms);
+    if phase == Some(SalePhase::PreQueue)
+        && let Some(sale) = inner.sales.get_mut(&target)
+        && !std::mem::replace(&mut sale.prequeue_told, true)
+    {
+        let kind = EventKind::PrequeueOpened {
+            opens_at_ms: sale.record.opens_at_ms.unwrap_or_default(),
+            prequeue_from_ms: sale.record.prequeue_from_ms,
+        };
+        inner.target_event(target, now, kind);
+    }
+    match phase {
         None | Some(SalePhase::Open) => paused(inner, target),
         Some(_) => true,
     }
@@ -206,6 +225,7 @@ pub(super) fn schedule(
     sale.record.closed = false;
     sale.record.close_source = None;
     sale.record.message = None;
+    sale.prequeue_told = false;
     let commitment = sale.record.commitment.clone().unwrap_or_default();
     let entry = LedgerEntry::Schedule {
         at_ms: now,

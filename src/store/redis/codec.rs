@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::domain::{AnswerClass, LedgerEntry, SaleRecord, TargetRecord};
+use crate::domain::{AnswerClass, EventKind, LedgerEntry, SaleRecord, TargetRecord};
 use crate::store::OutflowState;
 
 /// Parses a ledger row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
@@ -55,6 +55,58 @@ pub(super) fn decode_ledger_row(row: &str) -> Option<LedgerEntry> {
         },
         _ => return None,
     })
+}
+
+/// An event log's entry (its field `row`): a ledger row of the sale or the outflow
+/// ([`decode_ledger_row`]), or a kind only the logs hold: `prequeue|ms|opens_at|prequeue_from`,
+/// `admitted|ms|total|first` or `|every`, `emptied|ms|mark` (written by the scripts), and
+/// `degraded|ms|answer|count|instance`, `drift|ms|offset_ms|off|instance`
+/// ([`encode_instance_event`]). The time, and the event.
+pub(super) fn decode_event_row(row: &str) -> Option<(u64, EventKind)> {
+    if let Some(entry) = decode_ledger_row(row) {
+        return EventKind::of_ledger(&entry).map(|k| (entry.at_ms(), k));
+    }
+    let mut p = row.splitn(5, '|');
+    let kind = p.next()?;
+    let at_ms = p.next()?.parse().ok()?;
+    let mut num = || p.next().and_then(|v| v.parse::<u64>().ok());
+    let event = match kind {
+        "prequeue" => EventKind::PrequeueOpened { opens_at_ms: num()?, prequeue_from_ms: num() },
+        "admitted" => {
+            let admitted = num()?;
+            match p.next()? {
+                "first" => EventKind::FirstAdmission { admitted },
+                _ => EventKind::AdmissionMilestone { admitted },
+            }
+        }
+        "emptied" => EventKind::QueueEmptied { mark: num()? },
+        "degraded" => {
+            let answer = p.next()?.to_owned();
+            let count = p.next()?.parse().ok()?;
+            EventKind::Degraded { instance: p.next().unwrap_or_default().to_owned(), answer, count }
+        }
+        "drift" => {
+            let offset_ms = p.next()?.parse().ok()?;
+            let off = p.next()? == "1";
+            EventKind::ClockDrift { instance: p.next().unwrap_or_default().to_owned(), offset_ms, off }
+        }
+        _ => return None,
+    };
+    Some((at_ms, event))
+}
+
+/// The stored row of an instance's event ([`EventKind::Degraded`], [`EventKind::ClockDrift`]); `None` for
+/// the kinds only a target's scripts write.
+pub(super) fn encode_instance_event(at_ms: u64, kind: &EventKind) -> Option<String> {
+    match kind {
+        EventKind::Degraded { instance, answer, count } => {
+            Some(format!("degraded|{at_ms}|{answer}|{count}|{instance}"))
+        }
+        EventKind::ClockDrift { instance, offset_ms, off } => {
+            Some(format!("drift|{at_ms}|{offset_ms}|{}|{instance}", u8::from(*off)))
+        }
+        _ => None,
+    }
 }
 
 /// The stored row of a batch change (the only kind vq writes outside Lua).

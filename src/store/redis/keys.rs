@@ -1,6 +1,6 @@
 //! Key names. Operators and tests read these with redis-cli; they are a contract.
 
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{EventLog, QueueTarget, UserId};
 
 pub const ACTIVE: &str = "queue:active";
 /// SET of the targets declared at runtime (`vq target add`), `LIMITED_DROP:42`; outside any
@@ -11,6 +11,13 @@ pub const TARGETS: &str = "queue:targets";
 pub const SALES: &str = "queue:sales";
 pub const FLAG: &str = "virtual-queue:flag";
 pub const GLOBAL_BATCH_SIZE: &str = "queue:config:batch_size";
+/// STREAM the instances' event log (`store::EventOps`); each target's is `queue:{T}:events`.
+pub const INSTANCE_EVENTS: &str = "queue:events";
+/// SET of the targets with an event log (`LIMITED_DROP:42`), read by the webhooks' delivery
+/// and `vq events`; outside any target's slot.
+pub const EVENT_LOGS: &str = "queue:events:logs";
+/// HASH "<subscriber>|<log>" -> the last event id delivered to that webhook from that log.
+pub const EVENT_CURSORS: &str = "queue:events:delivered";
 /// HASH instance -> "version:applied_at_ms:expires_at_ms:missing:state" (written by the
 /// prelude's `ack_value`, read by its `ack_parse`, in `flag_ack.lua` and `flag_acks.lua`): the
 /// instances' flag acknowledgements (one key, so no SCAN is needed, also on Redis Cluster).
@@ -43,6 +50,17 @@ pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
 /// (`lua/user_hold.lua`); a bucket's generations share a slot.
 pub fn user_holds(bucket: u32, generation: u64) -> String {
     format!("queue:holds:{{h{bucket}}}:{generation}")
+}
+/// STRING the instance delivering the events to one webhook (`lua/events_lease.lua`).
+pub fn events_lease(name: &str) -> String {
+    format!("queue:events:lease:{name}")
+}
+/// The STREAM of an event log.
+pub fn event_log(log: EventLog) -> String {
+    match log {
+        EventLog::Instances => INSTANCE_EVENTS.to_owned(),
+        EventLog::Target(t) => of(t, "events"),
+    }
 }
 pub fn admission_lock(target: QueueTarget) -> String {
     format!("queue:admission:{{{target}}}")

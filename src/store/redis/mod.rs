@@ -27,6 +27,7 @@ mod codec;
 mod conn;
 mod durable;
 mod error;
+mod events;
 mod fence;
 mod flag;
 mod flag_ack;

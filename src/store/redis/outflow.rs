@@ -93,6 +93,7 @@ impl OutflowOps for RedisStore {
         });
         let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
         call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
+        call.arg(self.limits.events.max_len).arg(self.limits.record_ttl_s);
         for (field, value) in codec::encode_outflow(state) {
             call.arg(field).arg(value);
         }

@@ -151,6 +151,8 @@ impl QueueOps for RedisStore {
             .arg(self.limits.record_ttl_s)
             .arg(WAIT_BUCKET_EDGES.as_str())
             .arg(ADMISSIONS_KEPT)
+            .arg(self.limits.events.max_len)
+            .arg(self.limits.events.admitted_every)
             .invoke_async(&mut self.conn())
             .await?;
         let advanced = num("admit.lua", &r, 0)? == 1;

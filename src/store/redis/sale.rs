@@ -13,8 +13,8 @@ use super::scripts::{
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
 };
 use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId};
-use crate::store::SaleOps;
 use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
+use crate::store::{EventOps, SaleOps};
 
 impl RedisStore {
     /// The sale (with Redis' clock) and the users pre-queued, in one `sale_read.lua` call.
@@ -46,6 +46,7 @@ impl RedisStore {
             .arg(LEDGER_MAX_ROWS)
             .arg(self.limits.record_ttl_s)
             .arg(u8::from(force))
+            .arg(self.limits.events.max_len)
             .invoke_async(&mut self.conn())
             .await?)
     }
@@ -69,12 +70,14 @@ impl SaleOps for RedisStore {
             .arg(last_ms / 1000 + self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
             .arg(self.limits.record_ttl_s)
+            .arg(self.limits.events.max_len)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
             Some("1") => {
                 // Another slot than the target's keys on a cluster: a command of its own.
                 let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
+                self.register_event_logs(&[target]).await?;
                 Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() })
             }
             Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
@@ -94,7 +97,11 @@ impl SaleOps for RedisStore {
             SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
         };
         let r = self.sale_control(target, action, source, message, true).await?;
-        Ok(num("sale_control.lua", &r, 0)? == 1)
+        let changed = num("sale_control.lua", &r, 0)? == 1;
+        if changed {
+            self.register_event_logs(&[target]).await?;
+        }
+        Ok(changed)
     }
 
     async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
@@ -112,6 +119,9 @@ impl SaleOps for RedisStore {
             // Another slot than the target's keys on a cluster: a command of its own (also
             // when the sale's hash had expired and only this listing was left).
             let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
+        }
+        if outcome == ClearOutcome::Cleared {
+            self.register_event_logs(&[target]).await?;
         }
         Ok(outcome)
     }
@@ -195,7 +205,8 @@ impl SaleOps for RedisStore {
             .arg(opens_at_ms)
             .arg(self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
-            .arg(self.limits.record_ttl_s);
+            .arg(self.limits.record_ttl_s)
+            .arg(self.limits.events.max_len);
         for (seq, user) in places {
             inv.arg(*seq).arg(user.as_str());
         }

@@ -39,7 +39,7 @@ pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_coun
 pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
 pub(super) const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 pub(super) const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
-pub(super) const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger"];
+pub(super) const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger", "events"];
 /// After the per-user keys of `enter.lua` and `status.lua`.
 pub(super) const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const ADMIT_KEYS: &[&str] = &[
@@ -59,16 +59,17 @@ pub(super) const ADMIT_KEYS: &[&str] = &[
     "opening",
     "ledger",
     "record",
+    "events",
 ];
 pub(super) const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue", "record"];
 pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
 pub(super) const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
 pub(super) const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
-pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record"];
-pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record"];
+pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record", "events"];
+pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events"];
 pub(super) const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const SALE_PLACE_KEYS: &[&str] =
-    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record"];
+    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
 
 /// An invocation of `script` with `target`'s keys `names`, in that order.
 pub(super) fn on_target<'a>(script: &'a Script, target: QueueTarget, names: &[&str]) -> ScriptInvocation<'a> {
