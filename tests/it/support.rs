@@ -140,13 +140,11 @@ impl TestApp {
     /// Waits (5 s at most) until `user` entering `target` is queued (`WAITING`): the instance
     /// uses Redis again after an outage, without a restart.
     pub async fn wait_until_queued(&self, target: &str, user: u64) {
-        for _ in 0..50 {
-            if self.json(self.enter(target, user).await).await["status"] == "WAITING" {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the queue did not come back without restarting vq");
+        wait_until(Duration::from_secs(5), "the queue back without restarting vq", async || {
+            let r = self.enter(target, user).await;
+            r.status() == 200 && self.json(r).await["status"] == "WAITING"
+        })
+        .await;
     }
 
     pub async fn json(&self, resp: reqwest::Response) -> serde_json::Value {
@@ -178,13 +176,36 @@ pub async fn flag_on(redis: &RedisServer) {
 /// within 5 s (an instance that never saw the change would make the test's queue silently
 /// other than it thinks).
 pub async fn change_flag(redis: &RedisServer, change: FlagChange) {
-    let store = open_store(&test_settings(Some(redis)));
+    change_flag_in(&open_store(&test_settings(Some(redis))), change).await;
+}
+
+/// [`flag_on`] on a Redis Cluster.
+pub async fn cluster_flag_on(cluster: &RedisCluster) {
+    change_flag_in(&open_store(&cluster_settings(cluster)), FlagChange::On { percent: 100 }).await;
+}
+
+/// [`change_flag`] through `store`.
+pub async fn change_flag_in(store: &AnyStore, change: FlagChange) {
     let version = store.change_flag(change).await.expect("write the flag");
-    let what = format!("every live instance (one at least) applying flag version {version}");
+    wait_flag_applied(store, version, 1).await;
+}
+
+/// Waits until `instances` live instances (at least) applied the flag as stored now, and no
+/// live one did not, e.g. after `vq flag` in another process; fails after 5 s.
+pub async fn flag_applied_by(redis: &RedisServer, instances: usize) {
+    let store = open_store(&test_settings(Some(redis)));
+    let version = store.read_stored_flag().await.expect("read the flag").map_or(0, |f| f.version);
+    wait_flag_applied(&store, version, instances).await;
+}
+
+/// Waits until `instances` live instances (at least) applied flag `version`, and no live one
+/// did not, as `vq flag` judges it ([`FlagAck::applied`]); fails after 5 s.
+async fn wait_flag_applied(store: &AnyStore, version: u64, instances: usize) {
+    let what = format!("{instances} live instance(s) at least, all applying flag version {version}");
     wait_until(Duration::from_secs(5), &what, async || {
         let acks = store.flag_acks().await.unwrap_or_default();
         let live: Vec<&FlagAck> = acks.iter().filter(|a| a.silent_ms.is_none()).collect();
-        !live.is_empty() && live.iter().all(|a| a.applied(version))
+        live.len() >= instances && live.iter().all(|a| a.applied(version))
     })
     .await
 }
@@ -278,11 +299,10 @@ impl VqProcess {
         let child = cmd.spawn().expect("spawn vq serve");
         let addr = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while client.get(format!("{addr}/healthz")).send().await.is_err() {
-            assert!(Instant::now() < deadline, "vq serve did not come up on {addr}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(Duration::from_secs(10), &format!("vq serve answering on {addr}"), async || {
+            client.get(format!("{addr}/healthz")).send().await.is_ok()
+        })
+        .await;
         Self { child, addr }
     }
 }
