@@ -178,9 +178,9 @@ struct Row {
 }
 
 impl Row {
-    /// An instance still keeping a lost flag has not read this write, whatever its version.
+    /// [`FlagAck::applied`]; an instance whose acknowledgement expired has not.
     fn applied(&self, version: u64) -> bool {
-        self.ack.as_ref().is_some_and(|a| a.version >= version && !a.kept_missing)
+        self.ack.as_ref().is_some_and(|a| a.applied(version))
     }
 }
 

@@ -159,6 +159,12 @@ impl FlagAck {
     pub fn stored(self) -> Self {
         Self { state: self.state.replace(':', " "), silent_ms: None, ..self }
     }
+
+    /// The instance applies flag `version` or a later one. One that keeps a lost flag has not
+    /// read that write, whatever its version says.
+    pub fn applied(&self, version: u64) -> bool {
+        self.version >= version && !self.kept_missing
+    }
 }
 
 /// How long an instance whose acknowledgement expired stays listed (silent) in

@@ -12,15 +12,9 @@ use vq::domain::{QueueTarget, UserId};
 use vq::store::prelude::*;
 use vq::store::{EnterOutcome, StatusOutcome};
 
-use crate::support::{RedisCluster, VqProcess, cluster_settings, lua_as_sent, open_store, spawn_app, vq_command};
-
-/// Turns the queue on for everyone through the cluster, as `vq flag on` does.
-async fn cluster_flag_on(cluster: &RedisCluster) {
-    let mut c = cluster.conn().await;
-    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.unwrap();
-    let _: i64 = c.hincr("virtual-queue:flag", "version", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
-}
+use crate::support::{
+    RedisCluster, VqProcess, cluster_flag_on, cluster_settings, lua_as_sent, open_store, spawn_app, vq_command,
+};
 
 /// Targets whose keys live on every one of the three primaries, two per node.
 async fn targets_on_every_node(cluster: &RedisCluster) -> Vec<(QueueTarget, u16)> {

@@ -6,7 +6,7 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use crate::support::{VqProcess, vq_command};
+use crate::support::{VqProcess, vq_command, wait_until};
 
 fn script(dir: &std::path::Path, action: &str) -> Output {
     Command::new(format!("{}/deploy/redis-cluster.sh", env!("CARGO_MANIFEST_DIR")))
@@ -86,8 +86,8 @@ async fn the_shipped_redis_cluster_serves_vq_and_stops_cleanly() {
 
     let down = script(up.0.path(), "down");
     assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    for pid in pids {
-        assert!(!alive(pid), "node {pid} still runs after down");
-    }
+    wait_until(Duration::from_secs(5), &format!("every node of {pids:?} ended by down"), async || {
+        pids.iter().all(|pid| !alive(*pid))
+    })
+    .await;
 }

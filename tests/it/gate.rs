@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use vq::domain::{QueueTarget, UserId};
 use vq::token::{Secret, mint};
 
-use crate::support::{RedisServer, TestApp, flag_on, secret, spawn_app, test_settings};
+use crate::support::{RedisServer, TestApp, flag_on, secret, spawn_app, test_settings, wait_for};
 
 const ORDER: &str = "/limited-drops/42/orders";
 
@@ -172,10 +172,12 @@ async fn queue_token_from_a_poll_opens_the_gate_once() {
     app.enter("limited-drop/42", 5).await;
     let s = test_settings(Some(&redis));
     let pump = vq::pump::Pump::new(crate::support::open_store(&s), std::sync::Arc::new(s), "p".into());
-    tokio::time::sleep(Duration::from_millis(510)).await;
-    pump.tick().await.unwrap();
-    let v = app.json(app.poll("limited-drop/42", 5).await).await;
-    let token = v["entryToken"].as_str().unwrap().to_owned();
+    // Admitted by the first tick after the one it entered in.
+    let token = wait_for(Duration::from_secs(5), "user 5 admitted by a tick", async || {
+        pump.tick().await.unwrap();
+        app.json(app.poll("limited-drop/42", 5).await).await["entryToken"].as_str().map(str::to_owned)
+    })
+    .await;
     assert_eq!(purchase(&app, Some(5), Some(&token)).await.status(), 200);
     assert_denied(purchase(&app, Some(5), Some(&token)).await, "already used").await;
     // The user still sees the same token (ADMITTED), which the gate will not take again.

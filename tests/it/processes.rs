@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::support::{RedisServer, VqProcess, enter_round_robin, flag_on, three_instances};
+use crate::support::{RedisServer, VqProcess, enter_round_robin, flag_applied_by, flag_on, three_instances};
 
 /// Three `vq serve` processes, each with its pump, while a saboteur deletes the admission
 /// lock every few milliseconds: the cluster still admits at most one batch per tick.
@@ -114,7 +114,7 @@ async fn flag_off_names_the_instance_that_did_not_apply_it() {
     let redis = RedisServer::spawn();
     let (procs, _up) = three_gated_instances(&redis).await;
     assert!(vq_cli(&redis, &["flag", "on"]).status.success());
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    flag_applied_by(&redis, 3).await;
     let frozen = procs[2].child.id().to_string();
     assert!(std::process::Command::new("kill").args(["-STOP", &frozen]).status().unwrap().success());
     let off = vq_cli(&redis, &["flag", "off"]);
@@ -131,7 +131,7 @@ async fn canary_queues_about_half_and_the_gate_agrees_per_user() {
     let redis = RedisServer::spawn();
     let (procs, _up) = three_gated_instances(&redis).await;
     assert!(vq_cli(&redis, &["flag", "on", "--percent", "50"]).status.success());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    flag_applied_by(&redis, 3).await;
     let client = reqwest::Client::new();
     let mut queued = 0;
     for u in 1..=200u64 {

@@ -225,15 +225,7 @@ async fn redis_down_fails_open_without_5xx_and_recovers() {
     assert_eq!(health["store"], "unreachable");
     let _redis = RedisServer::spawn_on(port);
     flag_on(&_redis).await;
-    let mut back = false;
-    for _ in 0..50 {
-        if app.json(app.enter(T, 77).await).await["status"] == "WAITING" {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(back, "the queue resumes when Redis returns, without a restart");
+    app.wait_until_queued(T, 77).await;
 }
 
 /// `queue.on_store_failure = "closed"`: while Redis is down nobody new is let in (503
@@ -278,16 +270,7 @@ async fn redis_down_holds_buyers_when_the_queue_fails_closed() {
     assert_eq!(order(2, None).await.unwrap().status(), 403, "no token, no purchase");
     let _redis = RedisServer::spawn_on(port);
     flag_on(&_redis).await;
-    let mut back = false;
-    for _ in 0..50 {
-        let r = app.enter(T, 77).await;
-        if r.status() == 200 && app.json(r).await["status"] == "WAITING" {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(back, "the queue resumes when Redis returns, without a restart");
+    app.wait_until_queued(T, 77).await;
 }
 
 #[tokio::test]

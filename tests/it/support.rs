@@ -12,11 +12,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 use vq::app::{ServeOptions, run};
 use vq::config::{Overrides, Settings, StoreKind};
-use vq::store::{AnyStore, MemoryStore, RedisStore};
+use vq::domain::FlagChange;
+use vq::store::{AnyStore, FlagAck, FlagOps};
 use vq::token::Secret;
 
 pub const SECRET: &str = "it-secret-0123456789abcdef0123456789";
@@ -74,21 +74,9 @@ pub fn vq_command() -> Command {
 /// open where a test expects the queue. Tests of fail-open on a slow Redis set their own.
 pub const TEST_REDIS_TIMEOUT_MS: u64 = 2000;
 
+/// The store `vq serve` opens with `settings` ([`vq::app::open_store`]).
 pub fn open_store(settings: &Settings) -> AnyStore {
-    match settings.store {
-        StoreKind::Redis if settings.redis_cluster_nodes().is_some() => AnyStore::Redis(
-            RedisStore::connect_cluster(
-                &settings.redis_cluster_nodes().expect("checked"),
-                settings.limits(),
-                Duration::from_millis(500),
-            )
-            .expect("cluster store"),
-        ),
-        StoreKind::Redis => AnyStore::Redis(
-            RedisStore::connect(&settings.redis.url, settings.limits(), Duration::from_millis(500)).expect("store"),
-        ),
-        StoreKind::Memory => AnyStore::Memory(MemoryStore::new(settings.limits())),
-    }
+    vq::app::open_store(settings).expect("the test settings open a store")
 }
 
 /// `vq serve` running in this test process.
@@ -152,13 +140,11 @@ impl TestApp {
     /// Waits (5 s at most) until `user` entering `target` is queued (`WAITING`): the instance
     /// uses Redis again after an outage, without a restart.
     pub async fn wait_until_queued(&self, target: &str, user: u64) {
-        for _ in 0..50 {
-            if self.json(self.enter(target, user).await).await["status"] == "WAITING" {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the queue did not come back without restarting vq");
+        wait_until(Duration::from_secs(5), "the queue back without restarting vq", async || {
+            let r = self.enter(target, user).await;
+            r.status() == 200 && self.json(r).await["status"] == "WAITING"
+        })
+        .await;
     }
 
     pub async fn json(&self, resp: reqwest::Response) -> serde_json::Value {
@@ -180,35 +166,73 @@ impl Drop for TestApp {
 }
 
 /// Turns the queue on for everyone, as `vq flag on` does, and waits until every live instance
-/// acknowledged it; fails when none did within 5 s (an instance that never saw the flag would
-/// make the test's queue silently off). Before any instance runs, [`flag_on_before_start`].
+/// applied it ([`change_flag`]). Before any instance runs, [`flag_on_before_start`].
 pub async fn flag_on(redis: &RedisServer) {
-    let version = write_flag_on(redis).await;
+    change_flag(redis, FlagChange::On { percent: 100 }).await;
+}
+
+/// Writes one operator change of the flag, as `vq flag` does, and waits until every live
+/// instance applied it (as `vq flag` judges it, [`FlagAck::applied`]); fails when none did
+/// within 5 s (an instance that never saw the change would make the test's queue silently
+/// other than it thinks).
+pub async fn change_flag(redis: &RedisServer, change: FlagChange) {
+    change_flag_in(&open_store(&test_settings(Some(redis))), change).await;
+}
+
+/// [`flag_on`] on a Redis Cluster.
+pub async fn cluster_flag_on(cluster: &RedisCluster) {
+    change_flag_in(&open_store(&cluster_settings(cluster)), FlagChange::On { percent: 100 }).await;
+}
+
+/// [`change_flag`] through `store`.
+pub async fn change_flag_in(store: &AnyStore, change: FlagChange) {
+    let version = store.change_flag(change).await.expect("write the flag");
+    wait_flag_applied(store, version, 1).await;
+}
+
+/// Waits until `instances` live instances (at least) applied the flag as stored now, and no
+/// live one did not, e.g. after `vq flag` in another process; fails after 5 s.
+pub async fn flag_applied_by(redis: &RedisServer, instances: usize) {
     let store = open_store(&test_settings(Some(redis)));
-    let started = Instant::now();
+    let version = store.read_stored_flag().await.expect("read the flag").map_or(0, |f| f.version);
+    wait_flag_applied(&store, version, instances).await;
+}
+
+/// Waits until `instances` live instances (at least) applied flag `version`, and no live one
+/// did not, as `vq flag` judges it ([`FlagAck::applied`]); fails after 5 s.
+async fn wait_flag_applied(store: &AnyStore, version: u64, instances: usize) {
+    let what = format!("{instances} live instance(s) at least, all applying flag version {version}");
+    wait_until(Duration::from_secs(5), &what, async || {
+        let acks = store.flag_acks().await.unwrap_or_default();
+        let live: Vec<&FlagAck> = acks.iter().filter(|a| a.silent_ms.is_none()).collect();
+        live.len() >= instances && live.iter().all(|a| a.applied(version))
+    })
+    .await
+}
+
+/// Checks `condition` every 20 ms until it gives a value, and returns it; panics naming `what`
+/// when it has not within `within`. For a state the test waits for (a flag applied, a tick
+/// begun, a process up) instead of a sleep that guesses how long it takes.
+pub async fn wait_for<T>(within: Duration, what: &str, mut condition: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
     loop {
-        let acks = vq::store::FlagOps::flag_acks(&store).await.unwrap_or_default();
-        let live: Vec<_> = acks.iter().filter(|a| a.silent_ms.is_none()).collect();
-        if !live.is_empty() && live.iter().all(|a| a.version >= version) {
-            return;
+        if let Some(v) = condition().await {
+            return v;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no live instance acknowledged flag version {version} within 5 s: {acks:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(Instant::now() < deadline, "waited {within:?} for {what}, in vain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// [`wait_for`] a condition that holds or not.
+pub async fn wait_until(within: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    wait_for(within, what, async || condition().await.then_some(())).await
 }
 
 /// Turns the queue on before any instance runs (an instance reads the flag when it starts).
 pub async fn flag_on_before_start(redis: &RedisServer) {
-    write_flag_on(redis).await;
-}
-
-async fn write_flag_on(redis: &RedisServer) -> u64 {
-    let mut c = redis.conn().await;
-    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.expect("hset");
-    c.hincr("virtual-queue:flag", "version", 1).await.expect("hincr")
+    let store = open_store(&test_settings(Some(redis)));
+    store.change_flag(FlagChange::On { percent: 100 }).await.expect("write the flag");
 }
 
 /// Waits, if need be, until at least `need_ms` of the current admission tick of `tick_ms` are
@@ -287,11 +311,10 @@ impl VqProcess {
         let child = cmd.spawn().expect("spawn vq serve");
         let addr = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while client.get(format!("{addr}/healthz")).send().await.is_err() {
-            assert!(Instant::now() < deadline, "vq serve did not come up on {addr}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(Duration::from_secs(10), &format!("vq serve answering on {addr}"), async || {
+            client.get(format!("{addr}/healthz")).send().await.is_ok()
+        })
+        .await;
         Self { child, addr }
     }
 }

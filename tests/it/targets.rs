@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings, vq_command};
+use vq::domain::FlagChange;
+
+use crate::support::{RedisServer, change_flag, flag_on, open_store, spawn_app, test_settings, vq_command, wait_until};
 
 /// Every key name and the value of every string/hash, to tell "nothing changed" exactly
 /// (the live instances' acknowledgements excepted: they are rewritten every refresh).
@@ -86,12 +88,16 @@ async fn a_target_declared_at_runtime_answers_and_answers_404_once_removed() {
     let out = cli(&redis, &["target", "add", "limited-drop:4242"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     // Instances read the declarations with the flag (flag.refresh_ms = 100 here).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(app.json(app.enter("limited-drop/4242", 7).await).await["status"], "WAITING");
+    wait_until(Duration::from_secs(5), "the declared target answering", async || {
+        app.json(app.enter("limited-drop/4242", 7).await).await["status"] == "WAITING"
+    })
+    .await;
     let out = cli(&redis, &["target", "remove", "limited-drop:4242"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(app.poll("limited-drop/4242", 7).await.status(), 404);
+    wait_until(Duration::from_secs(5), "the removed target answering 404", async || {
+        app.poll("limited-drop/4242", 7).await.status() == 404
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -168,9 +174,10 @@ async fn ten_thousand_undeclared_ids_leave_metrics_active_set_pump_and_memory_un
     };
     // The first scrape creates the series of /metrics' own requests; the clock offset gauge
     // comes with the probe's first measurement.
-    while !metrics(app.clone()).await.contains("virtual_queue_clock_offset_seconds") {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until(Duration::from_secs(10), "the clock offset gauge", async || {
+        metrics(app.clone()).await.contains("virtual_queue_clock_offset_seconds")
+    })
+    .await;
     let metrics_before = metrics(app.clone()).await;
     let keys_before = keyspace(&redis).await;
     let memory_before = used_memory(&redis).await;
@@ -290,9 +297,7 @@ async fn a_purchase_of_an_undeclared_target_is_refused_and_never_forwarded() {
     assert_eq!(resp.status(), 404);
     assert_eq!(app.json(resp).await["code"], "UNKNOWN_TARGET");
     // Also with the queue off: a purchase route of an undeclared target is never unchecked.
-    let _: () =
-        redis::AsyncCommands::hset(&mut rig.redis().conn().await, "virtual-queue:flag", "enabled", "0").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    change_flag(rig.redis(), FlagChange::Off).await;
     let resp = app.client.post(app.url("/limited-drops/4242/orders")).header("X-User-Id", "7").send().await.unwrap();
     assert_eq!(resp.status(), 404);
     // nginx auth_request passes only 401/403: a 403 that says why.

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use vq::domain::{QueueTarget, UserId};
 use vq::token::{self, Secret, TokenError};
 
-use crate::support::{RedisServer, SECRET, flag_on, open_store, spawn_app, test_settings};
+use crate::support::{RedisServer, SECRET, flag_on, open_store, spawn_app, test_settings, wait_for};
 
 const CHECK: &str = r#"
 import base64, hashlib, hmac, sys
@@ -32,10 +32,12 @@ async fn token_from_a_poll_verifies_with_python_hmac() {
     flag_on(&redis).await;
     app.enter("limited-drop/42", 7).await;
     let pump = vq::pump::Pump::new(open_store(&s), Arc::new(s.clone()), "t".into());
-    tokio::time::sleep(std::time::Duration::from_millis(510)).await;
-    pump.tick().await.unwrap();
-    let v = app.json(app.poll("limited-drop/42", 7).await).await;
-    assert_eq!(v["status"], "ADMITTED");
+    // Admitted by the first tick after the one it entered in.
+    let v = wait_for(std::time::Duration::from_secs(5), "user 7 admitted by a tick", async || {
+        pump.tick().await.unwrap();
+        Some(app.json(app.poll("limited-drop/42", 7).await).await).filter(|v| v["status"] == "ADMITTED")
+    })
+    .await;
     let token = v["entryToken"].as_str().unwrap();
     assert!(!token.contains('=') && !token.contains('+') && !token.contains('/'));
     let out = Command::new("python3").args(["-c", CHECK, SECRET, token]).output().expect("python3");

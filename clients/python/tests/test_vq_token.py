@@ -36,7 +36,9 @@ def verdict_of(case):
 
 def mint(secret, payload):
     """A token as vq mints one (the format is the contract; the vectors prove it)."""
-    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+    def b64(b):
+        return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
     sig = hmac.new(secret.encode(), payload.encode(), hashlib.sha256).digest()
     return f"{b64(payload.encode())}.{b64(sig)}"
 
@@ -139,7 +141,9 @@ class Middlewares(unittest.TestCase):
         self.assertEqual((status, body, seen["claims"].user), ("200 OK", b"bought", "7"))
         status, body, _ = self.wsgi("/limited-drops/42/orders", {"x-user-id": "8", "x-entry-token": token})
         self.assertEqual(status, "403 Forbidden")
-        self.assertEqual(json.loads(body), {"code": "QUEUE_BYPASS_DENIED", "detail": "the entry token belongs to another user"})
+        self.assertEqual(
+            json.loads(body), {"code": "QUEUE_BYPASS_DENIED", "detail": "the entry token belongs to another user"}
+        )
         status, body, _ = self.wsgi("/limited-drops/43/orders", {"x-user-id": "7", "x-entry-token": token})
         self.assertIn("not LIMITED_DROP:43", json.loads(body)["detail"])
         status, body, _ = self.wsgi("/limited-drops/4x/orders", {"x-user-id": "7", "x-entry-token": token})
@@ -153,7 +157,9 @@ class Middlewares(unittest.TestCase):
         status, _, seen = self.wsgi("/limited-drops/42/orders", {"x-user-id": uuid, "x-entry-token": token})
         self.assertEqual((status, seen["claims"].user), ("200 OK", uuid))
         status, body, _ = self.wsgi("/limited-drops/42/orders", {"x-user-id": uuid.upper(), "x-entry-token": token})
-        self.assertEqual((status, json.loads(body)["detail"]), ("403 Forbidden", "the entry token belongs to another user"))
+        self.assertEqual(
+            (status, json.loads(body)["detail"]), ("403 Forbidden", "the entry token belongs to another user")
+        )
         status, _, seen = self.wsgi("/products", {})
         self.assertEqual((status, seen["claims"]), ("200 OK", None))
 

@@ -228,10 +228,7 @@ async fn the_sale_lifecycle_works_on_a_redis_cluster() {
     let cluster = RedisCluster::spawn();
     let s = Arc::new(cluster_settings(&cluster));
     let app = spawn_app((*s).clone(), false).await;
-    let mut c = cluster.conn().await;
-    let _: () = c.hset_multiple("virtual-queue:flag", &[("enabled", "1"), ("percent", "100")]).await.unwrap();
-    let _: i64 = c.hincr("virtual-queue:flag", "version", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    crate::support::cluster_flag_on(&cluster).await;
     let mut targets: Vec<(QueueTarget, String)> = Vec::new();
     let mut nodes = HashSet::new();
     for id in 1..=100u64 {

@@ -362,6 +362,3 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in asdict(verdict).items() if v is not None}, default=str))
     return 0 if verdict else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
