@@ -7,6 +7,7 @@
 
 mod expiry;
 mod gate;
+mod limits;
 mod operator;
 mod queue;
 mod record;
