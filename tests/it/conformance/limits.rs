@@ -19,6 +19,10 @@ async fn a_token_makes_purchases_per_admission_purchases_and_a_release_gives_one
     with_both(async |s, _| {
         let (u, ttl) = (UserId::from(7), 300);
         let three = PurchaseLimits { per_admission: 3, per_user: 0 };
+        // A purchase given back before the token is used up counts for nothing.
+        let c = s.claim_token(t(), u.clone(), "A", ttl, three).await.unwrap();
+        let TokenClaim::Claimed { previous } = c else { panic!("{c:?}") };
+        s.release_token(t(), u.clone(), "A", previous, three).await.unwrap();
         let mut previous = None;
         for i in 1..=3 {
             let c = s.claim_token(t(), u.clone(), "A", ttl, three).await.unwrap();
