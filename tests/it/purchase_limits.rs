@@ -104,7 +104,7 @@ async fn a_user_makes_purchases_per_user_purchases_across_re_entries() {
     let mut tokens = Vec::new();
     for round in 1..=2 {
         assert_eq!(app.enter(T, 5).await.status(), 200, "enter {round}");
-        let t = admitted_token(&app, 5).await;
+        let t = app.admitted_token(T, 5).await;
         assert!(!tokens.contains(&t), "a new admission, a new token");
         assert_eq!(buy(&app.client, &app.addr, 5, Some(&t), 200).await.0, 200, "purchase {round}");
         tokens.push(t);
@@ -115,18 +115,6 @@ async fn a_user_makes_purchases_per_user_purchases_across_re_entries() {
     refused_with(&buy(&app.client, &app.addr, 5, Some(&fresh), 200).await, "PURCHASE_LIMIT", "purchases_per_user = 2");
     // Another user is not affected.
     assert_eq!(buy(&app.client, &app.addr, 6, Some(&token(6, 0)), 200).await.0, 200);
-}
-
-async fn admitted_token(app: &TestApp, user: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let b = app.json(app.poll(T, user).await).await;
-        if b["status"] == "ADMITTED" {
-            return b["entryToken"].as_str().expect("token").to_owned();
-        }
-        assert!(Instant::now() < deadline, "user {user} never admitted: {b}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A purchase the purchase API fails gives its use back to the token's count and the user's.
