@@ -8,6 +8,8 @@
 -- KEYS[4] queue:{T}:opening    ZSET frozen pre-queue (deleted by clear)
 -- KEYS[5] queue:{T}:record     HASH the sale's record: the change as an event (prelude.lua)
 -- KEYS[6] queue:{T}:events     STREAM the event log: the change (prelude.lua's event_add)
+-- KEYS[7] queue:{T}:bought     HASH purchases per user (token_claim.lua; deleted by clear: a
+--                              new sale counts each user's purchases from zero)
 -- ARGV[1] pause | resume | close | clear
 -- ARGV[2] source: command | schedule | purchase-api
 -- ARGV[3] close message ('' otherwise)
@@ -52,6 +54,7 @@ elseif action == 'clear' then
       return {2, phase == P_OPENING and 1 or 0, users}
     end
   end
+  redis.call('DEL', KEYS[7])
   if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then
     return {0}
   end

@@ -1,18 +1,31 @@
--- token_claim.lua: one-time use. Marks the token used before the purchase is forwarded, so a
--- second purchase with it is refused even while the first is in flight; the gate releases the
--- mark (token_release.lua) when the purchase does not succeed.
+-- token_claim.lua: the purchase limits. Counts one purchase against the token's limit
+-- (purchases_per_admission) and the user's (purchases_per_user) before it is forwarded, and
+-- marks the token used with its last purchase, so a purchase past either limit is refused
+-- even while the earlier ones are in flight; the gate gives the use back (token_release.lua)
+-- when the purchase does not succeed. With one purchase per admission and no per-user limit
+-- (the defaults) this is one-time use, and KEYS[3] and KEYS[4] are never touched.
 --
 -- Every token a user bought with is remembered until it expires, whichever tokens they hold
 -- besides (a user may hold several valid ones: fail-open tokens from an outage, a queue token):
--- alternating them must not make any of them usable twice.
+-- alternating them must not make any of them usable past its limit.
 --
 -- KEYS[1] queue:{T}:token:{user}   STRING token, or its used mark (`used_mark` in prelude.lua)
---                                  for the last one claimed
--- KEYS[2] queue:{T}:used:{user}    ZSET token -> expiry (ms, Redis' clock) of each used token;
---                                  pruned of expired members here, expires with its last one
+--                                  for the last one used up
+-- KEYS[2] queue:{T}:used:{user}    ZSET token -> expiry (ms, Redis' clock) of each used-up
+--                                  token; pruned of expired members here, expires with its last one
+-- KEYS[3] queue:{T}:uses:{user}    HASH token -> purchases claimed with it (ARGV[3] > 1 only);
+--                                  expires with its longest-lived token
+-- KEYS[4] queue:{T}:bought         HASH user -> purchases claimed in the sale (ARGV[4] > 0 only);
+--                                  expires ARGV[6] s after the target's last claim, deleted by
+--                                  a sale's clear (sale_control.lua)
 -- ARGV[1] the token presented
 -- ARGV[2] seconds until the token expires (its mark lives as long)
--- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when already used
+-- ARGV[3] purchases per admission (≥ 1)
+-- ARGV[4] purchases per user (0 = no limit)
+-- ARGV[5] the user id
+-- ARGV[6] key ttl seconds (queue.key_ttl_s)
+-- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when the token is used up,
+-- {2} when the user made their purchases
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local used = used_mark(ARGV[1])
@@ -21,6 +34,25 @@ if v == used or redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return {0}
 end
 local ttl = tonumber(ARGV[2])
+local perUser = tonumber(ARGV[4])
+if perUser > 0 then
+  if tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0') >= perUser then
+    return {2}
+  end
+  redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
+  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[6]))
+end
+local perAdmission = tonumber(ARGV[3])
+if perAdmission > 1 then
+  local n = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+  local until_ms = now + ttl * 1000
+  if redis.call('PEXPIRETIME', KEYS[3]) < until_ms then
+    redis.call('PEXPIREAT', KEYS[3], until_ms)
+  end
+  if n < perAdmission then
+    return {1, v or ''}
+  end
+end
 redis.call('ZADD', KEYS[2], now + ttl * 1000, ARGV[1])
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))

@@ -154,6 +154,20 @@ async fn sync_local_views_loop(service: Arc<QueueService>, cancel: CancellationT
     service.sync_local_views().await;
 }
 
+/// Adds the purchases the gate refused to the targets' records once per tick, off the request
+/// path, so a flood of refused purchases is one write per target and tick per instance.
+async fn flush_refusals_loop(service: Arc<QueueService>, cancel: CancellationToken) {
+    let every = Duration::from_millis(service.settings().queue.tick_ms);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(every) => service.flush_refusals().await,
+        }
+    }
+    // The refusals counted before the shutdown.
+    service.flush_refusals().await;
+}
+
 /// Installs the metrics recorder and folds histogram samples into buckets every few seconds.
 async fn metrics_upkeep_loop(cancel: CancellationToken) {
     crate::metrics::install();
@@ -240,6 +254,7 @@ pub async fn run(
     tracker.spawn(metrics_upkeep_loop(cancel.clone()));
     tracker.spawn(report_to_fleet_loop(service.clone(), report, cancel.clone()));
     tracker.spawn(clock_watch_loop(service.clone(), cancel.clone()));
+    tracker.spawn(flush_refusals_loop(service.clone(), cancel.clone()));
     if settings.queue.local_polls {
         tracker.spawn(sync_local_views_loop(service.clone(), cancel.clone()));
     }

@@ -288,6 +288,16 @@ impl Settings {
         self.type_settings(kind).and_then(|t| t.max_active).unwrap_or(self.queue.max_active)
     }
 
+    /// The purchase limits the gate keeps for a target of `kind`: its type's, else
+    /// `queue.purchases_per_admission` and `queue.purchases_per_user`.
+    pub fn type_purchase_limits(&self, kind: QueueTargetType) -> crate::domain::PurchaseLimits {
+        let t = self.type_settings(kind);
+        crate::domain::PurchaseLimits {
+            per_admission: t.and_then(|t| t.purchases_per_admission).unwrap_or(self.queue.purchases_per_admission),
+            per_user: t.and_then(|t| t.purchases_per_user).unwrap_or(self.queue.purchases_per_user),
+        }
+    }
+
     /// The users who may wait per target of `kind`.
     pub fn type_max_capacity(&self, kind: QueueTargetType) -> u64 {
         self.type_settings(kind).and_then(|t| t.max_capacity).unwrap_or(self.queue.max_capacity)

@@ -21,6 +21,10 @@ pub const REDIS_TIMEOUT_MS: RangeInclusive<u64> = 10..=10_000;
 /// Upper bound of `queue.max_evict_per_tick` (eviction runs in slices of a thousand users and
 /// half a tick of time at most, whatever this says).
 const MAX_EVICT_PER_TICK: u64 = 10_000_000;
+/// Purchases one entry token may make (`purchases_per_admission`): at least one.
+const PURCHASES_PER_ADMISSION: RangeInclusive<u64> = 1..=1_000;
+/// Purchases one user may make per sale (`purchases_per_user`); 0 = no limit.
+const PURCHASES_PER_USER: RangeInclusive<u64> = 0..=1_000_000;
 
 /// A setting that parses but is out of its bounds or does not fit with another.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,12 +107,14 @@ impl Settings {
             crate::store::ReplicaWait::Auto => 0,
             crate::store::ReplicaWait::Count(n) => n,
         };
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 38] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 40] = [
             ("events.max_len", self.events.max_len, 10..=10_000_000),
             ("events.admitted_every", self.events.admitted_every, 0..=1_000_000_000),
             ("events.timeout_ms", self.events.timeout_ms, 100..=60_000),
             ("events.retry_min_ms", self.events.retry_min_ms, 10..=600_000),
             ("events.poll_ms", self.events.poll_ms, 50..=60_000),
+            ("queue.purchases_per_admission", q.purchases_per_admission, PURCHASES_PER_ADMISSION),
+            ("queue.purchases_per_user", q.purchases_per_user, PURCHASES_PER_USER),
             ("queue.max_active", q.max_active, 1..=1_000_000_000),
             ("adaptive.target_purchases_per_tick", a.target_purchases_per_tick.unwrap_or(1), BATCH_SIZE),
             ("queue.batch_min", q.batch_min, BATCH_SIZE),
@@ -181,6 +187,8 @@ impl Settings {
                 ("batch_min", def.batch_min, *BATCH_SIZE.start()..=min_cap),
                 ("batch_max", def.batch_max, min.max(1)..=*BATCH_SIZE.end()),
                 ("max_active", def.max_active, 1..=1_000_000_000),
+                ("purchases_per_admission", def.purchases_per_admission, PURCHASES_PER_ADMISSION),
+                ("purchases_per_user", def.purchases_per_user, PURCHASES_PER_USER),
             ] {
                 if let Some(v) = value.filter(|v| !range.contains(v)) {
                     return Err(SettingError::TypeOutOfRange {

@@ -43,6 +43,14 @@ pub struct TargetTypeSettings {
     /// `queue.max_active`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active: Option<u64>,
+    /// Purchases one entry token may make for this type's targets (else
+    /// `queue.purchases_per_admission`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purchases_per_admission: Option<u64>,
+    /// Purchases one user may make per sale of a target of this type, across re-entries (else
+    /// `queue.purchases_per_user`; 0 = no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purchases_per_user: Option<u64>,
 }
 
 impl TargetTypeSettings {
@@ -55,6 +63,8 @@ impl TargetTypeSettings {
             batch_min: None,
             batch_max: None,
             max_active: None,
+            purchases_per_admission: None,
+            purchases_per_user: None,
         }
     }
 }
@@ -102,6 +112,12 @@ pub struct QueueSettings {
     /// What enters and polls answer while Redis is down: let buyers through (`open`) or hold
     /// them with 503 QUEUE_UNAVAILABLE until it is back (`closed`).
     pub on_store_failure: OnStoreFailure,
+    /// Purchases the gate lets through per entry token (per admission): 1 = one-time use.
+    pub purchases_per_admission: u64,
+    /// Purchases the gate lets through per user and target across re-entries, counted until
+    /// the sale is cleared or `key_ttl_s` after the target's last purchase; 0 = no limit
+    /// beyond `purchases_per_admission`.
+    pub purchases_per_user: u64,
 }
 
 /// `queue.outflow`.
@@ -184,6 +200,8 @@ impl Default for QueueSettings {
             batch_min: 10,
             batch_max: 1000,
             max_active: 1000,
+            purchases_per_admission: 1,
+            purchases_per_user: 0,
         }
     }
 }

@@ -140,6 +140,34 @@ fn a_target_type_may_have_its_own_outflow_and_bounds() {
 }
 
 #[test]
+fn purchase_limits_come_from_the_type_else_the_queue_and_are_bounded() {
+    Jail::expect_with(|jail| {
+        let file = "[queue]\npurchases_per_user = 5\n\n[[targets.types]]\nslug = \"limited-drop\"\n\
+                    purchases_per_admission = 3\n\n[[targets.types]]\nslug = \"ticketing-event\"\n";
+        jail.create_file("vq.toml", file)?;
+        let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+        let event = QueueTargetType::from_slug("ticketing-event").unwrap();
+        let drop = s.type_purchase_limits(QueueTargetType::LIMITED_DROP);
+        assert_eq!((drop.per_admission, drop.per_user), (3, 5), "its own per admission, the queue's per user");
+        let e = s.type_purchase_limits(event);
+        assert_eq!((e.per_admission, e.per_user), (1, 5));
+        for (file, says) in [
+            ("[queue]\npurchases_per_admission = 0\n", "queue.purchases_per_admission"),
+            ("[queue]\npurchases_per_user = 2000000\n", "queue.purchases_per_user"),
+            (
+                "[[targets.types]]\nslug = \"limited-drop\"\npurchases_per_admission = 5000\n",
+                "targets.types.limited-drop.purchases_per_admission",
+            ),
+        ] {
+            jail.create_file("vq.toml", file)?;
+            let err = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains(says), "{file}: {err}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
 fn cluster_nodes_from_env_switch_to_cluster_mode() {
     Jail::expect_with(|jail| {
         assert_eq!(Settings::load(None, &Overrides::default()).unwrap().redis_cluster_nodes(), None);

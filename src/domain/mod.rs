@@ -11,6 +11,7 @@ mod ledger;
 mod opening;
 mod outflow;
 mod position;
+mod purchase;
 mod record;
 mod sale;
 mod stats;
@@ -26,6 +27,7 @@ pub use outflow::{
     BuyerObservation, Controller, Decision, LATENCY_BUCKETS_MS, Observations, latency_bucket, smooth_no_show,
 };
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
+pub use purchase::{PurchaseLimits, PurchaseRefusal, Refusals};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
     SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, parse_instant,

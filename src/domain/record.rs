@@ -5,14 +5,15 @@
 //! Fields: `a:<tick>` arrivals, `t:<tick>` admitted, `p:<tick>:<class>` purchases forwarded
 //! by the purchase API's answer, `wb:<bucket>` / `wc` / `ws` / `wmax` the waits (as the stats'
 //! histogram), `admitted`, `left`, `evicted`, `ti` / `ti_last` / `tu` / `tud` tokens issued,
-//! last issued (ms), used, used without the queue, `tick_ms`, and `e:<n>` the sale's events
-//! (ledger rows; `events` their count). Nothing here does IO or reads a clock.
+//! last issued (ms), used, used without the queue, `rf:<reason>` purchases the gate refused
+//! (`domain::PurchaseRefusal`), `tick_ms`, and `e:<n>` the sale's events (ledger rows; `events`
+//! their count). Nothing here does IO or reads a clock.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{LedgerEntry, WaitHistogram, format_instant};
+use super::{LedgerEntry, Refusals, WaitHistogram, format_instant};
 
 /// The class of the purchase API's answer to a forwarded purchase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +114,9 @@ pub struct TargetRecord {
     pub tokens_used: u64,
     /// Purchases with stateless tokens (queue off for the user, or Redis down): never issued here.
     pub direct_tokens_used: u64,
+    /// Purchases of gated routes the gate refused, per reason (added by each instance once
+    /// per tick, `service::gate`).
+    pub refused: Refusals,
     /// The sale's schedules, opening, pauses, resumes, closes and clears, oldest first.
     pub events: Vec<LedgerEntry>,
 }
@@ -148,6 +152,10 @@ pub struct Totals {
     pub evicted: u64,
     pub purchases_forwarded: u64,
     pub answers: Answers,
+    /// Purchases of gated routes the gate refused, per reason (`token_used`: the entry token
+    /// made its `purchases_per_admission`; `user_limit`: the user made their
+    /// `purchases_per_user`; `no_valid_token`: none, or one that does not hold).
+    pub refused: Refusals,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -253,6 +261,7 @@ impl SaleReport {
                 evicted: r.evicted,
                 purchases_forwarded: answers.total(),
                 answers,
+                refused: r.refused,
             },
             waits: WaitFigures {
                 counted: r.waits.count,

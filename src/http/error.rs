@@ -40,6 +40,7 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     PowRefused,
+    PurchaseLimit,
 }
 
 impl ErrorCode {
@@ -64,6 +65,7 @@ impl ErrorCode {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PowRefused => StatusCode::FORBIDDEN,
+            Self::PurchaseLimit => StatusCode::FORBIDDEN,
         }
     }
 }

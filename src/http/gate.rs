@@ -81,11 +81,14 @@ pub(super) fn busy(tick_ms: u64) -> Response {
     resp
 }
 
-/// The proxy gate's refusal: 403 for a token that does not hold, 503 OVERLOADED when this
+/// The proxy gate's refusal: 403 for a token that does not hold or is used up, 403
+/// PURCHASE_LIMIT for a user who made their purchases of the sale, 503 OVERLOADED when this
 /// instance could not decide in time (the token stays unused and valid).
 pub(super) fn denied(e: &GateDenial) -> ApiError {
     match e {
         GateDenial::Token(t) => ApiError::new(ErrorCode::QueueBypassDenied, t.to_string()),
+        GateDenial::TokenUsedUp { .. } => ApiError::new(ErrorCode::QueueBypassDenied, e.to_string()),
+        GateDenial::PurchaseLimit { .. } => ApiError::new(ErrorCode::PurchaseLimit, e.to_string()),
         GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
         GateDenial::NotRecorded(_) => ApiError::not_replicated(e.to_string()),
         GateDenial::UnknownTarget(t) => ApiError::unknown_target(*t),

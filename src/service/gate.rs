@@ -1,10 +1,11 @@
-//! The gate's decision: token check and one-time-use claim, pacing to one batch per tick,
-//! settling the claim after the purchase API answered.
+//! The gate's decision: token check and the claim that keeps the purchase limits (one-time
+//! use by default), pacing to one batch per tick, settling the claim after the purchase API
+//! answered; and the count of refused purchases the record gets once per tick.
 
 use std::time::Duration;
 
 use super::QueueService;
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{PurchaseLimits, PurchaseRefusal, QueueTarget, UserId};
 use crate::store::prelude::*;
 use crate::store::{StoreError, StoreErrorKind, TokenClaim};
 use crate::token::{self, TokenError};
@@ -26,6 +27,8 @@ pub struct PendingClaim {
     user: UserId,
     token: String,
     previous: Option<String>,
+    /// The limits the claim counted against, to give the use back to the same counts.
+    limits: PurchaseLimits,
 }
 
 /// Why the gate does not let a request through.
@@ -42,6 +45,18 @@ pub enum GateDenial {
     /// is forwarded only once it is, so nothing is forwarded; the token stays unused.
     #[error("the queue could not record this purchase ({0}): retry shortly, your entry token stays valid")]
     NotRecorded(&'static str),
+    /// The entry token made its `purchases_per_admission` purchases (one-time use at 1).
+    #[error(
+        "the entry token was already used for {limit} purchase{s} (purchases_per_admission = {limit}): enter the queue again for another",
+        s = if *limit == 1 { "" } else { "s" }
+    )]
+    TokenUsedUp { limit: u64 },
+    /// The user made `purchases_per_user` purchases of the target's sale, across re-entries.
+    #[error(
+        "this user has made {limit} purchase{s} of {target}, the most one user may make in this sale (purchases_per_user = {limit})",
+        s = if *limit == 1 { "" } else { "s" }
+    )]
+    PurchaseLimit { target: QueueTarget, limit: u64 },
     /// The gated route names a target nobody declared: nothing is forwarded.
     #[error("there is no queue for {0}: the target is not declared (vq target add)")]
     UnknownTarget(QueueTarget),
@@ -92,13 +107,44 @@ impl QueueService {
             return Ok(GatePass::FlagOff);
         }
         let verdict = self.verify_and_claim(target, user, token, mode).await;
-        if let Err(GateDenial::Token(e)) = &verdict {
-            crate::metrics::bypass_attempt();
-            if matches!(e, TokenError::Expired { .. }) {
-                crate::metrics::token_expired();
+        let refused = match &verdict {
+            Err(GateDenial::Token(e)) => {
+                crate::metrics::bypass_attempt();
+                if matches!(e, TokenError::Expired { .. }) {
+                    crate::metrics::token_expired();
+                }
+                Some(PurchaseRefusal::NoValidToken)
             }
+            Err(GateDenial::TokenUsedUp { .. }) => {
+                crate::metrics::bypass_attempt();
+                Some(PurchaseRefusal::TokenUsed)
+            }
+            Err(GateDenial::PurchaseLimit { .. }) => Some(PurchaseRefusal::UserLimit),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            self.count_refusal(target, why);
         }
         verdict
+    }
+
+    /// Counts a refused purchase of a declared target in this instance, for the next
+    /// [`Self::flush_refusals`]: no Redis work on the refusal's path.
+    fn count_refusal(&self, target: QueueTarget, why: PurchaseRefusal) {
+        let mut counts = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        counts.entry(target).or_default().add(why, 1);
+    }
+
+    /// Adds the purchases refused here since the last call to each target's record (one write
+    /// per target with refusals): called once per tick off the request path (app.rs) and at
+    /// shutdown. A failed write loses those counts, logged.
+    pub async fn flush_refusals(&self) {
+        let counts = std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|e| e.into_inner()));
+        for (target, refused) in counts {
+            if let Err(e) = self.bounded(target, self.store.record_refusals(target, refused)).await {
+                tracing::debug!(target_queue = %target, error = %e, "refused purchases were not counted in the record");
+            }
+        }
     }
 
     async fn verify_and_claim(
@@ -117,17 +163,18 @@ impl QueueService {
             self.degraded.record_skipped();
             return Ok(GatePass::Verified { claim: None });
         }
+        let limits = self.settings.type_purchase_limits(target.kind);
         let outcome = match mode {
             ClaimMode::CheckOnly => {
                 match self.bounded(target, self.store.token_used(target, user.clone(), raw)).await {
-                    Ok(true) => return Err(TokenError::AlreadyUsed.into()),
+                    Ok(true) => return Err(GateDenial::TokenUsedUp { limit: limits.per_admission }),
                     Ok(false) => GatePass::Verified { claim: None },
                     Err(e) => return self.unchecked(target, &e),
                 }
             }
             ClaimMode::Claim => {
-                let claim =
-                    || self.bounded(target, self.store.claim_token(target, user.clone(), raw, claims.expires_at - now));
+                let ttl_s = claims.expires_at - now;
+                let claim = || self.bounded(target, self.store.claim_token(target, user.clone(), raw, ttl_s, limits));
                 let mut claimed = claim().await;
                 // The connection broke under the claim while Redis answers (a failover moved
                 // it): once more, on the connection made again.
@@ -135,9 +182,14 @@ impl QueueService {
                     claimed = claim().await;
                 }
                 match claimed {
-                    Ok(TokenClaim::AlreadyUsed) => return Err(TokenError::AlreadyUsed.into()),
+                    Ok(TokenClaim::AlreadyUsed) => {
+                        return Err(GateDenial::TokenUsedUp { limit: limits.per_admission });
+                    }
+                    Ok(TokenClaim::UserLimit) => {
+                        return Err(GateDenial::PurchaseLimit { target, limit: limits.per_user });
+                    }
                     Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
-                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous }),
+                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous, limits }),
                     },
                     Err(e) => return self.unchecked(target, &e),
                 }
@@ -223,8 +275,9 @@ impl QueueService {
             crate::metrics::token_consumed(through_queue);
             self.bounded(claim.target, self.store.confirm_token_used(claim.target, claim.user, through_queue)).await
         } else {
-            self.bounded(claim.target, self.store.release_token(claim.target, claim.user, &claim.token, claim.previous))
-                .await
+            let release =
+                self.store.release_token(claim.target, claim.user, &claim.token, claim.previous, claim.limits);
+            self.bounded(claim.target, release).await
         };
         if let Err(e) = result {
             self.degraded.record("gate settle", claim.target, &e);
@@ -279,7 +332,9 @@ impl QueueService {
                 return Err(ReleaseRefusal::Store);
             }
         }
-        let release = self.store.release_token(r.target, r.user, &r.token, r.previous);
+        // The receipt does not carry the limits: the ones in force (the same on every instance).
+        let limits = self.settings.type_purchase_limits(r.target.kind);
+        let release = self.store.release_token(r.target, r.user, &r.token, r.previous, limits);
         self.bounded(r.target, release).await.map_err(|e| {
             self.degraded.record("gate release", r.target, &e);
             ReleaseRefusal::Store

@@ -132,6 +132,9 @@ pub struct QueueService {
     targets: TargetCache,
     /// The adaptive batches this instance's pump sees, for the ETA.
     outflow_batches: Arc<outflow::OutflowBatches>,
+    /// Purchases the gate refused since the last [`QueueService::flush_refusals`], per
+    /// declared target and reason: added to the record once per tick, never per request.
+    refusals: Mutex<HashMap<QueueTarget, crate::domain::Refusals>>,
 }
 
 impl QueueService {
@@ -162,6 +165,7 @@ impl QueueService {
             issued: IssuedTokens::new(tokens::MAX_TOKENS),
             targets,
             outflow_batches: Arc::default(),
+            refusals: Mutex::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::domain::{
     AnswerClass, BuyerObservation, Event, EventId, EventKind, EventLog, FlagChange, FlagState, InstanceReport,
-    LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId,
+    LedgerEntry, PurchaseLimits, QueueTarget, Refusals, SaleControl, SaleSchedule, TargetRecord, UserId,
 };
 
 /// The store chosen by configuration.
@@ -101,6 +101,7 @@ delegate!(SaleOps {
     fn clear_sale(&self, t: QueueTarget, force: bool) -> ClearOutcome;
     fn target_record(&self, t: QueueTarget) -> Option<TargetRecord>;
     fn record_purchase(&self, t: QueueTarget, tick: u64, answer: AnswerClass) -> ();
+    fn record_refusals(&self, t: QueueTarget, refused: Refusals) -> ();
     fn sale_ledger(&self, t: QueueTarget) -> Vec<LedgerEntry>;
 });
 
@@ -116,8 +117,8 @@ delegate!(FlagOps {
 });
 
 delegate!(GateOps {
-    fn claim_token(&self, t: QueueTarget, u: UserId, token: &str, ttl_s: u64) -> TokenClaim;
-    fn release_token(&self, t: QueueTarget, u: UserId, token: &str, previous: Option<String>) -> ();
+    fn claim_token(&self, t: QueueTarget, u: UserId, token: &str, ttl_s: u64, limits: PurchaseLimits) -> TokenClaim;
+    fn release_token(&self, t: QueueTarget, u: UserId, token: &str, previous: Option<String>, limits: PurchaseLimits) -> ();
     fn confirm_token_used(&self, t: QueueTarget, u: UserId, through_queue: bool) -> ();
     fn token_used(&self, t: QueueTarget, u: UserId, token: &str) -> bool;
     fn spend_once(&self, t: QueueTarget, id: &str, until_ms: u64) -> bool;

@@ -4,26 +4,31 @@
 use std::future::Future;
 
 use super::{PaceSlot, StoreError, TokenClaim};
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{PurchaseLimits, QueueTarget, UserId};
 
 /// What the gate checks per purchase. Every method is one atomic step.
 pub trait GateOps: Send + Sync + 'static {
-    /// Marks a token used before its purchase is forwarded (best-effort one-time use).
+    /// Counts one purchase against the token's and the user's limits before it is forwarded,
+    /// and marks the token used once it made `limits.per_admission` purchases (one-time use at
+    /// 1); refuses, counting nothing, a token used up or a user at `limits.per_user`.
     fn claim_token(
         &self,
         target: QueueTarget,
         user: UserId,
         token: &str,
         ttl_s: u64,
+        limits: PurchaseLimits,
     ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send;
 
-    /// Undoes a claim after a purchase that did not succeed.
+    /// Undoes a claim after a purchase that did not succeed: the use goes back to the token's
+    /// count and the user's (`limits` as the claim was made with).
     fn release_token(
         &self,
         target: QueueTarget,
         user: UserId,
         token: &str,
         previous: Option<String>,
+        limits: PurchaseLimits,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts a token consumed by a successful purchase: one the queue issued (no longer

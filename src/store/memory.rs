@@ -92,6 +92,12 @@ struct TargetState {
     unused: HashMap<UserId, u64>,
     /// Every token each user bought with, and its expiry (ms): `queue:{T}:used:{user}`.
     used: HashMap<UserId, HashMap<String, u64>>,
+    /// Purchases claimed with each token of a user (`purchases_per_admission` > 1), and when
+    /// that user's counts expire (ms): `queue:{T}:uses:{user}`.
+    uses: HashMap<UserId, (HashMap<String, u64>, u64)>,
+    /// Purchases claimed per user in the sale (`purchases_per_user` > 0), and when the counts
+    /// expire (ms, `key_ttl_s` after the last claim): `queue:{T}:bought`.
+    bought: (HashMap<UserId, u64>, u64),
     /// Proof-of-work challenges used, until their expiry (ms): `queue:{T}:pow:{id}`.
     spent: HashMap<String, u64>,
     lock: Option<(String, u64)>,
@@ -161,6 +167,8 @@ impl TargetState {
             && self.tokens.values().all(|t| t.expires_at <= now)
             && self.used.values().flat_map(HashMap::values).all(|exp| *exp <= now)
             && self.spent.values().all(|until| *until <= now)
+            && self.uses.values().all(|(_, until)| *until <= now)
+            && (self.bought.0.is_empty() || self.bought.1 <= now)
             && self.lock.as_ref().is_none_or(|(_, until)| *until <= now)
             && self.admissions.1 <= now
             && self.capacity.is_none_or(|(_, until)| until <= now)
@@ -336,7 +344,7 @@ mod tests {
         let s = MemoryStore::with_clock(limits, Arc::new(clock.clone()));
         let t: QueueTarget = "limited-drop:1".parse().expect("target");
         s.register_active(t).await.expect("register");
-        s.claim_token(t, UserId::from(1), "A", 1).await.expect("claim");
+        s.claim_token(t, UserId::from(1), "A", 1, Default::default()).await.expect("claim");
         assert!(s.forget_if_expired(t).await.expect("forget"), "no queue, nothing keeps it active");
         assert_eq!(s.lock().targets.len(), 1, "the used mark outlives the queue");
         // The pump no longer asks about `t`, only about the targets still active.

@@ -119,11 +119,13 @@ pub struct AdmitOutcome {
 /// The result of claiming a token for one purchase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenClaim {
-    /// Marked used; `previous` is what the token key held, to restore on failure.
-    Claimed {
-        previous: Option<String>,
-    },
+    /// Counted (and marked used with its last purchase); `previous` is what the token key
+    /// held, to restore on failure.
+    Claimed { previous: Option<String> },
+    /// The token made its `purchases_per_admission` purchases already.
     AlreadyUsed,
+    /// The user made their `purchases_per_user` purchases of the target already.
+    UserLimit,
 }
 
 /// A place reserved for one purchase in a tick (see [`super::GateOps::pace_purchase`]), as times

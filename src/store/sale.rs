@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use super::{ClearOutcome, PendingOpening, SaleView, ScheduleOutcome, StoreError};
-use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId};
+use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, TargetRecord, UserId};
 
 /// A target's sale and record. Every method is one atomic step.
 pub trait SaleOps: Send + Sync + 'static {
@@ -68,6 +68,14 @@ pub trait SaleOps: Send + Sync + 'static {
         target: QueueTarget,
         tick: u64,
         answer: AnswerClass,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Adds purchases the gate refused (counted in an instance since its last call) to the
+    /// target's record, per reason: one write per target and call, never one per refusal.
+    fn record_refusals(
+        &self,
+        target: QueueTarget,
+        refused: Refusals,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The admission ledger, newest first.

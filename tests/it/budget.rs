@@ -54,6 +54,9 @@ enum Step {
     TokenIssue,
     /// A purchase through the gate: claim, pacing, settling after a 2xx, the record's count.
     Purchase,
+    /// The same with purchase limits on (`purchases_per_admission` = 2,
+    /// `purchases_per_user` = 2): each buyer buys twice with one token; per purchase.
+    PurchaseLimited,
     /// A waiting user's leave: per user.
     Leave,
 }
@@ -88,9 +91,16 @@ const BUDGET: &[Budget] = &[
     // token_claim.lua, gate_pace.lua, the record's count (MULTI HINCRBY×2 EXPIRE EXEC), the
     // claim confirmed.
     Budget { step: Step::Purchase, scripts: 2.0, commands: 19.0 },
+    // As Purchase, and token_claim.lua counts the user (HGET, HINCRBY, EXPIRE) and the token
+    // (HINCRBY, PEXPIRETIME, PEXPIREAT the first time): its first purchase does not mark the
+    // token used (ZADD, ZRANGE, PEXPIREAT, SET skipped), its second does.
+    Budget { step: Step::PurchaseLimited, scripts: 2.0, commands: LIMITED_PURCHASE_COMMANDS },
     // leave.lua, user_hold.lua dropping the target (HMGET, HDEL).
     Budget { step: Step::Leave, scripts: 2.0, commands: 10.0 },
 ];
+
+/// What a purchase may cost Redis with purchase limits on ([`Step::PurchaseLimited`]).
+const LIMITED_PURCHASE_COMMANDS: f64 = 23.0;
 
 /// New users entering at once in [`Step::EnterCrowd`].
 const CROWD: u64 = 200;
@@ -338,6 +348,25 @@ async fn every_step_of_a_buyers_life_stays_within_the_redis_budget() {
         purchase(&service, u, token).await;
     }
     measured.push(Measured::of(Step::Purchase, usage(&redis).await, admitted.len() as u64));
+
+    // The same buyers through an instance with purchase limits on, each with a token of its
+    // own (stateless, valid a second longer than the queue's) bought with twice.
+    let mut with_limits = (*settings).clone();
+    with_limits.queue.purchases_per_admission = 2;
+    with_limits.queue.purchases_per_user = 2;
+    let limited = QueueService::new(open_store(&with_limits), secret(), Arc::new(with_limits));
+    limited.refresh_flag().await.expect("flag");
+    let now = vq::service::now_epoch_ms() / 1000;
+    let fresh = |u: &UserId| vq::token::mint(&secret(), target(), u, now, settings.token.ttl_s + 1).raw;
+    let warm = user("limited-warm");
+    purchase(&limited, &warm, &fresh(&warm)).await;
+    reset(&redis).await;
+    for u in &admitted {
+        let token = fresh(u);
+        purchase(&limited, u, &token).await;
+        purchase(&limited, u, &token).await;
+    }
+    measured.push(Measured::of(Step::PurchaseLimited, usage(&redis).await, 2 * admitted.len() as u64));
 
     // Waiting users leave.
     let leaving = &far[..10];

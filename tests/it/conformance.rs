@@ -8,6 +8,7 @@
 mod events;
 mod expiry;
 mod gate;
+mod limits;
 mod operator;
 mod queue;
 mod record;
@@ -336,17 +337,21 @@ async fn every_used_token_stays_used_and_a_release_gives_back_only_its_own() {
     with_both(async |s, _| {
         let (u, ttl) = (UserId::from(7), 300);
         let claimed = |c: TokenClaim| matches!(c, TokenClaim::Claimed { .. });
-        assert!(claimed(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap()));
-        let b = s.claim_token(t(), u.clone(), "B", ttl).await.unwrap();
+        assert!(claimed(s.claim_token(t(), u.clone(), "A", ttl, Default::default()).await.unwrap()));
+        let b = s.claim_token(t(), u.clone(), "B", ttl, Default::default()).await.unwrap();
         let TokenClaim::Claimed { previous } = b else { panic!("B: {b:?}") };
-        assert_eq!(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert_eq!(s.claim_token(t(), u.clone(), "A", ttl, Default::default()).await.unwrap(), TokenClaim::AlreadyUsed);
         assert!(s.token_used(t(), u.clone(), "A").await.unwrap());
-        s.release_token(t(), u.clone(), "B", previous).await.unwrap();
+        s.release_token(t(), u.clone(), "B", previous, Default::default()).await.unwrap();
         assert!(!s.token_used(t(), u.clone(), "B").await.unwrap());
-        assert_eq!(s.claim_token(t(), u.clone(), "A", ttl).await.unwrap(), TokenClaim::AlreadyUsed, "A stays used");
-        assert!(claimed(s.claim_token(t(), u.clone(), "B", ttl).await.unwrap()));
-        assert_eq!(s.claim_token(t(), u.clone(), "B", ttl).await.unwrap(), TokenClaim::AlreadyUsed);
-        assert!(claimed(s.claim_token(t(), UserId::from(8), "A", ttl).await.unwrap()), "per user");
+        assert_eq!(
+            s.claim_token(t(), u.clone(), "A", ttl, Default::default()).await.unwrap(),
+            TokenClaim::AlreadyUsed,
+            "A stays used"
+        );
+        assert!(claimed(s.claim_token(t(), u.clone(), "B", ttl, Default::default()).await.unwrap()));
+        assert_eq!(s.claim_token(t(), u.clone(), "B", ttl, Default::default()).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(claimed(s.claim_token(t(), UserId::from(8), "A", ttl, Default::default()).await.unwrap()), "per user");
     })
     .await;
 }

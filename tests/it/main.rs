@@ -33,6 +33,7 @@ mod pacing;
 mod pow;
 mod processes;
 mod pump;
+mod purchase_limits;
 mod queue_api;
 mod readme;
 mod rig;

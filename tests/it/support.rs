@@ -147,6 +147,20 @@ impl TestApp {
         .await;
     }
 
+    /// The token of an admitted `user` of `target`, polling (a heartbeat too) until admitted;
+    /// 20 s at most.
+    pub async fn admitted_token(&self, target: &str, user: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let b = self.json(self.poll(target, user).await).await;
+            if b["status"] == "ADMITTED" {
+                return b["entryToken"].as_str().expect("token").to_owned();
+            }
+            assert!(Instant::now() < deadline, "user {user} never admitted: {b}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn json(&self, resp: reqwest::Response) -> serde_json::Value {
         resp.json().await.expect("json body")
     }

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::domain::{AnswerClass, LedgerEntry, SaleReport, format_instant};
+use crate::domain::{AnswerClass, LedgerEntry, PurchaseRefusal, Refusals, SaleReport, format_instant};
 
 /// The CSV: one row per tick with anything counted.
 pub fn csv(r: &SaleReport) -> String {
@@ -50,6 +50,7 @@ pub fn text(r: &SaleReport) -> String {
     );
     let answers: Vec<String> = AnswerClass::ALL.iter().map(|c| format!("{} {}", t.answers.get(*c), c.name())).collect();
     let _ = writeln!(out, "  purchases forwarded: {} ({})", t.purchases_forwarded, answers.join(", "));
+    let _ = writeln!(out, "  purchases refused: {}", refused_text(&t.refused));
     if let Some(o) = &r.opening {
         let _ = writeln!(
             out,
@@ -62,6 +63,13 @@ pub fn text(r: &SaleReport) -> String {
     }
     let _ = writeln!(out, "  (--json for everything, --csv for the series per tick, --html FILE for charts)");
     out
+}
+
+/// Purchases the gate refused, with each reason's count: "3 (token_used 2, user_limit 1,
+/// no_valid_token 0)".
+fn refused_text(n: &Refusals) -> String {
+    let each: Vec<String> = PurchaseRefusal::ALL.iter().map(|r| format!("{} {}", r.name(), n.get(*r))).collect();
+    format!("{} ({})", n.total(), each.join(", "))
 }
 
 /// An event in words, with who ran it.
@@ -251,6 +259,7 @@ pub fn html(r: &SaleReport) -> String {
     row("purchases with stateless tokens", k.direct_used.to_string());
     let answers: Vec<String> = AnswerClass::ALL.iter().map(|c| format!("{} {}", t.answers.get(*c), c.name())).collect();
     row("purchases forwarded", format!("{} ({})", t.purchases_forwarded, answers.join(", ")));
+    row("purchases refused", refused_text(&t.refused));
     if let Some(o) = &r.opening {
         row("opening", format!("{} with {} pre-queued", o.at, o.prequeued));
         row("seed", o.seed.clone());

@@ -9,8 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use super::{Inner, MemoryStore};
 use crate::domain::{
-    AnswerClass, EventKind, LedgerEntry, QueueTarget, SaleControl, SalePhase, SaleRecord, SaleSchedule, TargetRecord,
-    UserId,
+    AnswerClass, EventKind, LedgerEntry, QueueTarget, Refusals, SaleControl, SalePhase, SaleRecord, SaleSchedule,
+    TargetRecord, UserId,
 };
 use crate::store::{
     ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleNotice, SaleOps, SaleView, ScheduleOutcome, StoreError,
@@ -290,6 +290,10 @@ pub(super) fn clear(inner: &mut Inner, target: QueueTarget, force: bool, now: u6
             _ => {}
         }
     }
+    // The purchases counted per user (`queue:{T}:bought`) go with the sale, or without one.
+    if let Some(t) = inner.targets.get_mut(&target) {
+        t.bought = Default::default();
+    }
     if control(inner, target, SaleControl::Clear, now) { ClearOutcome::Cleared } else { ClearOutcome::NoSale }
 }
 
@@ -403,6 +407,15 @@ impl SaleOps for MemoryStore {
         let mut inner = self.lock();
         let r = inner.record(target, self.now_ms());
         r.purchases.entry(tick).or_default().count(answer);
+        Ok(())
+    }
+
+    async fn record_refusals(&self, target: QueueTarget, refused: Refusals) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let r = inner.record(target, self.now_ms());
+        for (why, n) in refused.counted() {
+            r.refused.add(why, n);
+        }
         Ok(())
     }
 

@@ -1,8 +1,8 @@
-//! The embedded store's gate: one-time use of tokens (`token_*.lua`), proof-of-work challenges
+//! The embedded store's gate: the purchase limits of tokens and users (`token_*.lua`), proof-of-work challenges
 //! and the pacing of purchases (`gate_pace.lua`). A token's state is typed ([`super::TokenState`]).
 
 use super::{MemoryStore, StoredToken, TokenState};
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{PurchaseLimits, QueueTarget, UserId};
 use crate::store::{GateOps, PACE_GUARD_MS, PaceSlot, StoreError, TokenClaim};
 
 impl GateOps for MemoryStore {
@@ -12,8 +12,10 @@ impl GateOps for MemoryStore {
         user: UserId,
         token: &str,
         ttl_s: u64,
+        limits: PurchaseLimits,
     ) -> Result<TokenClaim, StoreError> {
         let now = self.now_ms();
+        let key_ttl_ms = self.key_ttl_ms();
         let mut inner = self.lock();
         let t = inner.target(target, now);
         let previous = t.tokens.get(&user).filter(|p| p.expires_at > now).cloned();
@@ -23,10 +25,34 @@ impl GateOps for MemoryStore {
             return Ok(TokenClaim::AlreadyUsed);
         }
         let expires_at = now + ttl_s.max(1) * 1000;
-        spent.insert(token.to_owned(), expires_at);
         // The caller gets the previous token's text back (to hand to `release_token`); what it
         // was, typed, stays here.
         let shown = previous.as_ref().map(|p| p.token.clone());
+        if limits.per_user > 0 {
+            let (bought, until) = &mut t.bought;
+            if *until <= now {
+                bought.clear();
+            }
+            let n = bought.entry(user.clone()).or_default();
+            if *n >= limits.per_user {
+                return Ok(TokenClaim::UserLimit);
+            }
+            *n += 1;
+            *until = now + key_ttl_ms;
+        }
+        if limits.per_admission > 1 {
+            let (counts, until) = t.uses.entry(user.clone()).or_default();
+            if *until <= now {
+                counts.clear();
+            }
+            *until = (*until).max(expires_at);
+            let n = counts.entry(token.to_owned()).or_default();
+            *n += 1;
+            if *n < limits.per_admission {
+                return Ok(TokenClaim::Claimed { previous: shown });
+            }
+        }
+        t.used.entry(user.clone()).or_default().insert(token.to_owned(), expires_at);
         let claimed = StoredToken {
             token: token.to_owned(),
             state: TokenState::Used,
@@ -43,11 +69,27 @@ impl GateOps for MemoryStore {
         user: UserId,
         token: &str,
         previous: Option<String>,
+        limits: PurchaseLimits,
     ) -> Result<(), StoreError> {
+        let now = self.now_ms();
         let mut inner = self.lock();
-        let Some(t) = inner.existing(target, self.now_ms()) else { return Ok(()) };
+        let Some(t) = inner.existing(target, now) else { return Ok(()) };
         if let Some(spent) = t.used.get_mut(&user) {
             spent.remove(token);
+        }
+        // A count is never taken below zero (expired or cleared since the claim).
+        if limits.per_admission > 1
+            && let Some((counts, until)) = t.uses.get_mut(&user)
+            && *until > now
+            && let Some(n) = counts.get_mut(token)
+        {
+            *n = n.saturating_sub(1);
+        }
+        if limits.per_user > 0
+            && t.bought.1 > now
+            && let Some(n) = t.bought.0.get_mut(&user)
+        {
+            *n = n.saturating_sub(1);
         }
         let Some(claimed) = t.tokens.remove(&user) else { return Ok(()) };
         if !claimed.is_used(token) {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::domain::{AnswerClass, EventKind, LedgerEntry, SaleRecord, TargetRecord};
+use crate::domain::{AnswerClass, EventKind, LedgerEntry, PurchaseRefusal, SaleRecord, TargetRecord};
 use crate::store::OutflowState;
 
 /// Parses a ledger row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
@@ -171,6 +171,11 @@ pub(super) fn decode_outflow(fields: &HashMap<String, String>) -> Option<Outflow
     })
 }
 
+/// The record's field counting purchases refused for `why` (`rf:<name>`).
+pub(super) fn refusal_field(why: PurchaseRefusal) -> String {
+    format!("rf:{}", why.name())
+}
+
 /// The record (`queue:{T}:record`) from its hash fields (listed in `domain::record`'s module
 /// doc); fields it does not know are ignored.
 pub(super) fn decode_record<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> TargetRecord {
@@ -212,6 +217,11 @@ pub(super) fn decode_record<'a>(fields: impl IntoIterator<Item = (&'a str, &'a s
             "ti_last" => r.last_issue_ms = n(),
             "tu" => r.tokens_used = n().unwrap_or(0),
             "tud" => r.direct_tokens_used = n().unwrap_or(0),
+            "rf" => {
+                if let (Some(why), Some(n)) = (PurchaseRefusal::of_name(tail), n()) {
+                    r.refused.add(why, n);
+                }
+            }
             "tick_ms" => r.tick_ms = n().filter(|t| *t > 0),
             _ => {}
         }

@@ -1,11 +1,11 @@
-//! The gate's operations on Redis: one-time token use (`token_claim.lua`,
+//! The gate's operations on Redis: the purchase limits of tokens and users (`token_claim.lua`,
 //! `token_release.lua`), proof-of-work spends, and the pacing of purchases into ticks
 //! (`gate_pace.lua`).
 
 use super::RedisStore;
 use super::keys;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{PurchaseLimits, QueueTarget, UserId};
 use crate::store::GateOps;
 use crate::store::{PaceSlot, StoreError, TokenClaim};
 
@@ -21,12 +21,19 @@ impl GateOps for RedisStore {
         user: UserId,
         token: &str,
         ttl_s: u64,
+        limits: PurchaseLimits,
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
             .key(keys::token(target, &user))
             .key(keys::used_tokens(target, &user))
+            .key(keys::token_uses(target, &user))
+            .key(keys::of(target, "bought"))
             .arg(token)
             .arg(ttl_s.max(1))
+            .arg(limits.per_admission)
+            .arg(limits.per_user)
+            .arg(user.as_str())
+            .arg(self.limits.key_ttl_s)
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -35,12 +42,13 @@ impl GateOps for RedisStore {
                 // Forwarded only once a failover cannot lose the mark; otherwise given back, so
                 // the buyer can try again with the same token.
                 if let Err(e) = self.replicated(target).await {
-                    self.release_token(target, user, token, previous).await?;
+                    self.release_token(target, user, token, previous, limits).await?;
                     return Err(e);
                 }
                 Ok(TokenClaim::Claimed { previous })
             }
             Some("0") => Ok(TokenClaim::AlreadyUsed),
+            Some("2") => Ok(TokenClaim::UserLimit),
             _ => Err(reply_err("token_claim.lua", &r)),
         }
     }
@@ -51,12 +59,18 @@ impl GateOps for RedisStore {
         user: UserId,
         token: &str,
         previous: Option<String>,
+        limits: PurchaseLimits,
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
             .key(keys::token(target, &user))
             .key(keys::used_tokens(target, &user))
+            .key(keys::token_uses(target, &user))
+            .key(keys::of(target, "bought"))
             .arg(token)
             .arg(previous.unwrap_or_default())
+            .arg(limits.per_admission)
+            .arg(limits.per_user)
+            .arg(user.as_str())
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())

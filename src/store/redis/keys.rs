@@ -45,6 +45,11 @@ pub fn used_token(value: &str) -> Option<&str> {
 pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
     format!("queue:{{{target}}}:used:{user}")
 }
+/// HASH token -> purchases claimed with it, for `purchases_per_admission` > 1
+/// (`token_claim.lua`).
+pub fn token_uses(target: QueueTarget, user: &UserId) -> String {
+    format!("queue:{{{target}}}:uses:{user}")
+}
 /// HASH user -> the targets they hold a place in (`queue.max_queues_per_user`) with the ms each
 /// was counted, "TARGET=ms TARGET=ms": the users of one bucket, one generation
 /// (`lua/user_hold.lua`); a bucket's generations share a slot.

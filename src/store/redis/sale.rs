@@ -12,7 +12,7 @@ use super::scripts::{
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
 };
-use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, SaleControl, SaleSchedule, TargetRecord, UserId};
+use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, TargetRecord, UserId};
 use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
 use crate::store::{EventOps, SaleOps};
 
@@ -143,6 +143,16 @@ impl SaleOps for RedisStore {
             .ignore()
             .query_async(&mut self.conn())
             .await?;
+        Ok(())
+    }
+
+    async fn record_refusals(&self, target: QueueTarget, refused: Refusals) -> Result<(), StoreError> {
+        let key = keys::of(target, "record");
+        let mut p = redis::pipe();
+        for (why, n) in refused.counted() {
+            p.hincr(&key, codec::refusal_field(why), n).ignore();
+        }
+        let _: () = p.expire(&key, self.limits.record_ttl_s as i64).ignore().query_async(&mut self.conn()).await?;
         Ok(())
     }
 

@@ -66,7 +66,7 @@ pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "pr
 pub(super) const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
 pub(super) const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
 pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record", "events"];
-pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events"];
+pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events", "bought"];
 pub(super) const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub(super) const SALE_PLACE_KEYS: &[&str] =
     &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];

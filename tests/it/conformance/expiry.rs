@@ -72,11 +72,17 @@ async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
         time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 10, tick_ms).await.unwrap().batch, 3);
         assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
-        assert!(matches!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert!(matches!(
+            s.claim_token(t(), UserId::from(2), "B", 300, Default::default()).await.unwrap(),
+            TokenClaim::Claimed { .. }
+        ));
         assert!(time.eventually(async || s.forget_if_expired(t()).await.unwrap()).await, "never forgotten");
         assert!(s.try_lock_admission(t(), "a", 60_000).await.unwrap());
         assert_eq!(s.enter(t(), UserId::from(1), &"other").await.unwrap(), EnterOutcome::Admitted("tok1".into()));
-        assert_eq!(s.claim_token(t(), UserId::from(2), "B", 300).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert_eq!(
+            s.claim_token(t(), UserId::from(2), "B", 300, Default::default()).await.unwrap(),
+            TokenClaim::AlreadyUsed
+        );
         assert!(s.token_used(t(), UserId::from(2), "B").await.unwrap());
         assert_eq!(s.snapshot(t()).await.unwrap().batch_override, Some(3));
         assert!(s.forget_if_expired(t()).await.unwrap(), "tokens do not keep the queue");

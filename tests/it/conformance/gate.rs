@@ -15,7 +15,7 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
         s.admit(t(), 1, tick_ms).await.unwrap();
         assert_eq!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
         assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
-        let claim = s.claim_token(t(), u.clone(), "tok", 300).await.unwrap();
+        let claim = s.claim_token(t(), u.clone(), "tok", 300, Default::default()).await.unwrap();
         assert_eq!(claim, TokenClaim::Claimed { previous: Some("tok".into()) });
         assert!(s.token_used(t(), u.clone(), "tok").await.unwrap());
         assert_eq!(
@@ -24,17 +24,17 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
             "used, still theirs"
         );
         assert_eq!(s.enter(t(), u.clone(), &"x").await.unwrap(), EnterOutcome::Admitted("tok".into()));
-        s.release_token(t(), u.clone(), "tok", Some("tok".into())).await.unwrap();
+        s.release_token(t(), u.clone(), "tok", Some("tok".into()), Default::default()).await.unwrap();
         assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
         assert_eq!(s.status(t(), u.clone(), &"x").await.unwrap(), StatusOutcome::Admitted("tok".into()));
         assert_eq!(
-            s.claim_token(t(), u.clone(), "tok", 300).await.unwrap(),
+            s.claim_token(t(), u.clone(), "tok", 300, Default::default()).await.unwrap(),
             TokenClaim::Claimed { previous: Some("tok".into()) }
         );
         // A stateless token (no stored one): released, nothing is left behind.
-        let claim = s.claim_token(t(), UserId::from(2), "direct", 300).await.unwrap();
+        let claim = s.claim_token(t(), UserId::from(2), "direct", 300, Default::default()).await.unwrap();
         assert_eq!(claim, TokenClaim::Claimed { previous: None });
-        s.release_token(t(), UserId::from(2), "direct", None).await.unwrap();
+        s.release_token(t(), UserId::from(2), "direct", None, Default::default()).await.unwrap();
         assert!(!s.token_used(t(), UserId::from(2), "direct").await.unwrap());
         assert_eq!(s.status(t(), UserId::from(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
         s.confirm_token_used(t(), u.clone(), true).await.unwrap();
@@ -78,13 +78,22 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
 async fn a_used_mark_lives_as_long_as_its_token() {
     with_both(async |s, time| {
         let u = UserId::from(3);
-        assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
-        assert_eq!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::AlreadyUsed);
+        assert!(matches!(
+            s.claim_token(t(), u.clone(), "short", 1, Default::default()).await.unwrap(),
+            TokenClaim::Claimed { .. }
+        ));
+        assert_eq!(
+            s.claim_token(t(), u.clone(), "short", 1, Default::default()).await.unwrap(),
+            TokenClaim::AlreadyUsed
+        );
         assert!(
             time.eventually(async || !s.token_used(t(), u.clone(), "short").await.unwrap()).await,
             "the mark never expired"
         );
-        assert!(matches!(s.claim_token(t(), u.clone(), "short", 1).await.unwrap(), TokenClaim::Claimed { .. }));
+        assert!(matches!(
+            s.claim_token(t(), u.clone(), "short", 1, Default::default()).await.unwrap(),
+            TokenClaim::Claimed { .. }
+        ));
     })
     .await;
 }

@@ -27,7 +27,7 @@ async fn opaque_ids_are_kept_as_sent_through_every_step() {
             }
         }
         let (seven, zero_seven) = (ids[2].clone(), ids[3].clone());
-        let claimed = s.claim_token(t(), seven.clone(), "token-of-7", 300).await.unwrap();
+        let claimed = s.claim_token(t(), seven.clone(), "token-of-7", 300, Default::default()).await.unwrap();
         assert!(matches!(claimed, vq::store::TokenClaim::Claimed { .. }));
         assert!(s.token_used(t(), seven, "token-of-7").await.unwrap());
         assert!(!s.token_used(t(), zero_seven.clone(), "token-of-7").await.unwrap(), "007 is another user");

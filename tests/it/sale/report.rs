@@ -21,19 +21,6 @@ fn report_json(redis: &RedisServer) -> Value {
     serde_json::from_slice(&out.stdout).expect("report json")
 }
 
-/// The token of an admitted user, polling (a heartbeat too) until admitted; bounded.
-async fn token_of(app: &TestApp, user: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let b = app.json(app.poll(T, user).await).await;
-        if b["status"] == "ADMITTED" {
-            return b["entryToken"].as_str().expect("token").to_owned();
-        }
-        assert!(Instant::now() < deadline, "user {user} never admitted: {b}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn sum(series: &Value, field: &str) -> u64 {
     series.as_array().expect("series").iter().map(|r| r[field].as_u64().expect("count")).sum()
 }
@@ -85,7 +72,7 @@ async fn the_report_outlives_the_queue_keys_with_every_figure_of_the_sale() {
     let buyers = [1, 2, 3, 5, 6, 7, 8, 9];
     let mut bought = 0;
     for u in buyers {
-        let token = token_of(&app, u).await;
+        let token = app.admitted_token(T, u).await;
         if u == 9 {
             continue;
         }
