@@ -93,6 +93,18 @@ async fn redis_ms(c: &mut MultiplexedConnection) -> u64 {
     s * 1000 + us / 1000
 }
 
+/// Redis' clock in ms, once it reads later than `after`: a window that starts here shares no
+/// millisecond with one that ended at `after`, so a heartbeat lies in at most one of them.
+async fn redis_ms_after(c: &mut MultiplexedConnection, after: u64) -> u64 {
+    loop {
+        let now = redis_ms(c).await;
+        if now > after {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// The heartbeats, each user with whether its time lies in `[from, to]`.
 async fn beats_within(c: &mut MultiplexedConnection, from: u64, to: u64) -> Vec<(String, bool)> {
     let beats: Vec<(String, u64)> = redis::cmd("ZRANGE")
@@ -148,7 +160,7 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     ] {
         let _: redis::Value = cmd(args).query_async(&mut c).await.unwrap();
     }
-    let second_from = redis_ms(&mut c).await;
+    let second_from = redis_ms_after(&mut c, first_to).await;
     let got = enter(&mut c, 100, &[3, 1, 4, 5, 6, 6, 3]).await;
     let second_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (2, "tok-5", 0), (1, "4", 1), (1, "4", 1), (1, "3", 0)];
@@ -174,7 +186,7 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     assert_eq!(seq, 4, "a full queue gives no seq");
 
     // Polls: waiting, admitted without a token, holding a token, unknown, twice in the call.
-    let poll_from = redis_ms(&mut c).await;
+    let poll_from = redis_ms_after(&mut c, second_to).await;
     let got = status(&mut c, &[3, 1, 4, 9, 3, 6, 2]).await;
     let poll_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
