@@ -16,7 +16,9 @@ impl Settings {
     /// The settings that must agree across instances, by name, as compared.
     pub fn fleet_settings(&self, key_ids: &str) -> BTreeMap<String, String> {
         let q = &self.queue;
-        let pairs: [(&str, String); 12] = [
+        let ev = &self.events;
+        let webhooks: Vec<String> = ev.all_webhooks().into_iter().map(|w| format!("{}={}", w.name, w.url)).collect();
+        let pairs: [(&str, String); 14] = [
             ("token.key_ids", key_ids.to_owned()),
             ("token.ttl_s", self.token.ttl_s.to_string()),
             ("queue.tick_ms", q.tick_ms.to_string()),
@@ -27,6 +29,19 @@ impl Settings {
                 format!("{} (batch {}-{}, max_active {})", json(&q.outflow), q.batch_min, q.batch_max, q.max_active),
             ),
             ("queue.on_store_failure", json(&q.on_store_failure)),
+            (
+                "queue.purchases",
+                format!("per admission {}, per user {}", q.purchases_per_admission, q.purchases_per_user),
+            ),
+            (
+                "events",
+                format!(
+                    "max_len {}, admitted_every {}, webhooks [{}]",
+                    ev.max_len,
+                    ev.admitted_every,
+                    webhooks.join(" ")
+                ),
+            ),
             ("targets.types", json(&self.targets.types)),
             ("gate.routes", json(&self.gate.routes)),
             ("identity.mode", json(&self.identity.mode)),

@@ -298,8 +298,8 @@ async fn instances_with_different_token_secrets_are_drift_and_identical_ones_are
     assert!(status.contains("DRIFT token.key_ids: "), "{status}");
 }
 
-/// Instances with another tick, other target types or other gate routes: each is drift,
-/// named.
+/// Instances with another tick, other target types, other gate routes, other purchase
+/// limits or other event settings: each is drift, named.
 #[tokio::test]
 async fn instances_with_different_tick_types_or_routes_are_drift_named() {
     let types = "[{slug=\"limited-drop\"},{slug=\"ticketing-event\"},{slug=\"flash-coupon\"}]".to_owned();
@@ -308,6 +308,8 @@ async fn instances_with_different_tick_types_or_routes_are_drift_named() {
         ("queue.tick_ms", "VQ_QUEUE__TICK_MS", "1500".to_owned()),
         ("targets.types", "VQ_TARGETS__TYPES", types),
         ("gate.routes", "VQ_GATE__ROUTES", routes),
+        ("queue.purchases", "VQ_QUEUE__PURCHASES_PER_USER", "3".to_owned()),
+        ("events", "VQ_EVENTS__ADMITTED_EVERY", "500".to_owned()),
     ] {
         let redis = RedisServer::spawn();
         let _procs = pair(&redis, &[], &[(env, value)]).await;
