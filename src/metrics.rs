@@ -56,9 +56,6 @@ pub const WEBHOOK_DELIVERIES_TOTAL: &str = "virtual_queue_webhook_deliveries_tot
 /// sale's states as `vq sale show` names them.
 pub const SALE_STATES: [&str; 7] = ["none", "scheduled", "pre-queue", "opening", "open", "paused", "closed"];
 
-/// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
-/// are for alerting and dashboards).
-const WAIT_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
 /// Poll latency target is P95 ≤ 300 ms; most requests take well under a millisecond.
 const HTTP_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 3.0];
 
@@ -69,8 +66,10 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
+            // Waits run from seconds to an hour: the edges live beside the stored histogram's.
+            let wait_edges = crate::domain::WAIT_METRIC_EDGES_S.map(|s| s as f64);
             let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), WAIT_BUCKETS)
+                .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), &wait_edges)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), HTTP_BUCKETS))
                 .expect("bucket lists are non-empty constants")
                 .build_recorder();

@@ -32,5 +32,7 @@ pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
     SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, parse_instant,
 };
-pub use stats::{WAIT_BUCKETS, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
+pub use stats::{
+    WAIT_BUCKETS, WAIT_METRIC_EDGES_S, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket,
+};
 pub use target::{MAX_USER_ID_LEN, ParseError, QueueTarget, QueueTargetType, USER_ID_RULE, UserId, is_user_id_byte};

@@ -43,7 +43,6 @@ mod scripts;
 mod shared_calls;
 mod view;
 
-pub use self::gate::PACE_GUARD_MS;
 pub use self::view::{TargetView, ViewSync};
 
 use std::sync::{Arc, Mutex, OnceLock};
