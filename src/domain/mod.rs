@@ -19,7 +19,7 @@ mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
-pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
+pub use flag::{FlagChange, FlagState, TargetOverride};
 pub use fleet::{Drift, InstanceReport, UNREPORTED, drift, fleet_declared, fleet_types, served_by};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};

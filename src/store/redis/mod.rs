@@ -31,6 +31,7 @@ mod events;
 mod fence;
 mod flag;
 mod flag_ack;
+mod flag_form;
 mod fleet;
 mod gate;
 mod holds;
