@@ -30,7 +30,8 @@ pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_second
 pub use purchase::{PurchaseLimits, PurchaseRefusal, Refusals};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
-    SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, parse_instant,
+    SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, SaleState, ScheduleError, format_instant,
+    parse_instant,
 };
 pub use stats::{
     WAIT_BUCKETS, WAIT_METRIC_EDGES_S, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket,
