@@ -234,8 +234,7 @@ pub async fn run(
     if opts.flag_on {
         // A few tries: a busy machine can make one call outlast the timeout.
         for attempt in 1..=10 {
-            let on = vec![("enabled".to_owned(), "1".to_owned()), ("percent".to_owned(), "100".to_owned())];
-            match store.write_flag(on, Vec::new()).await {
+            match store.change_flag(crate::domain::FlagChange::On { percent: 100 }).await {
                 Ok(v) => {
                     tracing::info!(version = v, "queue turned on for every user (--flag-on)");
                     break;

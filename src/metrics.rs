@@ -18,6 +18,9 @@ use std::time::Duration;
 
 use metrics::{Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use strum::VariantArray;
+
+use crate::domain::SaleState;
 
 mod targets;
 
@@ -52,13 +55,18 @@ pub const ADAPTIVE_ERROR_RATIO: &str = "virtual_queue_adaptive_error_ratio";
 pub const ADAPTIVE_NO_SHOW_RATIO: &str = "virtual_queue_adaptive_no_show_ratio";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "virtual_queue_webhook_deliveries_total";
 
-/// The `state` label values of [`SALE_STATE`]: `none` for a target without a sale, then the
-/// sale's states as `vq sale show` names them.
-pub const SALE_STATES: [&str; 7] = ["none", "scheduled", "pre-queue", "opening", "open", "paused", "closed"];
+/// The `state` label of [`SALE_STATE`]: the sale's state as `vq sale show` names it, `none`
+/// for a target without a sale.
+pub fn sale_state_label(state: Option<SaleState>) -> &'static str {
+    state.map_or("none", SaleState::as_str)
+}
 
-/// Waits run from seconds to an hour (the buckets of `domain::wait_bucket` are finer; these
-/// are for alerting and dashboards).
-const WAIT_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0];
+/// Every `state` of [`SALE_STATE`], in the order `/metrics` lists them: no sale, then every
+/// [`SaleState`].
+pub fn sale_state_labels() -> impl Iterator<Item = Option<SaleState>> {
+    std::iter::once(None).chain(SaleState::VARIANTS.iter().copied().map(Some))
+}
+
 /// Poll latency target is P95 ≤ 300 ms; most requests take well under a millisecond.
 const HTTP_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1.0, 3.0];
 
@@ -69,8 +77,10 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
+            // Waits run from seconds to an hour: the edges live beside the stored histogram's.
+            let wait_edges = crate::domain::WAIT_METRIC_EDGES_S.map(|s| s as f64);
             let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), WAIT_BUCKETS)
+                .set_buckets_for_metric(Matcher::Full(WAIT_SECONDS.into()), &wait_edges)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(HTTP_DURATION.into()), HTTP_BUCKETS))
                 .expect("bucket lists are non-empty constants")
                 .build_recorder();
@@ -343,7 +353,7 @@ mod tests {
     fn rendered_names_match_the_spec_and_labels_stay_bounded() {
         install();
         let t: QueueTarget = "LIMITED_DROP:42".parse().expect("target");
-        set_queue_state(t, 7, 100, 50.0, Some("paused"));
+        set_queue_state(t, 7, 100, 50.0, Some(SaleState::Paused));
         admitted(t, 3);
         wait_observed(1500);
         token_consumed(true);

@@ -19,7 +19,7 @@ use super::fleet::{DriftRow, drift_rows};
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{FlagState, LedgerEntry, QueueTarget, admission_rate_over, served_by};
+use crate::domain::{FlagState, LedgerEntry, QueueTarget, SaleState, admission_rate_over, served_by};
 use crate::service::{QueueStats, now_epoch_ms, read_target_stats};
 use crate::store::prelude::*;
 use crate::store::{AnyStore, TargetSnapshot};
@@ -122,10 +122,6 @@ const BATCH_CHANGES_SHOWN: usize = 3;
 /// the ticks to show a rate: no `RATE_UNDER_50` yet.
 const RATE_ALERT_MIN_TICKS: u64 = 3;
 
-/// The sale states in which admitting nobody is what the operator asked for: before the
-/// opening, paused, closed. No rate alert then.
-const HOLDS_ADMISSION: [&str; 4] = ["scheduled", "pre-queue", "paused", "closed"];
-
 /// How fast the queue admits, for its rate alert: `longest_wait_ms` is how long the queue
 /// has been able to admit its longest-waiting user (since that user entered, or since the
 /// sale opened or resumed if later; 0 while nobody waits), `recent_rate` the admissions per
@@ -143,7 +139,7 @@ fn alerts_of(s: &QueueStats, seen: &RateSeen) -> Vec<&'static str> {
     if s.max_capacity > 0 && s.waiting_count as f64 > CAPACITY_ALERT * s.max_capacity as f64 {
         out.push("OVER_CAPACITY_90");
     }
-    let held = s.sale_state.as_deref().is_some_and(|st| HOLDS_ADMISSION.contains(&st));
+    let held = s.sale_state.is_some_and(SaleState::holds_admission_on_purpose);
     let young = seen.longest_wait_ms < RATE_ALERT_MIN_TICKS * s.tick_ms;
     // Only with at least a batch waiting: a short queue admits less than the target by nature.
     if !held && !young && s.waiting_count >= s.batch_size && seen.recent_rate < RATE_ALERT * s.target_rate_per_sec {

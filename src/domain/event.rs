@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::{LedgerEntry, QueueTarget, format_instant};
+use super::{LedgerEntry, QueueTarget, SaleSource, format_instant};
 
 /// An entry's place in its log: the time it was appended (ms, the store's clock) and a
 /// sequence number within that ms. Ordered as the log is; written `ms-seq`, as Redis names a
@@ -99,18 +99,18 @@ pub enum EventKind {
     #[serde(rename = "sale.opened", rename_all = "camelCase")]
     SaleOpened { prequeued: u64, seed_commitment: String },
     #[serde(rename = "sale.paused", rename_all = "camelCase")]
-    SalePaused { source: String },
+    SalePaused { source: SaleSource },
     #[serde(rename = "sale.resumed", rename_all = "camelCase")]
-    SaleResumed { source: String },
+    SaleResumed { source: SaleSource },
     /// Closed by an operator (`command`) or its schedule (`schedule`).
     #[serde(rename = "sale.closed", rename_all = "camelCase")]
-    SaleClosed { source: String, message: String },
+    SaleClosed { source: SaleSource, message: String },
     /// Closed by the purchase API (`gate.close_header`).
     #[serde(rename = "sale.sold_out", rename_all = "camelCase")]
     SoldOut { message: String },
     /// The sale cleared: the target is always open again.
     #[serde(rename = "sale.cleared", rename_all = "camelCase")]
-    SaleCleared { source: String },
+    SaleCleared { source: SaleSource },
     /// The adaptive outflow moved the batch: the purchase API's health as the gate sees it
     /// (`reason` says why: latency, errors, healthy).
     #[serde(rename = "outflow.batch_changed", rename_all = "camelCase")]
@@ -150,9 +150,7 @@ impl EventKind {
             }
             LedgerEntry::Pause { source, .. } => EventKind::SalePaused { source },
             LedgerEntry::Resume { source, .. } => EventKind::SaleResumed { source },
-            LedgerEntry::Close { source, message, .. } if source == super::SaleSource::PurchaseApi.as_str() => {
-                EventKind::SoldOut { message }
-            }
+            LedgerEntry::Close { source: SaleSource::PurchaseApi, message, .. } => EventKind::SoldOut { message },
             LedgerEntry::Close { source, message, .. } => EventKind::SaleClosed { source, message },
             LedgerEntry::Clear { source, .. } => EventKind::SaleCleared { source },
             LedgerEntry::Batch { from, to, reason, .. } => EventKind::BatchChanged { from, to, reason },
@@ -249,7 +247,7 @@ mod tests {
             log: EventLog::Target(target),
             id: EventId { ms: 1_700_000_000_000, seq: 2 },
             at_ms: 1_700_000_000_000,
-            kind: EventKind::SalePaused { source: "command".into() },
+            kind: EventKind::SalePaused { source: SaleSource::Command },
         };
         let v: serde_json::Value = serde_json::from_str(&e.to_json()).expect("json");
         assert_eq!(v["id"], "limited-drop:42/1700000000000-2");
@@ -262,8 +260,11 @@ mod tests {
 
     #[test]
     fn a_close_by_the_purchase_api_is_sold_out() {
-        let close = |source: &str| LedgerEntry::Close { at_ms: 1, source: source.into(), message: "m".into() };
-        assert_eq!(EventKind::of_ledger(&close("purchase-api")), Some(EventKind::SoldOut { message: "m".into() }));
-        assert!(matches!(EventKind::of_ledger(&close("schedule")), Some(EventKind::SaleClosed { .. })));
+        let close = |source| LedgerEntry::Close { at_ms: 1, source, message: "m".into() };
+        assert_eq!(
+            EventKind::of_ledger(&close(SaleSource::PurchaseApi)),
+            Some(EventKind::SoldOut { message: "m".into() })
+        );
+        assert!(matches!(EventKind::of_ledger(&close(SaleSource::Schedule)), Some(EventKind::SaleClosed { .. })));
     }
 }

@@ -3,7 +3,7 @@
 //! The queue and the gate call [`FlagState::applies`] with the same user and target, so they
 //! always agree on whether a user goes through the queue.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::{QueueTarget, UserId};
 
@@ -14,7 +14,7 @@ pub enum TargetOverride {
     On { percent: u8 },
 }
 
-/// The flag as stored in Redis (one hash) and cached by every instance.
+/// The flag as the store keeps it (its stored form is `store::redis`'s) and every instance caches.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct FlagState {
     pub enabled: bool,
@@ -43,35 +43,6 @@ pub enum FlagChange {
     Pow(Option<u8>),
 }
 
-/// The hash fields one change writes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FlagFields {
-    pub set: Vec<(String, String)>,
-    pub delete: Vec<String>,
-    /// Delete every `target:*` field too.
-    pub clear_overrides: bool,
-}
-
-impl FlagChange {
-    pub fn fields(self) -> FlagFields {
-        match self {
-            FlagChange::On { percent } => FlagFields {
-                set: vec![("enabled".into(), "1".into()), ("percent".into(), percent.min(100).to_string())],
-                ..Default::default()
-            },
-            FlagChange::Off => {
-                FlagFields { set: vec![("enabled".into(), "0".into())], clear_overrides: true, ..Default::default() }
-            }
-            FlagChange::Target(t, o) => FlagFields { set: vec![FlagState::override_field(t, o)], ..Default::default() },
-            FlagChange::ClearTarget(t) => FlagFields { delete: vec![override_key(t)], ..Default::default() },
-            FlagChange::Pow(Some(bits)) => {
-                FlagFields { set: vec![("pow_bits".into(), bits.to_string())], ..Default::default() }
-            }
-            FlagChange::Pow(None) => FlagFields { delete: vec!["pow_bits".into()], ..Default::default() },
-        }
-    }
-}
-
 /// The stable bucket of a user, 0–99: FNV-1a over the user id's characters (for an integer
 /// id, its decimal digits). Every instance and
 /// every language computes the same bucket for the same user.
@@ -85,6 +56,13 @@ pub fn user_bucket(user: &UserId) -> u8 {
 }
 
 impl FlagState {
+    /// What a first change starts from, and what a stored flag's absent settings read as:
+    /// off, for every user once turned on, no override nor difficulty, version 0. (A flag
+    /// that does not exist at all is [`FlagState::default`]: off, 0 %.)
+    pub fn blank() -> Self {
+        FlagState { percent: 100, ..FlagState::default() }
+    }
+
     /// Whether this user goes through the queue (and the gate) for this target.
     pub fn applies(&self, target: QueueTarget, user: &UserId) -> bool {
         let percent = match self.overrides.get(&target) {
@@ -125,47 +103,37 @@ impl FlagState {
         }
     }
 
-    /// Reads the flag from the fields of its Redis hash. Unknown or malformed fields are
-    /// ignored so that a hand edit cannot take every instance down.
-    pub fn from_fields(fields: &HashMap<String, String>) -> Self {
-        let mut state = FlagState {
-            enabled: fields.get("enabled").is_some_and(|v| v == "1"),
-            percent: fields.get("percent").and_then(|v| v.parse::<u8>().ok()).map_or(100, |p| p.min(100)),
-            version: fields.get("version").and_then(|v| v.parse().ok()).unwrap_or(0),
-            overrides: BTreeMap::new(),
-            pow_bits: fields.get("pow_bits").and_then(|v| v.parse::<u8>().ok()).map(|b| b.min(32)),
-        };
-        for (k, v) in fields {
-            let Some(target) = k.strip_prefix("target:").and_then(|t| t.parse().ok()) else {
-                continue;
-            };
-            if let Some(o) = parse_override(v) {
-                state.overrides.insert(target, o);
+    /// The flag after `change`, its version aside (the store sets it): what the stored form
+    /// reads back as, shares within 0–100 and a difficulty within 0–32.
+    pub fn apply(&mut self, change: FlagChange) {
+        match change {
+            FlagChange::On { percent } => {
+                self.enabled = true;
+                self.percent = percent.min(100);
             }
+            FlagChange::Off => {
+                self.enabled = false;
+                self.overrides.clear();
+            }
+            FlagChange::Target(target, o) => {
+                self.overrides.insert(target, o.bounded());
+            }
+            FlagChange::ClearTarget(target) => {
+                self.overrides.remove(&target);
+            }
+            FlagChange::Pow(bits) => self.pow_bits = bits.map(|b| b.min(32)),
         }
-        state
-    }
-
-    /// The hash field and value that store an override.
-    pub fn override_field(target: QueueTarget, o: TargetOverride) -> (String, String) {
-        let value = match o {
-            TargetOverride::Off => "off".to_owned(),
-            TargetOverride::On { percent } => format!("on:{percent}"),
-        };
-        (override_key(target), value)
     }
 }
 
-fn override_key(target: QueueTarget) -> String {
-    format!("target:{target}")
-}
-
-fn parse_override(v: &str) -> Option<TargetOverride> {
-    if v == "off" {
-        return Some(TargetOverride::Off);
+impl TargetOverride {
+    /// The override with its share within 0–100.
+    fn bounded(self) -> Self {
+        match self {
+            TargetOverride::Off => TargetOverride::Off,
+            TargetOverride::On { percent } => TargetOverride::On { percent: percent.min(100) },
+        }
     }
-    let p = v.strip_prefix("on:")?.parse::<u8>().ok()?;
-    Some(TargetOverride::On { percent: p.min(100) })
 }
 
 #[cfg(test)]
@@ -204,31 +172,22 @@ mod tests {
     }
 
     #[test]
-    fn round_trips_through_hash_fields() {
-        let mut fields = HashMap::new();
-        fields.insert("enabled".into(), "1".into());
-        fields.insert("percent".into(), "30".into());
-        fields.insert("version".into(), "9".into());
-        let (k, v) = FlagState::override_field(t(4), TargetOverride::On { percent: 10 });
-        fields.insert(k, v);
-        fields.insert("target:garbage".into(), "on:5".into());
-        let f = FlagState::from_fields(&fields);
-        assert!(f.enabled);
-        assert_eq!(f.percent, 30);
-        assert_eq!(f.version, 9);
-        assert_eq!(f.overrides.get(&t(4)), Some(&TargetOverride::On { percent: 10 }));
-        assert_eq!(f.overrides.len(), 1);
-    }
-
-    #[test]
     fn off_clears_every_override_and_clear_removes_one() {
-        let off = FlagChange::Off.fields();
-        assert!(off.clear_overrides);
-        assert_eq!(off.set, vec![("enabled".to_owned(), "0".to_owned())]);
-        let clear = FlagChange::ClearTarget(t(42)).fields();
-        assert_eq!(clear.delete, vec!["target:LIMITED_DROP:42".to_owned()]);
-        assert!(!clear.clear_overrides && clear.set.is_empty());
-        assert!(!FlagChange::On { percent: 10 }.fields().clear_overrides);
+        let mut f = FlagState::default();
+        f.apply(FlagChange::On { percent: 130 });
+        assert!(f.enabled && f.percent == 100, "a share is at most 100 %");
+        f.apply(FlagChange::Target(t(42), TargetOverride::On { percent: 10 }));
+        f.apply(FlagChange::Target(t(7), TargetOverride::Off));
+        f.apply(FlagChange::ClearTarget(t(7)));
+        assert_eq!(f.overrides.into_iter().collect::<Vec<_>>(), vec![(t(42), TargetOverride::On { percent: 10 })]);
+        let mut f = FlagState { enabled: true, percent: 30, ..Default::default() };
+        f.overrides.insert(t(1), TargetOverride::On { percent: 5 });
+        f.apply(FlagChange::Off);
+        assert!(!f.enabled && f.overrides.is_empty() && f.percent == 30, "off keeps the share for the next on");
+        f.apply(FlagChange::Pow(Some(40)));
+        assert_eq!(f.pow_bits, Some(32));
+        f.apply(FlagChange::Pow(None));
+        assert_eq!(f.pow_bits, None);
     }
 
     #[test]

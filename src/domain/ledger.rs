@@ -1,6 +1,8 @@
 //! The admission ledger's rows (`queue:{T}:ledger`), typed: admission steps, the sale's
 //! changes and the outflow's batch changes. Their stored form is `store::redis::codec`'s.
 
+use super::SaleSource;
+
 /// One row of a target's admission ledger (`queue:{T}:ledger`, newest first; its stored form
 /// is `store::redis::codec`'s).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -12,13 +14,13 @@ pub enum LedgerEntry {
     #[serde(rename_all = "camelCase")]
     Opening { at_ms: u64, prequeued: u64, seed_commitment: String, seed: String },
     #[serde(rename_all = "camelCase")]
-    Pause { at_ms: u64, source: String },
+    Pause { at_ms: u64, source: SaleSource },
     #[serde(rename_all = "camelCase")]
-    Resume { at_ms: u64, source: String },
+    Resume { at_ms: u64, source: SaleSource },
     #[serde(rename_all = "camelCase")]
-    Close { at_ms: u64, source: String, message: String },
+    Close { at_ms: u64, source: SaleSource, message: String },
     #[serde(rename_all = "camelCase")]
-    Clear { at_ms: u64, source: String },
+    Clear { at_ms: u64, source: SaleSource },
     /// A schedule written (`vq sale schedule`, first or again), with the times now in force.
     #[serde(rename_all = "camelCase")]
     Schedule { at_ms: u64, opens_at_ms: u64, prequeue_from_ms: Option<u64>, closes_at_ms: Option<u64> },

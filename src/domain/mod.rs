@@ -19,7 +19,7 @@ mod target;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
-pub use flag::{FlagChange, FlagFields, FlagState, TargetOverride};
+pub use flag::{FlagChange, FlagState, TargetOverride};
 pub use fleet::{Drift, InstanceReport, UNREPORTED, drift, fleet_declared, fleet_types, served_by};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};
@@ -30,7 +30,10 @@ pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_second
 pub use purchase::{PurchaseLimits, PurchaseRefusal, Refusals};
 pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
 pub use sale::{
-    SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, ScheduleError, format_instant, parse_instant,
+    SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, SaleState, ScheduleError, format_instant,
+    parse_instant,
 };
-pub use stats::{WAIT_BUCKETS, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket};
+pub use stats::{
+    WAIT_BUCKETS, WAIT_METRIC_EDGES_S, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket,
+};
 pub use target::{MAX_USER_ID_LEN, ParseError, QueueTarget, QueueTargetType, USER_ID_RULE, UserId, is_user_id_byte};

@@ -82,8 +82,12 @@ impl SaleSchedule {
     }
 }
 
-/// Where a sale is at a given moment (named in kebab-case, in JSON and in text alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, strum::IntoStaticStr)]
+/// Where a sale is at a given moment by the clock and its record (named in kebab-case, in
+/// JSON and in text alike); the one home of the rule is [`SaleRecord::phase`], and the
+/// prelude's `sale_phase` numbers these variants in order from 1. A new phase is one variant
+/// here and one branch there: every match on it below, in the embedded store and in
+/// [`SaleState::of`] is exhaustive, so the compiler names each place that must decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, strum::IntoStaticStr, strum::VariantArray)]
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum SalePhase {
@@ -103,6 +107,79 @@ impl SalePhase {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
+
+    /// Whether the phase admits nobody, a pause aside ([`SaleRecord::holds_admission`]).
+    pub fn holds_admission(self) -> bool {
+        match self {
+            SalePhase::Scheduled | SalePhase::PreQueue | SalePhase::Opening | SalePhase::Closed => true,
+            SalePhase::Open => false,
+        }
+    }
+}
+
+/// The sale's state as operators see it: its phase, or `Paused` while paused and not closed.
+/// `vq sale show`, `vq stats`, the stats endpoint's `saleState` and the `state` label of
+/// `/metrics`' `virtual_queue_sale_state` name it (kebab-case); the OpenAPI document and the
+/// shipped alert rules are checked against [`SaleState::VARIANTS`] by tests.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+pub enum SaleState {
+    Scheduled,
+    PreQueue,
+    Opening,
+    Open,
+    Paused,
+    Closed,
+}
+
+impl SaleState {
+    /// The state of a sale in `phase`, `paused` or not.
+    pub fn of(phase: SalePhase, paused: bool) -> Self {
+        match (phase, paused) {
+            (SalePhase::Closed, _) => SaleState::Closed,
+            (SalePhase::Scheduled | SalePhase::PreQueue | SalePhase::Opening | SalePhase::Open, true) => {
+                SaleState::Paused
+            }
+            (SalePhase::Scheduled, false) => SaleState::Scheduled,
+            (SalePhase::PreQueue, false) => SaleState::PreQueue,
+            (SalePhase::Opening, false) => SaleState::Opening,
+            (SalePhase::Open, false) => SaleState::Open,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Whether admitting nobody is what the operator asked for: before the opening, paused,
+    /// closed. No rate alert then (`vq stats`' `RATE_UNDER_50`, the shipped rule
+    /// VirtualQueueAdmissionSlow). The opening is the pump's work, which a failing pump never
+    /// ends: it is not held on purpose.
+    pub fn holds_admission_on_purpose(self) -> bool {
+        match self {
+            SaleState::Scheduled | SaleState::PreQueue | SaleState::Paused | SaleState::Closed => true,
+            SaleState::Opening | SaleState::Open => false,
+        }
+    }
+}
+
+impl std::fmt::Display for SaleState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A target's sale as stored (the hash `queue:{T}:sale`; read by `store::redis::codec`).
@@ -119,8 +196,8 @@ pub struct SaleRecord {
     /// Closed by a command or the purchase API (a passed `closes_at` closes without it).
     pub closed: bool,
     pub message: Option<String>,
-    /// Who closed it: command, schedule or purchase-api.
-    pub close_source: Option<String>,
+    /// Who closed it.
+    pub close_source: Option<SaleSource>,
     /// Users pre-queued when the opening froze the pre-queue.
     pub prequeued: Option<u64>,
     /// The opening order was written (by Redis' clock), epoch ms.
@@ -144,7 +221,7 @@ impl SaleRecord {
     /// Whether nobody is admitted at `now_ms`: before the opening is done, closed, or paused
     /// (also a pause without a schedule). The prelude's `sale_holds_admission` (admit.lua).
     pub fn holds_admission(&self, now_ms: u64) -> bool {
-        self.paused || !matches!(self.phase(now_ms), None | Some(SalePhase::Open))
+        self.paused || self.phase(now_ms).is_some_and(SalePhase::holds_admission)
     }
 
     /// The phase at `now_ms`, [`SalePhase::Open`] when there is no sale (see [`Self::phase`]).
@@ -165,13 +242,9 @@ impl SaleRecord {
         }
     }
 
-    /// The state operators see: the phase, or `paused` while paused and not closed.
-    pub fn state_at(&self, now_ms: u64) -> &'static str {
-        match self.phase_at(now_ms) {
-            SalePhase::Closed => "closed",
-            _ if self.paused => "paused",
-            p => p.as_str(),
-        }
+    /// The state operators see: the phase, or paused while paused and not closed.
+    pub fn state_at(&self, now_ms: u64) -> SaleState {
+        SaleState::of(self.phase_at(now_ms), self.paused)
     }
 
     /// The seed, once the opening has revealed it.
@@ -180,18 +253,40 @@ impl SaleRecord {
     }
 }
 
-/// Who changed the sale's state (written as the variant in kebab-case).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+/// Who changed the sale's state (written as the variant in kebab-case: in the ledger, the
+/// sale's hash, the events and the reports).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum SaleSource {
+    /// An operator (`vq sale`).
     Command,
+    /// The schedule's `closes_at` passed.
     Schedule,
+    /// The purchase API said sold out.
     PurchaseApi,
 }
 
 impl SaleSource {
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+}
+
+impl std::fmt::Display for SaleSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -278,11 +373,28 @@ mod tests {
         let no_prequeue = SaleRecord { prequeue_from_ms: None, ..r };
         assert_eq!(no_prequeue.phase_at(1999), SalePhase::Scheduled);
         let paused = SaleRecord { paused: true, ..opened };
-        assert_eq!(paused.state_at(3000), "paused");
-        assert_eq!(paused.state_at(6000), "closed");
+        assert_eq!(paused.state_at(3000), SaleState::Paused);
+        assert_eq!(paused.state_at(6000), SaleState::Closed);
         assert!(paused.holds_admission(3000));
         let pause_alone = SaleRecord { paused: true, ..SaleRecord::default() };
         assert_eq!(pause_alone.phase(0), None, "a pause alone is no sale");
         assert!(pause_alone.holds_admission(0), "but it holds admission");
+    }
+
+    #[test]
+    fn every_state_is_named_and_parsed_back_and_every_phase_has_its_state() {
+        use strum::VariantArray;
+        for state in SaleState::VARIANTS {
+            assert_eq!(state.as_str().parse::<SaleState>(), Ok(*state));
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+        assert!("soft-closed".parse::<SaleState>().is_err(), "an unknown name is no state");
+        for phase in SalePhase::VARIANTS {
+            assert_eq!(SaleState::of(*phase, false).as_str(), phase.as_str(), "a phase unpaused is its own state");
+        }
+        for source in SaleSource::VARIANTS {
+            assert_eq!(source.as_str().parse::<SaleSource>(), Ok(*source));
+            assert_eq!(serde_json::to_value(source).unwrap(), source.as_str());
+        }
     }
 }

@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 /// [`wait_bucket`].
 pub const WAIT_BUCKETS: [(u64, u64); 3] = [(120, 1), (600, 10), (3600, 60)];
 
+/// The bucket edges (upper bounds, s) of `/metrics`' wait histogram
+/// (`virtual_queue_wait_seconds`, counted per instance for alerts and dashboards): coarser
+/// than [`WAIT_BUCKETS`], and cut from them: each edge starts one of their buckets and the
+/// last is where their open-ended one starts, so a wait falls between the same two edges in
+/// Prometheus as in the stored histogram (`edges_of_the_metric_are_edges_of_the_buckets`).
+pub const WAIT_METRIC_EDGES_S: [u64; 12] = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600];
+
 /// The histogram bucket (its lower bound in seconds) of a wait of `wait_s` whole seconds.
 pub fn wait_bucket(wait_s: u64) -> u64 {
     match WAIT_BUCKETS.iter().find(|(below, _)| wait_s < *below) {
@@ -78,6 +85,16 @@ pub fn admission_rate_over(admissions: &[(u64, u64)], tick_ms: u64, now_ms: u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edges_of_the_metric_are_edges_of_the_buckets() {
+        assert!(WAIT_METRIC_EDGES_S.windows(2).all(|w| w[0] < w[1]), "rising edges");
+        for edge in WAIT_METRIC_EDGES_S {
+            assert_eq!(wait_bucket(edge), edge, "{edge} s splits a bucket of WAIT_BUCKETS");
+        }
+        let open_ended = WAIT_BUCKETS[WAIT_BUCKETS.len() - 1].0;
+        assert_eq!(WAIT_METRIC_EDGES_S.last(), Some(&open_ended), "the metric's last edge is the open bucket's start");
+    }
 
     #[test]
     fn buckets_are_fine_for_short_waits_and_coarse_for_long() {

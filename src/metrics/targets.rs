@@ -6,9 +6,9 @@ use std::sync::Mutex;
 
 use super::{
     ADAPTIVE_BATCH_MIN, ADAPTIVE_ERROR_RATIO, ADAPTIVE_NO_SHOW_RATIO, ADAPTIVE_P95, ADMITTED_TOTAL, BATCH_SIZE,
-    EVICTED_TOTAL, QUEUE_LENGTH, SALE_STATE, SALE_STATES, TARGET_ADMISSION_RATE, TARGET_TOKENS,
+    EVICTED_TOTAL, QUEUE_LENGTH, SALE_STATE, TARGET_ADMISSION_RATE, TARGET_TOKENS, sale_state_label, sale_state_labels,
 };
-use crate::domain::QueueTarget;
+use crate::domain::{QueueTarget, SaleState};
 
 /// The per-target series of this process, kept here rather than in the recorder so that a
 /// target's series go when the target does: only active declared targets have them
@@ -19,8 +19,8 @@ struct TargetSeries {
     target_rate_per_sec: f64,
     /// The batch in force (the adaptive controller's, a pin, or the configured one).
     batch: u64,
-    /// Index in [`SALE_STATES`].
-    sale_state: usize,
+    /// `None` without a sale.
+    sale_state: Option<SaleState>,
     admitted: u64,
     evicted: u64,
     /// Cluster-wide: tokens issued through the queue, used by a purchase, expired unused.
@@ -39,20 +39,19 @@ fn with_target(target: QueueTarget, f: impl FnOnce(&mut TargetSeries)) {
 }
 
 /// A target's state as read from Redis at scrape time (creates its series). `sale_state`:
-/// the sale's state (`paused`, …), `None` without a sale; an unknown name counts as none.
+/// the sale's state, `None` without a sale.
 pub fn set_queue_state(
     target: QueueTarget,
     waiting: u64,
     batch: u64,
     target_rate_per_sec: f64,
-    sale_state: Option<&str>,
+    sale_state: Option<SaleState>,
 ) {
-    let state = sale_state.and_then(|st| SALE_STATES.iter().position(|known| *known == st)).unwrap_or(0);
     with_target(target, |s| {
         s.waiting = waiting;
         s.batch = batch;
         s.target_rate_per_sec = target_rate_per_sec;
-        s.sale_state = state;
+        s.sale_state = sale_state;
     });
 }
 
@@ -153,8 +152,9 @@ pub(super) fn render_targets(out: &mut String) {
         "# HELP {SALE_STATE} 1 for the state of the target's sale (none: no sale), 0 for the others\n# TYPE {SALE_STATE} gauge"
     );
     for (t, s) in &targets {
-        for (i, state) in SALE_STATES.iter().enumerate() {
-            let _ = writeln!(out, "{SALE_STATE}{{target=\"{t}\",state=\"{state}\"}} {}", u8::from(i == s.sale_state));
+        for state in sale_state_labels() {
+            let (label, is) = (sale_state_label(state), u8::from(state == s.sale_state));
+            let _ = writeln!(out, "{SALE_STATE}{{target=\"{t}\",state=\"{label}\"}} {is}");
         }
     }
     out.push('\n');

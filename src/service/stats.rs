@@ -3,7 +3,7 @@
 
 use super::QueueService;
 use crate::config::Settings;
-use crate::domain::{QueueTarget, QueueTargetType, admission_rate_per_sec, batch_in_force};
+use crate::domain::{QueueTarget, QueueTargetType, SaleState, admission_rate_per_sec, batch_in_force};
 use crate::store::prelude::*;
 use crate::store::{AnyStore, StoreError, TargetSnapshot};
 
@@ -32,9 +32,9 @@ pub struct QueueStats {
     /// Tokens issued through the queue that expired without a purchase (no-shows).
     #[serde(default)]
     pub tokens_expired: u64,
-    /// The sale's state (scheduled, pre-queue, opening, open, paused, closed); absent without a sale.
+    /// The sale's state; absent without a sale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sale_state: Option<String>,
+    pub sale_state: Option<SaleState>,
     /// The sale's opening time, ISO-8601; absent without a schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<String>,
@@ -114,7 +114,7 @@ impl QueueStats {
             tokens_used: snap.tokens_used,
             direct_tokens_used: snap.direct_tokens_used,
             tokens_expired: snap.tokens_expired,
-            sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms).to_owned()),
+            sale_state: snap.sale.as_ref().map(|v| v.record.state_at(v.now_ms)),
             opens_at: snap.sale.as_ref().and_then(|v| v.record.opens_at_ms).map(crate::domain::format_instant),
             prequeued_count: snap.sale.as_ref().map(|_| snap.prequeued),
             outflow: match settings.type_outflow(kind) {
@@ -164,13 +164,7 @@ impl QueueService {
         crate::metrics::retain_targets(|t| active.contains(&t));
         for &target in &active {
             let s = self.stats(target).await?;
-            crate::metrics::set_queue_state(
-                target,
-                s.waiting_count,
-                s.batch_size,
-                s.target_rate_per_sec,
-                s.sale_state.as_deref(),
-            );
+            crate::metrics::set_queue_state(target, s.waiting_count, s.batch_size, s.target_rate_per_sec, s.sale_state);
             let signals = s
                 .outflow_signals
                 .as_ref()

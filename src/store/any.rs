@@ -107,7 +107,6 @@ delegate!(SaleOps {
 
 delegate!(FlagOps {
     fn read_stored_flag(&self) -> Option<FlagState>;
-    fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> u64;
     fn change_flag(&self, change: FlagChange) -> u64;
     fn global_batch_size(&self) -> Option<u64>;
     fn set_batch_size(&self, t: Option<QueueTarget>, batch: Option<u64>) -> ();

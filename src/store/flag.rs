@@ -17,16 +17,10 @@ pub trait FlagOps: Send + Sync + 'static {
         async { Ok(self.read_stored_flag().await?.unwrap_or_default()) }
     }
 
-    /// Sets and deletes flag fields and bumps the version; returns the new version. The new
-    /// version is above every version an instance acknowledged, also when the hash was lost.
-    fn write_flag(
-        &self,
-        set: Vec<(String, String)>,
-        delete: Vec<String>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// One operator change (`vq flag on | off | clear`) in one atomic write; `Off` removes
-    /// every target override in the same step. Returns the new version, as [`Self::write_flag`].
+    /// One operator change (`vq flag on | off | clear`, `vq pow`, `vq serve --flag-on`) in one
+    /// atomic write that bumps the version; `Off` removes every target override in the same
+    /// step. Returns the new version: above every version an instance acknowledged, also
+    /// when the flag was lost.
     fn change_flag(&self, change: FlagChange) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// The runtime batch size for every target, if an operator set one.

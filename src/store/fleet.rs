@@ -18,13 +18,9 @@ pub trait FleetOps: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The reports of the live instances, by instance name. Reports expired for over
-    /// [`FLEET_KEEP_MS`] are dropped from the store on the way.
+    /// [`super::FLEET_KEEP_MS`] are dropped from the store on the way.
     fn fleet(&self) -> impl Future<Output = Result<Vec<InstanceReport>, StoreError>> + Send;
 
     /// Removes `instance`'s report: it shuts down and serves nothing any more.
     fn withdraw_instance(&self, instance: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
-
-/// How long an expired report stays stored before a reader drops it (a report rewritten
-/// meanwhile is never dropped: only one expired that long).
-pub const FLEET_KEEP_MS: u64 = 60_000;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Candidate, EventLimits, FlagAck, OutflowState, StoreLimits, Waiting};
 use crate::domain::{
-    BuyerObservation, EventId, EventLog, InstanceReport, QueueTarget, TargetRecord, UserId, WaitHistogram,
+    BuyerObservation, EventId, EventLog, FlagState, InstanceReport, QueueTarget, TargetRecord, UserId, WaitHistogram,
 };
 
 use crate::clock::{SharedClock, system};
@@ -214,7 +214,8 @@ struct Inner {
     active: BTreeSet<QueueTarget>,
     /// Targets declared at runtime (`queue:targets`).
     declared: BTreeSet<QueueTarget>,
-    flag: HashMap<String, String>,
+    /// The flag, `None` until first written (Redis: no hash).
+    flag: Option<FlagState>,
     global_batch: Option<u64>,
     /// instance -> (its acknowledgement, expiry ms)
     acks: HashMap<String, (FlagAck, u64)>,

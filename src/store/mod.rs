@@ -36,14 +36,14 @@ pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::events::EventOps;
 pub use self::flag::FlagOps;
-pub use self::fleet::{FLEET_KEEP_MS, FleetOps};
+pub use self::fleet::FleetOps;
 pub use self::gate::GateOps;
 pub use self::memory::MemoryStore;
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};
-pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
-pub use self::rules::LEDGER_MAX_ROWS;
+pub use self::redis::{RedisStore, TargetView, ViewSync, keys};
+pub use self::rules::{FLAG_ACK_KEEP_MS, FLEET_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS};
 pub use self::sale::SaleOps;
 pub use self::targets::TargetOps;
 

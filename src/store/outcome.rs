@@ -151,7 +151,7 @@ pub struct FlagAck {
     pub state: String,
     /// `None` while the acknowledgement is live; else for how long it has been expired (the
     /// instance stopped refreshing it: frozen, cut off from Redis, or gone without a
-    /// shutdown). Listed for [`FLAG_ACK_KEEP_MS`] after it expired.
+    /// shutdown). Listed for [`super::FLAG_ACK_KEEP_MS`] after it expired.
     pub silent_ms: Option<u64>,
 }
 
@@ -168,11 +168,6 @@ impl FlagAck {
         self.version >= version && !self.kept_missing
     }
 }
-
-/// How long an instance whose acknowledgement expired stays listed (silent) in
-/// [`super::FlagOps::flag_acks`]: long enough for an operator to see that a frozen or cut-off
-/// instance never applied the last change. An instance that shuts down withdraws its own.
-pub const FLAG_ACK_KEEP_MS: u64 = 10 * 60 * 1000;
 
 /// A target's figures as stored, for stats and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

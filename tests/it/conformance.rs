@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use vq::clock::ManualClock;
 use vq::config::{Settings, StoreKind};
-use vq::domain::{QueueTarget, UserId};
+use vq::domain::{FlagChange, QueueTarget, TargetOverride, UserId};
 use vq::store::prelude::*;
 use vq::store::{AnyStore, EnterOutcome, MemoryStore, StatusOutcome, StoreLimits};
 
@@ -250,14 +250,14 @@ async fn flag_and_batch_size_round_trip() {
     with_both(async |s, time| {
         let tick_ms = time.tick_ms;
         assert!(!s.read_flag().await.unwrap().enabled);
-        let v1 =
-            s.write_flag(vec![("enabled".into(), "1".into()), ("percent".into(), "40".into())], vec![]).await.unwrap();
-        let v2 = s.write_flag(vec![("target:LIMITED_DROP:42".into(), "off".into())], vec![]).await.unwrap();
+        let t42: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
+        let v1 = s.change_flag(FlagChange::On { percent: 40 }).await.unwrap();
+        let v2 = s.change_flag(FlagChange::Target(t42, TargetOverride::Off)).await.unwrap();
         assert_eq!(v2, v1 + 1);
         let f = s.read_flag().await.unwrap();
         assert!(f.enabled);
         assert_eq!((f.percent, f.version, f.overrides.len()), (40, v2, 1));
-        s.write_flag(vec![], vec!["target:LIMITED_DROP:42".into()]).await.unwrap();
+        s.change_flag(FlagChange::ClearTarget(t42)).await.unwrap();
         assert!(s.read_flag().await.unwrap().overrides.is_empty());
 
         s.set_batch_size(None, Some(7)).await.unwrap();

@@ -317,6 +317,7 @@ impl SaleCase {
 /// `closes_at` passed) at times around each of the sale's instants.
 #[tokio::test]
 async fn sale_phase_of_the_prelude_is_the_domains() {
+    use strum::VariantArray;
     use vq::domain::SalePhase;
     let redis = RedisServer::spawn();
     let mut c = redis.conn().await;
@@ -340,12 +341,8 @@ async fn sale_phase_of_the_prelude_is_the_domains() {
     let times = [0, pre - 1, pre, opens - 1, opens, opens + 1, closes - 1, closes, closes + 1];
     let lua_phase = |n: i64| match n {
         0 => None,
-        1 => Some(SalePhase::Scheduled),
-        2 => Some(SalePhase::PreQueue),
-        3 => Some(SalePhase::Opening),
-        4 => Some(SalePhase::Open),
-        5 => Some(SalePhase::Closed),
-        other => panic!("the prelude names no phase {other}"),
+        // The prelude numbers the phases in the enum's order, from 1.
+        n => Some(*SalePhase::VARIANTS.get(n as usize - 1).unwrap_or_else(|| panic!("the prelude names no phase {n}"))),
     };
     let key = format!("{P}sale");
     let body = "local out = {}\n\

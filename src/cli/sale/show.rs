@@ -5,7 +5,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
 use serde::Serialize;
 
-use crate::domain::{LedgerEntry, QueueTarget, SaleSchedule, format_instant};
+use crate::domain::{LedgerEntry, QueueTarget, SaleSchedule, SaleSource, SaleState, format_instant};
 use crate::store::SaleView;
 
 /// What `vq sale show --json` prints per target.
@@ -13,7 +13,7 @@ use crate::store::SaleView;
 #[serde(rename_all = "camelCase")]
 pub(super) struct SaleShow {
     target: String,
-    state: &'static str,
+    state: SaleState,
     opens_at: Option<String>,
     prequeue_opens_at: Option<String>,
     closes_at: Option<String>,
@@ -31,7 +31,7 @@ pub(super) struct SaleShow {
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    close_source: Option<String>,
+    close_source: Option<SaleSource>,
 }
 
 impl SaleShow {
@@ -50,7 +50,7 @@ impl SaleShow {
             prequeued: r.prequeued.filter(|_| opened),
             opened_at: r.opened_at_ms.map(format_instant),
             message: r.message.clone(),
-            close_source: r.close_source.clone(),
+            close_source: r.close_source,
         }
     }
 
@@ -59,7 +59,7 @@ impl SaleShow {
             "{}: {}{}",
             self.target,
             self.state,
-            if self.paused && self.state != "paused" { " (paused)" } else { "" }
+            if self.paused && self.state != SaleState::Paused { " (paused)" } else { "" }
         );
         let line = |name: &str, v: &Option<String>| {
             if let Some(v) = v {
@@ -76,7 +76,7 @@ impl SaleShow {
             println!("  pre-queued at the opening: {n}");
         }
         line("message", &self.message);
-        line("closed by", &self.close_source);
+        line("closed by", &self.close_source.map(|s| s.to_string()));
     }
 }
 
@@ -131,12 +131,14 @@ pub(super) fn print_ledger(report: &LedgerReport) {
                 String::new(),
                 "pump".into(),
             ],
-            LedgerEntry::Pause { source, .. } => [at, "pause".into(), String::new(), String::new(), source.clone()],
-            LedgerEntry::Resume { source, .. } => [at, "resume".into(), String::new(), String::new(), source.clone()],
-            LedgerEntry::Close { source, message, .. } => {
-                [at, format!("close: {message}"), String::new(), String::new(), source.clone()]
+            LedgerEntry::Pause { source, .. } => [at, "pause".into(), String::new(), String::new(), source.to_string()],
+            LedgerEntry::Resume { source, .. } => {
+                [at, "resume".into(), String::new(), String::new(), source.to_string()]
             }
-            LedgerEntry::Clear { source, .. } => [at, "clear".into(), String::new(), String::new(), source.clone()],
+            LedgerEntry::Close { source, message, .. } => {
+                [at, format!("close: {message}"), String::new(), String::new(), source.to_string()]
+            }
+            LedgerEntry::Clear { source, .. } => [at, "clear".into(), String::new(), String::new(), source.to_string()],
             LedgerEntry::Schedule { opens_at_ms, prequeue_from_ms, closes_at_ms, .. } => {
                 let show = |v: &Option<u64>| v.map_or_else(|| "none".to_owned(), format_instant);
                 let what = format!(

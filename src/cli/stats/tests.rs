@@ -41,12 +41,12 @@ fn rows_over_90_percent_or_under_half_rate_are_flagged() {
 
 #[test]
 fn no_rate_alert_while_the_sale_holds_admission_or_the_queue_is_younger_than_three_ticks() {
-    for state in ["scheduled", "pre-queue", "paused", "closed"] {
-        let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+    for state in [SaleState::Scheduled, SaleState::PreQueue, SaleState::Paused, SaleState::Closed] {
+        let s = QueueStats { sale_state: Some(state), ..stats(500, 0.0) };
         assert!(alerts_of(&s, &seen(0.0)).is_empty(), "{state}");
     }
-    for state in ["opening", "open"] {
-        let s = QueueStats { sale_state: Some(state.into()), ..stats(500, 0.0) };
+    for state in [SaleState::Opening, SaleState::Open] {
+        let s = QueueStats { sale_state: Some(state), ..stats(500, 0.0) };
         assert_eq!(alerts_of(&s, &seen(0.0)), vec!["RATE_UNDER_50"], "{state}");
     }
     let young = RateSeen { longest_wait_ms: 5_999, recent_rate: 0.0 };
@@ -129,7 +129,7 @@ fn busy_report() -> Report {
         s.tokens_used = 95_432;
         s.direct_tokens_used = 120;
         if sale {
-            s.sale_state = Some("pre-queue".into());
+            s.sale_state = Some(SaleState::PreQueue);
             s.opens_at = Some(crate::domain::format_instant(now_epoch_ms() + 3_600_000));
             s.prequeued_count = Some(95_000);
         }

@@ -1,8 +1,8 @@
-//! The embedded store's flag, batch sizes and acknowledgements (`flag_*.lua`). Acknowledgements
-//! are kept as [`FlagAck`] values, not in Redis' string form.
+//! The embedded store's flag, batch sizes and acknowledgements (`flag_*.lua`). The flag is kept
+//! as a [`FlagState`] and acknowledgements as [`FlagAck`] values, not in Redis' forms.
 
 use super::{Inner, MemoryStore};
-use crate::domain::{FlagChange, FlagFields, FlagState, QueueTarget};
+use crate::domain::{FlagChange, FlagState, QueueTarget};
 use crate::store::rules::flag_version_floor;
 use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, FlagOps, StoreError};
 
@@ -21,38 +21,26 @@ impl Inner {
 }
 
 impl MemoryStore {
-    /// What `flag_set.lua` does, under the lock: overrides cleared with the write, the new
-    /// version above every acknowledged one.
-    fn write_flag_fields(&self, fields: FlagFields) -> u64 {
+    /// What `flag_set.lua` does, under the lock: the change applied (overrides cleared with
+    /// `Off`), the new version above every acknowledged one.
+    fn apply_flag_change(&self, change: FlagChange) -> u64 {
         let now = self.now_ms();
         let mut inner = self.lock();
-        if fields.clear_overrides {
-            inner.flag.retain(|k, _| !k.starts_with("target:"));
-        }
-        inner.flag.extend(fields.set);
-        for k in fields.delete {
-            inner.flag.remove(&k);
-        }
         let floor = flag_version_floor(inner.live_acks(now).iter().map(|a| a.version));
-        let next = inner.flag.get("version").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
-        let version = next.max(floor);
-        inner.flag.insert("version".into(), version.to_string());
-        version
+        let flag = inner.flag.get_or_insert_with(FlagState::blank);
+        flag.apply(change);
+        flag.version = (flag.version + 1).max(floor);
+        flag.version
     }
 }
 
 impl FlagOps for MemoryStore {
     async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
-        let inner = self.lock();
-        Ok((!inner.flag.is_empty()).then(|| FlagState::from_fields(&inner.flag)))
-    }
-
-    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        Ok(self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }))
+        Ok(self.lock().flag.clone())
     }
 
     async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
-        Ok(self.write_flag_fields(change.fields()))
+        Ok(self.apply_flag_change(change))
     }
 
     async fn global_batch_size(&self) -> Result<Option<u64>, StoreError> {

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use super::{Inner, MemoryStore};
 use crate::domain::{
     AnswerClass, EventKind, LedgerEntry, QueueTarget, Refusals, SaleControl, SalePhase, SaleRecord, SaleSchedule,
-    TargetRecord, UserId,
+    SaleSource, TargetRecord, UserId,
 };
 use crate::store::{
     ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleNotice, SaleOps, SaleView, ScheduleOutcome, StoreError,
@@ -152,7 +152,9 @@ pub(super) fn gate_newcomer(
             q.expires_at = Some(now + ttl_ms);
             Gate::PreQueue(notice)
         }
-        _ => Gate::Queue,
+        // A poll before the pre-queue or of a user not pre-queued, and an open sale (the
+        // opening was written by `phase`).
+        SalePhase::Scheduled | SalePhase::PreQueue | SalePhase::Opening | SalePhase::Open => Gate::Queue,
     }
 }
 
@@ -160,7 +162,7 @@ pub(super) fn gate_newcomer(
 pub(super) fn gate_waiting(inner: &mut Inner, target: QueueTarget, now: u64, ttl_ms: u64) -> Gate {
     match phase(inner, target, now, ttl_ms) {
         Some(SalePhase::Closed) => Gate::Closed(inner.sales.get(&target).map(MemSale::notice).unwrap_or_default()),
-        Some(_) | None => Gate::Queue,
+        Some(SalePhase::Scheduled | SalePhase::PreQueue | SalePhase::Opening | SalePhase::Open) | None => Gate::Queue,
     }
 }
 
@@ -172,9 +174,9 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         && sale.record.closes_at_ms.is_some_and(|c| now >= c)
     {
         sale.record.closed = true;
-        sale.record.close_source = Some("schedule".into());
+        sale.record.close_source = Some(SaleSource::Schedule);
         let message = sale.record.message.clone().unwrap_or_default();
-        event(inner, target, now, LedgerEntry::Close { at_ms: now, source: "schedule".into(), message });
+        event(inner, target, now, LedgerEntry::Close { at_ms: now, source: SaleSource::Schedule, message });
     }
     let phase = phase(inner, target, now, ttl_ms);
     if phase == Some(SalePhase::PreQueue)
@@ -187,10 +189,7 @@ pub(super) fn admission_held(inner: &mut Inner, target: QueueTarget, now: u64, t
         };
         inner.target_event(target, now, kind);
     }
-    match phase {
-        None | Some(SalePhase::Open) => paused(inner, target),
-        Some(_) => true,
-    }
+    phase.is_some_and(SalePhase::holds_admission) || paused(inner, target)
 }
 
 /// Whether `user` is in `target`'s pre-queue.
@@ -250,25 +249,26 @@ pub(super) fn control(inner: &mut Inner, target: QueueTarget, control: SaleContr
     let entry = match control {
         SaleControl::Pause if !r.paused => {
             r.paused = true;
-            LedgerEntry::Pause { at_ms: now, source: "command".into() }
+            LedgerEntry::Pause { at_ms: now, source: SaleSource::Command }
         }
         SaleControl::Resume if r.paused => {
             r.paused = false;
             r.resumed_at_ms = Some(now);
-            LedgerEntry::Resume { at_ms: now, source: "command".into() }
+            LedgerEntry::Resume { at_ms: now, source: SaleSource::Command }
         }
         SaleControl::Close { message, source } if !r.closed => {
             r.closed = true;
-            r.close_source = Some(source.as_str().into());
+            r.close_source = Some(source);
             r.message = Some(message.clone());
-            LedgerEntry::Close { at_ms: now, source: source.as_str().into(), message }
+            LedgerEntry::Close { at_ms: now, source, message }
         }
         SaleControl::Clear if is_stored(sale) => {
             let ledger = std::mem::take(&mut sale.ledger);
             *sale = MemSale { ledger, ..MemSale::default() };
-            LedgerEntry::Clear { at_ms: now, source: "command".into() }
+            LedgerEntry::Clear { at_ms: now, source: SaleSource::Command }
         }
-        _ => return false,
+        // Nothing to change: paused already, not paused, closed already, nothing stored.
+        SaleControl::Pause | SaleControl::Resume | SaleControl::Close { .. } | SaleControl::Clear => return false,
     };
     event(inner, target, now, entry);
     true
@@ -287,7 +287,7 @@ pub(super) fn clear(inner: &mut Inner, target: QueueTarget, force: bool, now: u6
             SalePhase::Scheduled | SalePhase::PreQueue if users > 0 => {
                 return ClearOutcome::Refused { opening: false, prequeued: users };
             }
-            _ => {}
+            SalePhase::Scheduled | SalePhase::PreQueue | SalePhase::Open | SalePhase::Closed => {}
         }
     }
     // The purchases counted per user (`queue:{T}:bought`) go with the sale, or without one.

@@ -11,7 +11,9 @@ use crate::store::OutflowState;
 /// Parses a ledger row: `admit|ms|before|after|admitted|instance`, `open|ms|n|commitment|seed`,
 /// `pause|ms|source`, `resume|ms|source`, `close|ms|source|message`, `clear|ms|source`,
 /// `schedule|ms|opens_at|prequeue_from|closes_at` (empty for none),
-/// `batch|ms|from|to|instance|reason` (from empty at the first decision).
+/// `batch|ms|from|to|instance|reason` (from empty at the first decision). A source is a
+/// [`crate::domain::SaleSource`] by its name; `None` for a row of another form (an unknown
+/// kind or source, a number that is none), which readers leave out.
 pub(super) fn decode_ledger_row(row: &str) -> Option<LedgerEntry> {
     let mut p = row.splitn(6, '|');
     let kind = p.next()?;
@@ -31,15 +33,15 @@ pub(super) fn decode_ledger_row(row: &str) -> Option<LedgerEntry> {
             seed_commitment: next()?,
             seed: next().unwrap_or_default(),
         },
-        "pause" => LedgerEntry::Pause { at_ms, source: next()? },
-        "resume" => LedgerEntry::Resume { at_ms, source: next()? },
+        "pause" => LedgerEntry::Pause { at_ms, source: next()?.parse().ok()? },
+        "resume" => LedgerEntry::Resume { at_ms, source: next()?.parse().ok()? },
         "close" => {
-            let source = next()?;
+            let source = next()?.parse().ok()?;
             // The message may hold '|': it is the rest of the row.
             let rest: Vec<String> = std::iter::from_fn(&mut next).collect();
             LedgerEntry::Close { at_ms, source, message: rest.join("|") }
         }
-        "clear" => LedgerEntry::Clear { at_ms, source: next()? },
+        "clear" => LedgerEntry::Clear { at_ms, source: next()?.parse().ok()? },
         "schedule" => {
             let opens_at_ms = next()?.parse().ok()?;
             let mut opt = || next().and_then(|v| v.parse().ok());
@@ -131,7 +133,7 @@ pub(super) fn decode_sale(fields: &HashMap<String, String>) -> Option<SaleRecord
         paused: fields.get("paused").is_some_and(|v| v == "1"),
         closed: fields.get("closed").is_some_and(|v| v == "1"),
         message: text("message"),
-        close_source: text("close_source"),
+        close_source: fields.get("close_source").and_then(|v| v.parse().ok()),
         prequeued: num("frozen"),
         opened_at_ms: num("opened_at"),
         resumed_at_ms: num("resumed_at"),
@@ -239,7 +241,7 @@ fn add(map: &mut BTreeMap<u64, u64>, tick: Option<u64>, n: Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{SaleReport, format_instant};
+    use crate::domain::{SaleReport, SaleSource, format_instant};
 
     #[test]
     fn ledger_rows_round_trip() {
@@ -255,8 +257,13 @@ mod tests {
         );
         assert_eq!(
             decode_ledger_row("close|7|purchase-api|Sold | out"),
-            Some(LedgerEntry::Close { at_ms: 7, source: "purchase-api".into(), message: "Sold | out".into() })
+            Some(LedgerEntry::Close { at_ms: 7, source: SaleSource::PurchaseApi, message: "Sold | out".into() })
         );
+        assert_eq!(
+            decode_ledger_row("pause|7|command"),
+            Some(LedgerEntry::Pause { at_ms: 7, source: SaleSource::Command })
+        );
+        assert_eq!(decode_ledger_row("pause|7|operator"), None, "an unknown source is no row");
         assert_eq!(decode_ledger_row("nonsense"), None);
         let row = encode_batch_row(9, None, 20, "host-1:7", "target: 10 / (1 − 0.50) | more");
         assert_eq!(

@@ -1,16 +1,18 @@
 //! The `virtual-queue.enabled` flag on Redis: reading and writing its hash (`flag_set.lua`,
-//! versions never reused) and the instances' acknowledgements (`flag_ack.lua`,
-//! `flag_acks.lua`; the value's form is the prelude's `ack_value`).
+//! versions never reused; the hash's form is `flag_form.rs`'s) and the instances'
+//! acknowledgements (`flag_ack.lua`, `flag_acks.lua`; the value's form is the prelude's
+//! `ack_value`).
 
 use std::collections::HashMap;
 
 use redis::AsyncCommands;
 
 use super::RedisStore;
+use super::flag_form::{FlagFields, decode_flag, encode_change};
 use super::keys;
 use super::scripts::{FLAG_ACK, FLAG_ACKS, FLAG_SET};
 use crate::domain::QueueTarget;
-use crate::domain::{FlagChange, FlagFields, FlagState};
+use crate::domain::{FlagChange, FlagState};
 use crate::store::FlagOps;
 use crate::store::rules::flag_version_floor;
 use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, StoreError};
@@ -37,15 +39,11 @@ impl FlagOps for RedisStore {
     async fn read_stored_flag(&self) -> Result<Option<FlagState>, StoreError> {
         // HGETALL of a missing key is empty; Redis deletes a hash whose last field goes.
         let fields: HashMap<String, String> = self.conn().hgetall(keys::FLAG).await?;
-        Ok((!fields.is_empty()).then(|| FlagState::from_fields(&fields)))
-    }
-
-    async fn write_flag(&self, set: Vec<(String, String)>, delete: Vec<String>) -> Result<u64, StoreError> {
-        self.write_flag_fields(FlagFields { set, delete, clear_overrides: false }).await
+        Ok((!fields.is_empty()).then(|| decode_flag(&fields)))
     }
 
     async fn change_flag(&self, change: FlagChange) -> Result<u64, StoreError> {
-        self.write_flag_fields(change.fields()).await
+        self.write_flag_fields(encode_change(change)).await
     }
 
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {

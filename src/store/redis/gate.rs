@@ -7,12 +7,8 @@ use super::keys;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
 use crate::domain::{PurchaseLimits, QueueTarget, UserId};
 use crate::store::GateOps;
+use crate::store::rules::PACE_GUARD_MS;
 use crate::store::{PaceSlot, StoreError, TokenClaim};
-
-/// The gate's pacing never reserves a tick that starts within this many ms (by Redis' clock):
-/// a purchase reserved in a tick must have the time to be forwarded and reach the purchase API
-/// inside that tick, so that it is counted in the tick it arrives in.
-pub const PACE_GUARD_MS: u64 = 50;
 
 impl GateOps for RedisStore {
     async fn claim_token(

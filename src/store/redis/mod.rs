@@ -31,6 +31,7 @@ mod events;
 mod fence;
 mod flag;
 mod flag_ack;
+mod flag_form;
 mod fleet;
 mod gate;
 mod holds;
@@ -43,7 +44,6 @@ mod scripts;
 mod shared_calls;
 mod view;
 
-pub use self::gate::PACE_GUARD_MS;
 pub use self::view::{TargetView, ViewSync};
 
 use std::sync::{Arc, Mutex, OnceLock};

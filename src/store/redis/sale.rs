@@ -12,7 +12,9 @@ use super::scripts::{
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
 };
-use crate::domain::{AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, TargetRecord, UserId};
+use crate::domain::{
+    AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, SaleSource, TargetRecord, UserId,
+};
 use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
 use crate::store::{EventOps, SaleOps};
 
@@ -34,13 +36,13 @@ impl RedisStore {
         &self,
         target: QueueTarget,
         action: &str,
-        source: &str,
+        source: SaleSource,
         message: &str,
         force: bool,
     ) -> Result<Vec<String>, StoreError> {
         Ok(on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
             .arg(action)
-            .arg(source)
+            .arg(source.as_str())
             .arg(message)
             .arg(self.limits.key_ttl_s)
             .arg(LEDGER_MAX_ROWS)
@@ -91,9 +93,9 @@ impl SaleOps for RedisStore {
 
     async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
         let (action, source, message) = match &control {
-            SaleControl::Pause => ("pause", "command", ""),
-            SaleControl::Resume => ("resume", "command", ""),
-            SaleControl::Close { message, source } => ("close", source.as_str(), message.as_str()),
+            SaleControl::Pause => ("pause", SaleSource::Command, ""),
+            SaleControl::Resume => ("resume", SaleSource::Command, ""),
+            SaleControl::Close { message, source } => ("close", *source, message.as_str()),
             SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
         };
         let r = self.sale_control(target, action, source, message, true).await?;
@@ -105,7 +107,7 @@ impl SaleOps for RedisStore {
     }
 
     async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
-        let r = self.sale_control(target, "clear", "command", "", force).await?;
+        let r = self.sale_control(target, "clear", SaleSource::Command, "", force).await?;
         let outcome = match num("sale_control.lua", &r, 0)? {
             1 => ClearOutcome::Cleared,
             0 => ClearOutcome::NoSale,

@@ -1,6 +1,7 @@
 //! What operators and instances write besides the queue: flag acknowledgements, batch sizes,
 //! the instances' reports.
 
+use vq::domain::FlagChange;
 use vq::store::FlagAck;
 
 use super::*;
@@ -35,7 +36,7 @@ async fn flag_acknowledgements_are_listed_by_instance_and_stay_listed_silent_onc
         assert_eq!(s.flag_acks().await.unwrap()[0].instance, "b");
         s.ack_flag(ack("b", 42, 3), 60_000).await.unwrap();
         assert_eq!(s.flag_acks().await.unwrap()[0].version, 42, "one acknowledgement per instance");
-        assert_eq!(s.write_flag(vec![("enabled".into(), "1".into())], vec![]).await.unwrap(), 43, "above every ack");
+        assert_eq!(s.change_flag(FlagChange::On { percent: 100 }).await.unwrap(), 43, "above every ack");
     })
     .await;
 }
@@ -73,7 +74,7 @@ async fn batch_sizes_are_set_and_cleared_globally_and_per_target() {
 /// target override in the same step (`clear_overrides`), so no target stays queued.
 #[tokio::test]
 async fn flag_changes_bump_the_version_and_the_rollback_clears_every_override() {
-    use vq::domain::{FlagChange, TargetOverride};
+    use vq::domain::TargetOverride;
     with_both(async |s, _| {
         s.ping().await.expect("the store answers");
         assert_eq!(s.read_stored_flag().await.unwrap(), None, "never written");

@@ -49,7 +49,7 @@ async fn the_sale_pre_queue_and_its_opening_order_agree_on_both_stores() {
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.prequeued, 5);
         let view = snap.sale.expect("sale");
-        assert_eq!(view.record.state_at(view.now_ms), "pre-queue");
+        assert_eq!(view.record.state_at(view.now_ms), vq::domain::SaleState::PreQueue);
         assert!(view.record.revealed_seed().is_none());
 
         time.pass(750).await;
@@ -186,7 +186,7 @@ async fn a_pause_without_a_schedule_holds_admission_but_makes_no_sale_phase_on_b
         assert!(!waiting(s.enter(t(), UserId::from(2), &"tok").await.unwrap()).paused);
         let view = s.read_sale(t()).await.unwrap().expect("a resumed sale keeps its record");
         assert!(!view.record.paused && view.record.resumed_at_ms.is_some(), "{view:?}");
-        assert_eq!(view.record.state_at(view.now_ms), "open");
+        assert_eq!(view.record.state_at(view.now_ms), vq::domain::SaleState::Open);
         time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 5, tick_ms).await.unwrap().admitted, 2);
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "the record is cleared");

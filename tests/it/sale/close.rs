@@ -88,7 +88,10 @@ async fn closes_at_closes_the_sale_and_the_ledger_says_by_schedule() {
     let pump = Pump::new(open_store(&s), s.clone(), "p".into());
     let _ = pump.tick().await.unwrap();
     let ledger = store.sale_ledger(target()).await.unwrap();
-    assert!(matches!(&ledger[0], vq::domain::LedgerEntry::Close { source, .. } if source == "schedule"), "{ledger:?}");
+    assert!(
+        matches!(&ledger[0], vq::domain::LedgerEntry::Close { source: vq::domain::SaleSource::Schedule, .. }),
+        "{ledger:?}"
+    );
 }
 
 #[tokio::test]
@@ -122,7 +125,7 @@ async fn the_purchase_api_closes_the_sale_with_its_header_which_the_buyer_never_
     let ledger = open_store(&s).sale_ledger(target()).await.unwrap();
     assert!(
         matches!(&ledger[0], vq::domain::LedgerEntry::Close { source, message, .. }
-            if source == "purchase-api" && message == "Sold out, sorry"),
+            if *source == vq::domain::SaleSource::PurchaseApi && message == "Sold out, sorry"),
         "{ledger:?}"
     );
 }

@@ -8,6 +8,7 @@ mod clear;
 mod close;
 mod opening;
 mod report;
+mod states;
 
 use std::collections::{HashMap, HashSet};
 use std::process::Output;
