@@ -368,8 +368,8 @@ pub async fn enter_round_robin(procs: &[VqProcess], target: &str, users: u64) {
     }
 }
 
-/// A script of `lua/` as vq sends it (`src/store/redis/scripts.rs`): every script has
-/// `lua/prelude.lua` in front.
+/// A script of `lua/` as vq sends it as EVALSHA where Redis refuses functions
+/// (`src/store/redis/scripts.rs`), and as its function's body runs: after `lua/prelude.lua`.
 pub fn lua_as_sent(script: &str) -> String {
     format!("{}\n{script}", include_str!("../../lua/prelude.lua"))
 }
