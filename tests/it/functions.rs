@@ -136,8 +136,8 @@ async fn function_flush_mid_run_fails_no_call() {
     assert_eq!(calls(&redis, "evalsha").await, 0);
 }
 
-/// A Redis that refuses functions (here an ACL: one user without `FUNCTION`, so the library
-/// cannot be loaded; one without `FCALL` either) gets every script as EVALSHA, and vq works.
+/// A Redis that refuses functions (an ACL: one user without `FUNCTION`, so the library cannot
+/// be loaded; one without `FCALL` either) gets every script as EVALSHA, and vq works.
 #[tokio::test]
 async fn where_redis_refuses_functions_scripts_go_as_evalsha() {
     let redis = RedisServer::spawn();
@@ -164,4 +164,16 @@ async fn where_redis_refuses_functions_scripts_go_as_evalsha() {
         assert!(calls(&redis, "evalsha").await >= before + 6, "{user}");
         assert!(libraries(&redis).await.is_empty(), "{user}");
     }
+}
+
+/// A Redis without the commands (as before 7.0: "unknown command"): the same.
+#[tokio::test]
+async fn where_redis_has_no_functions_scripts_go_as_evalsha() {
+    let redis = RedisServer::spawn_with(&["--rename-command", "FCALL", "", "--rename-command", "FUNCTION", ""]);
+    let store = open_store(&test_settings(Some(&redis)));
+    for u in 1..=3 {
+        assert_eq!(enter_waits(&store, u).await, u);
+        poll_waits(&store, u).await;
+    }
+    assert!(calls(&redis, "evalsha").await >= 6);
 }
