@@ -12,7 +12,9 @@ use vq::domain::{QueueTarget, UserId};
 use vq::store::prelude::*;
 use vq::store::{EnterOutcome, StatusOutcome};
 
-use crate::support::{RedisCluster, VqProcess, cluster_flag_on, cluster_settings, open_store, spawn_app, vq_command};
+use crate::support::{
+    RedisCluster, VqProcess, cluster_flag_on, cluster_settings, function_libraries, open_store, spawn_app, vq_command,
+};
 
 /// Targets whose keys live on every one of the three primaries, two per node.
 async fn targets_on_every_node(cluster: &RedisCluster) -> Vec<(QueueTarget, u16)> {
@@ -180,19 +182,7 @@ async fn the_library_is_loaded_on_each_node_that_lacks_it() {
 
 /// The names of the function libraries a node holds.
 async fn libraries(cluster: &RedisCluster, port: u16) -> Vec<String> {
-    let mut c = cluster.node_conn(port).await;
-    let list: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
-    list.iter()
-        .filter_map(|lib| match lib {
-            redis::Value::Array(fields) => fields.chunks(2).find_map(|kv| match kv {
-                [redis::Value::BulkString(k), redis::Value::BulkString(v)] if k == b"library_name" => {
-                    Some(String::from_utf8_lossy(v).into_owned())
-                }
-                _ => None,
-            }),
-            _ => None,
-        })
-        .collect()
+    function_libraries(&mut cluster.node_conn(port).await).await
 }
 
 /// Two `vq serve` processes in cluster mode acknowledge flag changes; `vq flag on` and

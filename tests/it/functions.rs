@@ -9,7 +9,7 @@ use vq::domain::{QueueTarget, UserId};
 use vq::store::prelude::*;
 use vq::store::{AnyStore, EnterOutcome, StatusOutcome};
 
-use crate::support::{RedisServer, open_store, test_settings, wait_until};
+use crate::support::{RedisServer, function_libraries, open_store, test_settings, wait_until};
 
 fn target() -> QueueTarget {
     "limited-drop:1".parse().expect("target")
@@ -17,19 +17,7 @@ fn target() -> QueueTarget {
 
 /// The function libraries the server holds, by name.
 async fn libraries(redis: &RedisServer) -> Vec<String> {
-    let mut c = redis.conn().await;
-    let list: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.expect("function list");
-    list.iter()
-        .filter_map(|lib| match lib {
-            redis::Value::Array(fields) => fields.chunks(2).find_map(|kv| match kv {
-                [redis::Value::BulkString(k), redis::Value::BulkString(v)] if k == b"library_name" => {
-                    Some(String::from_utf8_lossy(v).into_owned())
-                }
-                _ => None,
-            }),
-            _ => None,
-        })
-        .collect()
+    function_libraries(&mut redis.conn().await).await
 }
 
 /// Calls of `command` (`commandstats` name: `fcall`, `evalsha`, `function|load`) since start.
