@@ -1,5 +1,6 @@
--- prelude.lua: what the scripts share, written once. vq sends it in front of every script
--- (src/store/redis/scripts.rs); Redis scripts cannot load one another.
+-- prelude.lua: what the scripts share, written once. vq loads it once per Redis node, at the
+-- head of its library of functions (one per script), or sends it in front of a script where
+-- Redis refuses functions (src/store/redis/scripts.rs).
 --
 -- One clock: every time a script compares or stores (heartbeats, entry times, ticks, the
 -- sale's instants, expiries) is Redis' own TIME, never an instance's clock.

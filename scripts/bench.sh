@@ -372,7 +372,7 @@ wrk_scenario() {
     n=$(awk '/requests in/ {print $1}' <<<"$out")
     rps=$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out")
     LAST_RPS=$rps
-    calls=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}')
+    calls=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,]' '/^cmdstat_(evalsha|fcall):/ {c += $2} END {print c}')
     # The floor makes no script calls (what Redis counts then is vq's own background work).
     [[ "$name" != "HTTP floor"* ]] || calls=0
     read -r p50 p95 p99 < <(awk '/^percentiles us:/ {printf "%.2f %.2f %.2f\n", $3 / 1000, $4 / 1000, $5 / 1000}' <<<"$out")

@@ -1,6 +1,6 @@
 //! Redis Cluster mode against a real 3-primary cluster on loopback: targets whose slots live
-//! on different nodes are entered, admitted one batch per tick, polled and gated; scripts are
-//! reloaded on whichever node lost them; `vq flag off` is confirmed through the cluster; the
+//! on different nodes are entered, admitted one batch per tick, polled and gated; the function
+//! library is loaded on whichever node lacks it; `vq flag off` is confirmed through the cluster; the
 //! per-user count of queues spreads over the nodes and holds its limit.
 
 use std::collections::{BTreeMap, HashSet};
@@ -13,7 +13,7 @@ use vq::store::prelude::*;
 use vq::store::{EnterOutcome, StatusOutcome};
 
 use crate::support::{
-    RedisCluster, VqProcess, cluster_flag_on, cluster_settings, lua_as_sent, open_store, spawn_app, vq_command,
+    RedisCluster, VqProcess, cluster_flag_on, cluster_settings, function_libraries, open_store, spawn_app, vq_command,
 };
 
 /// Targets whose keys live on every one of the three primaries, two per node.
@@ -141,10 +141,12 @@ async fn targets_on_different_nodes_are_admitted_one_batch_per_tick_polled_and_g
     app.stop().await;
 }
 
-/// A fresh cluster has no script; after `SCRIPT FLUSH` on every node the store loads them
-/// again on whichever node the next call lands on.
+/// A fresh cluster holds no function: the library is loaded on each node the first call for
+/// one of its keys lands on. A node that loses it (`FUNCTION FLUSH`, as a node added to the
+/// cluster or a replica promoted without it) gets it again with its next call, while the
+/// others keep theirs.
 #[tokio::test]
-async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
+async fn the_library_is_loaded_on_each_node_that_lacks_it() {
     let cluster = RedisCluster::spawn();
     let targets = targets_on_every_node(&cluster).await;
     let store = open_store(&cluster_settings(&cluster));
@@ -154,9 +156,12 @@ async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
         );
     }
     for port in &cluster.ports {
-        let mut c = cluster.node_conn(*port).await;
-        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.unwrap();
+        assert_eq!(libraries(&cluster, *port).await.len(), 1, "node {port}");
     }
+    let flushed = targets[0].1;
+    let mut c = cluster.node_conn(flushed).await;
+    let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut c).await.unwrap();
+    let kept = libraries(&cluster, targets.iter().find(|(_, n)| *n != flushed).unwrap().1).await;
     for (t, _) in &targets {
         assert!(
             matches!(store.enter(*t, UserId::from(2), &"tok").await.unwrap(), EnterOutcome::Waiting(w) if w.seq == 2)
@@ -165,15 +170,19 @@ async fn scripts_are_loaded_again_on_each_node_after_a_flush() {
             matches!(store.status(*t, UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Waiting(w) if w.seq == 1)
         );
     }
-    // Each node now holds the scripts of the targets it serves.
-    for (_, node) in &targets {
-        let mut c = cluster.node_conn(*node).await;
-        let sha = redis::Script::new(&lua_as_sent(include_str!("../../lua/enter.lua"))).get_hash().to_owned();
-        let exists: Vec<u8> = redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).query_async(&mut c).await.unwrap();
-        assert_eq!(exists, vec![1], "enter.lua on node {node}");
+    // Every node holds the one library again, the same everywhere; no script went as EVALSHA.
+    for port in &cluster.ports {
+        assert_eq!(libraries(&cluster, *port).await, kept, "node {port}");
+        let mut c = cluster.node_conn(*port).await;
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+        assert!(info.contains("cmdstat_fcall:"), "node {port}: {info}");
+        assert!(!info.contains("cmdstat_evalsha:"), "node {port}: {info}");
     }
-    let active = store.active_targets().await.unwrap();
-    assert!(active.is_empty() || active.len() <= targets.len());
+}
+
+/// The names of the function libraries a node holds.
+async fn libraries(cluster: &RedisCluster, port: u16) -> Vec<String> {
+    function_libraries(&mut cluster.node_conn(port).await).await
 }
 
 /// Two `vq serve` processes in cluster mode acknowledge flag changes; `vq flag on` and

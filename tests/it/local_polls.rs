@@ -13,12 +13,12 @@ use crate::support::{RedisServer, TestApp, flag_on, spawn_app, test_settings};
 
 const T: &str = "limited-drop/1";
 
-/// Script calls Redis has run so far (`EVALSHA` and `EVAL`, from `INFO commandstats`).
+/// Script calls Redis has run so far (`FCALL`, `EVALSHA` and `EVAL`, from `INFO commandstats`).
 async fn script_calls(redis: &RedisServer) -> u64 {
     let mut c = redis.conn().await;
     let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"].iter().any(|c| l.starts_with(c)))
         .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
         .sum()
 }

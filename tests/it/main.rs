@@ -17,6 +17,7 @@ mod fleet;
 mod forward_auth;
 mod forwarding;
 mod forwarding_nginx;
+mod functions;
 pub mod gate;
 mod gate_paths;
 mod loadgen;

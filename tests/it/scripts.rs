@@ -228,7 +228,7 @@ async fn fences_raise_counters_redis_lost_and_never_lower_them() {
     assert!(ttl > 0, "a raised key keeps the sliding TTL: {ttl}");
 }
 
-/// Runs `body` after the prelude, as vq sends every script (`lua_as_sent`), with `keys` and
+/// Runs `body` after the prelude, as every script runs (`lua_as_sent`), with `keys` and
 /// `args`; the reply as integers.
 async fn prelude_eval(c: &mut MultiplexedConnection, body: &str, keys: &[String], args: &[String]) -> Vec<i64> {
     let script = redis::Script::new(&lua_as_sent(body));

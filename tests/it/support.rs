@@ -368,8 +368,24 @@ pub async fn enter_round_robin(procs: &[VqProcess], target: &str, users: u64) {
     }
 }
 
-/// A script of `lua/` as vq sends it (`src/store/redis/scripts.rs`): every script has
-/// `lua/prelude.lua` in front.
+/// A script of `lua/` as vq sends it as EVALSHA where Redis refuses functions
+/// (`src/store/redis/scripts.rs`), and as its function's body runs: after `lua/prelude.lua`.
 pub fn lua_as_sent(script: &str) -> String {
     format!("{}\n{script}", include_str!("../../lua/prelude.lua"))
+}
+
+/// The names of the function libraries the server on `c` holds (`FUNCTION LIST`).
+pub async fn function_libraries(c: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    let list: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query_async(c).await.expect("function list");
+    list.iter()
+        .filter_map(|lib| match lib {
+            redis::Value::Array(fields) => fields.chunks(2).find_map(|kv| match kv {
+                [redis::Value::BulkString(k), redis::Value::BulkString(v)] if k == b"library_name" => {
+                    Some(String::from_utf8_lossy(v).into_owned())
+                }
+                _ => None,
+            }),
+            _ => None,
+        })
+        .collect()
 }

@@ -1,28 +1,85 @@
 //! The connection every command goes through: one server (`ConnectionManager`) or a lazily
-//! opened cluster connection, behind one `ConnectionLike`.
+//! opened cluster connection, behind one `ConnectionLike`; and whether the server runs vq's
+//! scripts as functions.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 /// After a failed attempt to reach the cluster, commands fail at once for this long.
 pub(super) const CLUSTER_RETRY_AFTER: Duration = Duration::from_millis(500);
 
+/// After Redis refused functions (`FCALL` or `FUNCTION LOAD`: an older Redis, an ACL without
+/// them, a library that failed to load), scripts go as EVALSHA for this long, then functions
+/// are tried again (one refused call, answered through EVALSHA, per period).
+pub(super) const FUNCTIONS_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 /// The connection every command goes through: one server, or a cluster (each command routed
-/// to the node owning its key's slot; `SCRIPT LOAD` after NOSCRIPT goes to every primary).
+/// to the node owning its key's slot; `SCRIPT LOAD` after NOSCRIPT goes to every primary,
+/// `FUNCTION LOAD` to the node of the call's key, see `scripts.rs`).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) struct Conn {
+    link: Link,
+    /// Until when (ms since [`EPOCH`]) scripts go as EVALSHA; 0: as functions.
+    evalsha_until: Arc<AtomicU64>,
+}
+
+#[derive(Clone)]
+enum Link {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
 }
 
+/// The instant [`Conn::evalsha_until`] counts from.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn since_epoch_ms() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 impl Conn {
+    pub(super) fn single(conn: ConnectionManager) -> Self {
+        Self { link: Link::Single(conn), evalsha_until: Arc::default() }
+    }
+
+    pub(super) fn cluster(cluster: LazyCluster) -> Self {
+        Self { link: Link::Cluster(Arc::new(cluster)), evalsha_until: Arc::default() }
+    }
+
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, Conn::Cluster(_))
+        matches!(self.link, Link::Cluster(_))
+    }
+
+    /// Whether scripts go as functions (`FCALL`) now, rather than as EVALSHA.
+    pub(super) fn runs_functions(&self) -> bool {
+        let until = self.evalsha_until.load(Ordering::Relaxed);
+        until == 0 || since_epoch_ms() >= until
+    }
+
+    /// Redis refused functions: EVALSHA for [`FUNCTIONS_RETRY_AFTER`].
+    pub(super) fn refuse_functions(&self) {
+        let until = since_epoch_ms().saturating_add(FUNCTIONS_RETRY_AFTER.as_millis() as u64);
+        self.evalsha_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Sends `cmd` to the node that serves `key` (a cluster's primary of its slot; the one
+    /// server otherwise); an error reply is an error.
+    pub(super) async fn on_node_of(&mut self, key: Option<&[u8]>, cmd: &Cmd) -> RedisResult<Value> {
+        let reply = match (&self.link, key) {
+            (Link::Cluster(lazy), Some(key)) => {
+                let mut c = lazy.get().await?;
+                let route = Route::with_key(key, SlotAddr::Master);
+                c.route_command(cmd.clone(), RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))).await
+            }
+            _ => self.req_packed_command(cmd).await,
+        };
+        reply.and_then(Value::extract_error)
     }
 }
 
@@ -73,9 +130,9 @@ fn io_error(kind: std::io::ErrorKind, msg: &'static str) -> RedisError {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(lazy) => Box::pin(async move {
+        match &mut self.link {
+            Link::Single(c) => c.req_packed_command(cmd),
+            Link::Cluster(lazy) => Box::pin(async move {
                 let mut c = lazy.get().await?;
                 c.req_packed_command(cmd).await
             }),
@@ -88,9 +145,9 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(lazy) => Box::pin(async move {
+        match &mut self.link {
+            Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(lazy) => Box::pin(async move {
                 let mut c = lazy.get().await?;
                 c.req_packed_commands(pipeline, offset, count).await
             }),
@@ -98,9 +155,9 @@ impl ConnectionLike for Conn {
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(_) => 0,
+        match &self.link {
+            Link::Single(c) => c.get_db(),
+            Link::Cluster(_) => 0,
         }
     }
 }

@@ -3,18 +3,14 @@
 //! (`queue:events`); the webhooks' cursors (one HASH) and delivery leases
 //! (`lua/events_lease.lua`).
 
-use std::sync::LazyLock;
-
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
 
 use super::RedisStore;
 use super::codec;
 use super::keys;
+use super::scripts::EVENTS_LEASE;
 use crate::domain::{Event, EventId, EventKind, EventLog, QueueTarget};
 use crate::store::{EventOps, StoreError};
-
-/// The lease script: it needs nothing of the prelude.
-static EVENTS_LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../../lua/events_lease.lua")));
 
 fn cursor_field(subscriber: &str, log: EventLog) -> String {
     format!("{subscriber}|{}", log.name())

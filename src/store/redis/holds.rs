@@ -14,7 +14,7 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
-use super::scripts::{USER_HOLD, eval_hot};
+use super::scripts::USER_HOLD;
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::StoreError;
@@ -76,7 +76,7 @@ fn bucket_of(user: &UserId, buckets: u32) -> u32 {
 
 /// Sends one bucket's queued entries as one `user_hold.lua` call and answers each job (left out:
 /// jobs whose caller gave up before the call went out, as in `shared_calls.rs`).
-async fn execute(conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Vec<HoldJob>) {
+async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Vec<HoldJob>) {
     let (stale, jobs): (Vec<HoldJob>, Vec<HoldJob>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
@@ -84,8 +84,7 @@ async fn execute(conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Ve
     if jobs.is_empty() {
         return;
     }
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(USER_HOLD.get_hash()).arg(3);
+    let mut cmd = USER_HOLD.cmd(&conn, 3);
     for g in [generation.saturating_sub(1), generation, generation + 1] {
         cmd.arg(keys::user_holds(bucket, g));
     }
@@ -97,7 +96,10 @@ async fn execute(conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Ve
             HoldOp::Drop => cmd.arg(job.target.to_string()),
         };
     }
-    let answers = eval_hot::<Value>(conn, &USER_HOLD, &cmd).await.and_then(|reply| parse(reply, jobs.len()));
+    let answers = match USER_HOLD.call::<Value>(&mut conn, &cmd).await {
+        Ok(reply) => parse(reply, jobs.len()),
+        Err(e) => Err(e.into()),
+    };
     match answers {
         Ok(answers) => {
             for (job, answer) in jobs.into_iter().zip(answers) {

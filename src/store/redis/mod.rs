@@ -97,7 +97,7 @@ impl RedisStore {
         let waits = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         let pulse = Pulse::start(&[url.to_owned()], false)?;
-        Ok(Self::assemble(Conn::Single(conn), Conn::Single(waits), limits, pulse))
+        Ok(Self::assemble(Conn::single(conn), Conn::single(waits), limits, pulse))
     }
 
     /// Redis Cluster mode: `nodes` are some of the cluster's nodes (`redis://host:port`), the
@@ -114,9 +114,9 @@ impl RedisStore {
         let lazy =
             |client| LazyCluster { client, conn: tokio::sync::OnceCell::new(), failed_at: Mutex::new(None), timeout };
         // Connections of their own (one per node) for WAIT, which blocks the one it is sent on.
-        let waits = Conn::Cluster(Arc::new(lazy(client.clone())));
+        let waits = Conn::cluster(lazy(client.clone()));
         let pulse = Pulse::start(nodes, true)?;
-        Ok(Self::assemble(Conn::Cluster(Arc::new(lazy(client))), waits, limits, pulse))
+        Ok(Self::assemble(Conn::cluster(lazy(client)), waits, limits, pulse))
     }
 
     /// The store on its connections: `conn` for the scripts, `waits` for WAIT alone.

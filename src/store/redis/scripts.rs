@@ -1,30 +1,300 @@
 //! The Lua scripts (one per atomic operation, see `lua/`), how they are run, and the
 //! helpers that read their replies.
 //!
+//! Every script runs as a Redis function of one library, [`LIBRARY`], generated here from
+//! `lua/`: `lua/prelude.lua` once (its definitions are made when the library loads, on each
+//! node, not on every call), then each script as the body of a function. The library's name
+//! carries a hash of its text (`vq_<hash>`, its functions `vq_<hash>_<script>`), so two vq
+//! versions on one Redis never collide and a changed script is a new library. The library is
+//! loaded when a call finds it missing (a new node, a restart, `FUNCTION FLUSH`), on the node
+//! that serves the call's key. Where Redis refuses functions (an older Redis, an ACL without
+//! `FCALL` or `FUNCTION`), each script goes as EVALSHA of the prelude and the script, as text.
+//!
 //! Written once on each side and checked against each other by the tests below: the reply
 //! codes ([`Code`], the `local` constants of `lua/prelude.lua`), and each script's KEYS order
-//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header). Every script is sent with
-//! `lua/prelude.lua` in front, where the rules they share live, Redis' clock (`now_ms`) first.
+//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header).
 
+use std::fmt::Write as _;
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
 use super::conn::Conn;
 use super::keys;
 use crate::domain::QueueTarget;
 use crate::store::StoreError;
 
-/// The prelude and a script, as one text.
-macro_rules! with_prelude {
+macro_rules! lua {
     ($file:literal) => {
-        concat!(include_str!("../../../lua/prelude.lua"), "\n", include_str!(concat!("../../../lua/", $file)))
+        include_str!(concat!("../../../lua/", $file))
     };
 }
 
-pub(super) static ENTER: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("enter.lua")));
-pub(super) static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("status.lua")));
-pub(super) static ISSUE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("issue.lua")));
+const PRELUDE: &str = lua!("prelude.lua");
+
+/// One script of `lua/` and how it runs as a function.
+struct Def {
+    /// The file's name; its stem names the function.
+    file: &'static str,
+    body: &'static str,
+    /// Whether its EVALSHA form has the prelude in front (`events_lease.lua` needs none of it).
+    prelude: bool,
+    /// The function's flags. Redis refuses a function without flags while it is out of memory
+    /// (`maxmemory`), where it ran an EVAL script up to its first write that needs memory:
+    /// `allow-oom` for the scripts that EVAL ran there on some path (their first write frees
+    /// memory: a purchase's claim and its release, a leave, the tokens' expiry, the
+    /// acknowledgements' sweep, a flag or sale control an operator needs then); `no-writes`
+    /// for those that only read.
+    flags: &'static [&'static str],
+}
+
+const ALLOW_OOM: &[&str] = &["allow-oom"];
+const NO_WRITES: &[&str] = &["no-writes"];
+
+macro_rules! def {
+    ($file:literal) => {
+        def!($file, &[])
+    };
+    ($file:literal, $flags:expr) => {
+        Def { file: $file, body: lua!($file), prelude: true, flags: $flags }
+    };
+}
+
+/// Every script vq runs.
+const DEFS: &[Def] = &[
+    def!("active_count.lua", NO_WRITES),
+    def!("admit.lua"),
+    def!("enter.lua"),
+    Def { file: "events_lease.lua", body: lua!("events_lease.lua"), prelude: false, flags: &[] },
+    def!("evict.lua"),
+    def!("flag_ack.lua"),
+    def!("flag_acks.lua", ALLOW_OOM),
+    def!("flag_set.lua", ALLOW_OOM),
+    def!("gate_pace.lua"),
+    def!("issue.lua"),
+    def!("leave.lua", ALLOW_OOM),
+    def!("outflow_claim.lua"),
+    def!("outflow_observe.lua"),
+    def!("outflow_set.lua"),
+    def!("sale_control.lua", ALLOW_OOM),
+    def!("sale_place.lua"),
+    def!("sale_read.lua", NO_WRITES),
+    def!("sale_schedule.lua"),
+    def!("status.lua"),
+    def!("token_claim.lua", ALLOW_OOM),
+    def!("token_release.lua", ALLOW_OOM),
+    def!("tokens_expire.lua", ALLOW_OOM),
+    def!("user_hold.lua"),
+    def!("view.lua"),
+];
+
+/// The one library of functions: its name and text (`FUNCTION LOAD`).
+pub(super) struct Library {
+    pub(super) name: String,
+    pub(super) text: String,
+}
+
+pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| Library::of(PRELUDE, DEFS));
+
+impl Library {
+    /// The library of `defs` after `prelude`, named by a hash of its text.
+    fn of(prelude: &str, defs: &[Def]) -> Self {
+        let hash = Script::new(&library_text("vq", prelude, defs)).get_hash()[..16].to_owned();
+        let name = format!("vq_{hash}");
+        Self { text: library_text(&name, prelude, defs), name }
+    }
+}
+
+/// The library's text: the prelude once, then each script as a function's body. `KEYS` and
+/// `ARGV` are locals of the library that each call sets first, so the prelude's helpers and the
+/// bodies read them as they read EVAL's globals.
+fn library_text(name: &str, prelude: &str, defs: &[Def]) -> String {
+    let mut text = format!(
+        "#!lua name={name}\n-- vq's scripts (lua/) as functions, generated by src/store/redis/scripts.rs\n\
+         local KEYS, ARGV\n{prelude}\n"
+    );
+    for def in defs {
+        let flags: Vec<String> = def.flags.iter().map(|f| format!("'{f}'")).collect();
+        let _ = write!(
+            text,
+            "redis.register_function{{function_name = '{name}_{stem}', flags = {{{flags}}}, \
+             callback = function(keys, argv)\nKEYS, ARGV = keys, argv\n{body}\nend}}\n",
+            stem = stem(def.file),
+            flags = flags.join(", "),
+            body = def.body,
+        );
+    }
+    text
+}
+
+fn stem(file: &str) -> &str {
+    file.strip_suffix(".lua").unwrap_or(file)
+}
+
+/// One script as vq runs it: a function of [`LIBRARY`], or, where Redis refuses functions, the
+/// same text (the prelude and the script) as EVALSHA. Called as `redis::Script` is.
+pub(super) struct Function {
+    /// `vq_<hash>_<stem>`.
+    name: String,
+    script: Script,
+}
+
+impl Function {
+    fn of(file: &str) -> Self {
+        let def = DEFS.iter().find(|d| d.file == file).expect("every script vq runs is in DEFS");
+        let text = if def.prelude { format!("{PRELUDE}\n{}", def.body) } else { def.body.to_owned() };
+        Self { name: format!("{}_{}", LIBRARY.name, stem(file)), script: Script::new(&text) }
+    }
+
+    pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
+        Invocation { function: self, keys: Vec::new(), args: Vec::new() }
+    }
+
+    pub(super) fn key<T: ToRedisArgs>(&self, key: T) -> Invocation<'_> {
+        let mut inv = self.prepare_invoke();
+        inv.key(key);
+        inv
+    }
+
+    /// A call of this script with `numkeys` keys, as `conn` runs scripts now (`FCALL`, or
+    /// `EVALSHA` where functions are refused); its keys, then its arguments, follow.
+    pub(super) fn cmd(&self, conn: &Conn, numkeys: usize) -> Cmd {
+        let mut cmd = if conn.runs_functions() {
+            let mut c = redis::cmd("FCALL");
+            c.arg(&self.name);
+            c
+        } else {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(self.script.get_hash());
+            c
+        };
+        cmd.arg(numkeys);
+        cmd
+    }
+
+    /// Runs `cmd` (from [`Function::cmd`]). A function missing on the node (a new node, a
+    /// restart, `FUNCTION FLUSH`) loads the library there and runs again; functions refused,
+    /// it runs as EVALSHA, which loads the script on NOSCRIPT.
+    pub(super) async fn call<T: FromRedisValue>(&self, conn: &mut Conn, cmd: &Cmd) -> RedisResult<T> {
+        if !is_fcall(cmd) {
+            return self.evalsha(conn, cmd).await;
+        }
+        match cmd.query_async(conn).await {
+            Err(e) if function_missing(&e) => match load_library(conn, first_key(cmd)).await {
+                Ok(()) => cmd.query_async(conn).await,
+                Err(e) => {
+                    tracing::warn!("redis did not load vq's functions ({e}): scripts go as EVALSHA for a while");
+                    conn.refuse_functions();
+                    self.evalsha(conn, &self.as_evalsha(cmd)).await
+                }
+            },
+            Err(e) if functions_refused(&e) => {
+                tracing::warn!("redis refuses functions ({e}): scripts go as EVALSHA for a while");
+                conn.refuse_functions();
+                self.evalsha(conn, &self.as_evalsha(cmd)).await
+            }
+            other => other,
+        }
+    }
+
+    /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
+    /// script and runs it again.
+    async fn evalsha<T: FromRedisValue>(&self, conn: &mut Conn, cmd: &Cmd) -> RedisResult<T> {
+        match cmd.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// The EVALSHA of an FCALL's keys and arguments.
+    fn as_evalsha(&self, fcall: &Cmd) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash());
+        for arg in fcall.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
+    }
+}
+
+fn is_fcall(cmd: &Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(b"FCALL")))
+}
+
+/// The first key of a script call (`FCALL name numkeys key…`), if it has one.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().skip(2);
+    let numkeys = match args.next() {
+        Some(redis::Arg::Simple(n)) => std::str::from_utf8(n).ok()?.parse::<usize>().ok()?,
+        _ => return None,
+    };
+    match args.next() {
+        Some(redis::Arg::Simple(key)) if numkeys > 0 => Some(key),
+        _ => None,
+    }
+}
+
+/// `FCALL` of a function the node does not hold.
+fn function_missing(e: &RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// `FCALL` refused outright: a Redis without functions, or an ACL without them.
+fn functions_refused(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || (e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("unknown command")))
+}
+
+/// Loads [`LIBRARY`] on the node that serves `key`; the library already there (another call
+/// loaded it first) is no failure.
+async fn load_library(conn: &mut Conn, key: Option<&[u8]>) -> RedisResult<()> {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD").arg(&LIBRARY.text);
+    match conn.on_node_of(key, &cmd).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// An invocation of a [`Function`]: its keys and arguments, as `redis::ScriptInvocation`'s.
+pub(super) struct Invocation<'a> {
+    function: &'a Function,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    pub(super) async fn invoke_async<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+        let mut cmd = self.function.cmd(conn, self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k.as_slice());
+        }
+        for a in &self.args {
+            cmd.arg(a.as_slice());
+        }
+        self.function.call(conn, &cmd).await
+    }
+}
+
+pub(super) static ENTER: LazyLock<Function> = LazyLock::new(|| Function::of("enter.lua"));
+pub(super) static STATUS: LazyLock<Function> = LazyLock::new(|| Function::of("status.lua"));
+pub(super) static ISSUE: LazyLock<Function> = LazyLock::new(|| Function::of("issue.lua"));
 
 /// `domain::stats::WAIT_BUCKETS` as `admit.lua` takes it (ARGV[11]): "below:width ...".
 pub(super) static WAIT_BUCKET_EDGES: LazyLock<String> = LazyLock::new(|| {
@@ -72,7 +342,7 @@ pub(super) const SALE_PLACE_KEYS: &[&str] =
     &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
 
 /// An invocation of `script` with `target`'s keys `names`, in that order.
-pub(super) fn on_target<'a>(script: &'a Script, target: QueueTarget, names: &[&str]) -> ScriptInvocation<'a> {
+pub(super) fn on_target<'a>(script: &'a Function, target: QueueTarget, names: &[&str]) -> Invocation<'a> {
     let mut inv = script.prepare_invoke();
     for name in names {
         inv.key(keys::of(target, name));
@@ -101,43 +371,27 @@ impl Code {
         u8::try_from(n).ok().and_then(Code::from_repr)
     }
 }
-pub(super) static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("leave.lua")));
-pub(super) static ADMIT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("admit.lua")));
-pub(super) static EVICT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("evict.lua")));
-pub(super) static TOKEN_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("token_claim.lua")));
-pub(super) static TOKEN_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("token_release.lua")));
-pub(super) static GATE_PACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("gate_pace.lua")));
-pub(super) static FLAG_SET: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_set.lua")));
-pub(super) static FLAG_ACK: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_ack.lua")));
-pub(super) static FLAG_ACKS: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("flag_acks.lua")));
-pub(super) static SALE_SCHEDULE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_schedule.lua")));
-pub(super) static SALE_CONTROL: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_control.lua")));
-pub(super) static SALE_PLACE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_place.lua")));
-pub(super) static SALE_READ: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("sale_read.lua")));
-pub(super) static TOKENS_EXPIRE: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("tokens_expire.lua")));
-pub(super) static ACTIVE_COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("active_count.lua")));
-pub(super) static OUTFLOW_SET: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_set.lua")));
-pub(super) static OUTFLOW_OBSERVE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(with_prelude!("outflow_observe.lua")));
-pub(super) static OUTFLOW_CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("outflow_claim.lua")));
-pub(super) static USER_HOLD: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("user_hold.lua")));
-pub(super) static VIEW: LazyLock<Script> = LazyLock::new(|| Script::new(with_prelude!("view.lua")));
-
-/// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
-/// script and runs it again.
-pub(super) async fn eval_hot<T: redis::FromRedisValue>(
-    mut conn: Conn,
-    script: &Script,
-    cmd: &redis::Cmd,
-) -> Result<T, StoreError> {
-    match cmd.query_async(&mut conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(&mut conn).await?;
-            Ok(cmd.query_async(&mut conn).await?)
-        }
-        other => Ok(other?),
-    }
-}
+pub(super) static LEAVE: LazyLock<Function> = LazyLock::new(|| Function::of("leave.lua"));
+pub(super) static ADMIT: LazyLock<Function> = LazyLock::new(|| Function::of("admit.lua"));
+pub(super) static EVICT: LazyLock<Function> = LazyLock::new(|| Function::of("evict.lua"));
+pub(super) static TOKEN_CLAIM: LazyLock<Function> = LazyLock::new(|| Function::of("token_claim.lua"));
+pub(super) static TOKEN_RELEASE: LazyLock<Function> = LazyLock::new(|| Function::of("token_release.lua"));
+pub(super) static GATE_PACE: LazyLock<Function> = LazyLock::new(|| Function::of("gate_pace.lua"));
+pub(super) static FLAG_SET: LazyLock<Function> = LazyLock::new(|| Function::of("flag_set.lua"));
+pub(super) static FLAG_ACK: LazyLock<Function> = LazyLock::new(|| Function::of("flag_ack.lua"));
+pub(super) static FLAG_ACKS: LazyLock<Function> = LazyLock::new(|| Function::of("flag_acks.lua"));
+pub(super) static SALE_SCHEDULE: LazyLock<Function> = LazyLock::new(|| Function::of("sale_schedule.lua"));
+pub(super) static SALE_CONTROL: LazyLock<Function> = LazyLock::new(|| Function::of("sale_control.lua"));
+pub(super) static SALE_PLACE: LazyLock<Function> = LazyLock::new(|| Function::of("sale_place.lua"));
+pub(super) static SALE_READ: LazyLock<Function> = LazyLock::new(|| Function::of("sale_read.lua"));
+pub(super) static TOKENS_EXPIRE: LazyLock<Function> = LazyLock::new(|| Function::of("tokens_expire.lua"));
+pub(super) static ACTIVE_COUNT: LazyLock<Function> = LazyLock::new(|| Function::of("active_count.lua"));
+pub(super) static OUTFLOW_SET: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_set.lua"));
+pub(super) static OUTFLOW_OBSERVE: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_observe.lua"));
+pub(super) static OUTFLOW_CLAIM: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_claim.lua"));
+pub(super) static USER_HOLD: LazyLock<Function> = LazyLock::new(|| Function::of("user_hold.lua"));
+pub(super) static VIEW: LazyLock<Function> = LazyLock::new(|| Function::of("view.lua"));
+pub(super) static EVENTS_LEASE: LazyLock<Function> = LazyLock::new(|| Function::of("events_lease.lua"));
 
 pub(super) fn reply_err(what: &'static str, reply: &[String]) -> StoreError {
     StoreError::Reply { what, detail: format!("{reply:?}") }
@@ -151,8 +405,6 @@ pub(super) fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64,
 mod tests {
     use super::*;
 
-    const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
-
     /// `local NAME = n` lines of the prelude.
     fn lua_constants() -> Vec<(String, u64)> {
         PRELUDE
@@ -160,6 +412,60 @@ mod tests {
             .filter_map(|l| l.strip_prefix("local ")?.split_once(" = "))
             .filter_map(|(name, v)| Some((name.to_owned(), v.trim().parse().ok()?)))
             .collect()
+    }
+
+    #[test]
+    fn the_library_is_named_by_its_text_and_names_its_functions_after_itself() {
+        assert_eq!(Library::of(PRELUDE, DEFS).name, LIBRARY.name);
+        assert!(LIBRARY.text.starts_with(&format!("#!lua name={}\n", LIBRARY.name)));
+        assert!(ENTER.name.starts_with(&LIBRARY.name) && ENTER.name.ends_with("_enter"), "{}", ENTER.name);
+        assert!(LIBRARY.text.contains(&format!("function_name = '{}'", ENTER.name)));
+        // A script's text changed by one character, or the prelude's, is another library.
+        let changed: Vec<Def> = DEFS
+            .iter()
+            .map(|d| Def {
+                file: d.file,
+                body: if d.file == "view.lua" { Box::leak(format!("{} ", d.body).into_boxed_str()) } else { d.body },
+                prelude: d.prelude,
+                flags: d.flags,
+            })
+            .collect();
+        let other = Library::of(PRELUDE, &changed);
+        assert_ne!(other.name, LIBRARY.name);
+        assert!(other.text.contains(&format!("function_name = '{}_enter'", other.name)));
+        assert_ne!(Library::of(&format!("{PRELUDE}\n"), DEFS).name, LIBRARY.name);
+    }
+
+    #[test]
+    fn every_script_in_lua_is_a_function_of_the_library() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("lua/")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".lua") && f != "prelude.lua")
+            .collect();
+        files.sort();
+        let defs: Vec<&str> = DEFS.iter().map(|d| d.file).collect();
+        assert_eq!(defs, files, "DEFS lists every script of lua/, in order");
+        for d in DEFS {
+            assert_eq!(
+                d.body,
+                std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua").join(d.file))
+                    .expect("script")
+            );
+        }
+    }
+
+    /// A `no-writes` function fails on its first write: those scripts only read.
+    #[test]
+    fn no_writes_scripts_only_read() {
+        const READS: &[&str] = &["GET", "ZCOUNT", "ZCARD", "HGETALL", "HMGET", "MGET", "TIME"];
+        for d in DEFS.iter().filter(|d| d.flags == NO_WRITES) {
+            for call in d.body.split("redis.call('").skip(1) {
+                let command = call.split('\'').next().unwrap_or_default();
+                assert!(READS.contains(&command), "{}: {command}", d.file);
+            }
+        }
     }
 
     #[test]

@@ -6,12 +6,12 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use redis::{Script, Value};
+use redis::Value;
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
 use super::fence::Fences;
-use super::scripts::{Code, ENTER, ENTER_KEYS, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, eval_hot, on_target};
+use super::scripts::{Code, ENTER, ENTER_KEYS, Function, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, on_target};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
@@ -106,7 +106,7 @@ async fn execute(
         return;
     }
     let fence = fences.fence(target);
-    let (script, what, names, head): (&Script, _, &[&str], &[u64]) = match op {
+    let (script, what, names, head): (&Function, _, &[&str], &[u64]) = match op {
         Op::Enter => (
             &ENTER,
             "enter.lua",
@@ -124,8 +124,8 @@ async fn execute(
         ),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
     };
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(names.len() + jobs.len() + SALE_KEYS.len());
+    let mut conn = conn;
+    let mut cmd = script.cmd(&conn, names.len() + jobs.len() + SALE_KEYS.len());
     let prefix = keys::of(target, "");
     let mut key = String::with_capacity(prefix.len() + 24);
     for name in names {
@@ -148,8 +148,10 @@ async fn execute(
     for job in &jobs {
         cmd.arg(job.user.as_str());
     }
-    let answers =
-        eval_hot::<Value>(conn, script, &cmd).await.and_then(|reply| parse_answers(what, reply, jobs.len(), true));
+    let answers = match script.call::<Value>(&mut conn, &cmd).await {
+        Ok(reply) => parse_answers(what, reply, jobs.len(), true),
+        Err(e) => Err(e.into()),
+    };
     match answers {
         Ok((answers, seen)) => {
             let seq = (op == Op::Enter).then_some(seen.seq);

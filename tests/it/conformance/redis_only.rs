@@ -66,7 +66,7 @@ async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
     let mut c = redis.conn().await;
     let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
     let calls: u64 =
-        stats.lines().find_map(|l| l.strip_prefix("cmdstat_evalsha:calls=")?.split(',').next()?.parse().ok()).unwrap();
+        stats.lines().find_map(|l| l.strip_prefix("cmdstat_fcall:calls=")?.split(',').next()?.parse().ok()).unwrap();
     assert!(calls < 400, "800 enters and polls went out in {calls} script calls: they were not coalesced");
 }
 

@@ -37,6 +37,18 @@ impl RedisServer {
         self.child.as_ref().expect("a running redis-server").id()
     }
 
+    /// On a free port, with more `redis-server` arguments (`--rename-command FCALL ""`, …).
+    pub fn spawn_with(extra: &[&str]) -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match Self::try_spawn_with(free_port(), extra) {
+                Ok(server) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server did not start on five free ports; last: {last}");
+    }
+
     pub fn spawn_on(port: u16) -> Self {
         Self::try_spawn_on(port).unwrap_or_else(|e| panic!("{e}"))
     }
