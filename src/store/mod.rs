@@ -42,6 +42,7 @@ pub use self::memory::MemoryStore;
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};
+pub use self::redis::slices;
 pub use self::redis::{PACE_GUARD_MS, RedisStore, TargetView, ViewSync, keys};
 pub use self::rules::LEDGER_MAX_ROWS;
 pub use self::sale::SaleOps;

@@ -41,6 +41,7 @@ mod queue;
 mod sale;
 mod scripts;
 mod shared_calls;
+pub mod slices;
 mod view;
 
 pub use self::gate::PACE_GUARD_MS;

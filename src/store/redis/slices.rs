@@ -1,0 +1,17 @@
+//! How many users one script call walks, for the scripts whose work grows with the queue: each
+//! bound keeps one call at or under about 1 ms of Redis time (measured per user, see
+//! docs/benchmarks.md "One call never blocks the node"), so the commands of other targets and
+//! the hot path never wait behind a long one. The caller repeats the call until the work is
+//! done; what a script keeps across its calls is in its header.
+//!
+//! Eviction's and the opening's placement slices are the pump's (`pump::EVICT_SLICE`,
+//! `pump::OPENING_CHUNK`): they are what the pump asks of any store.
+
+/// Most users one `admit.lua` call admits: a bigger batch takes several calls in its tick.
+pub const ADMIT_SLICE: u64 = 500;
+
+/// Most members of the frozen pre-queue one read of the opening returns.
+pub const OPENING_READ_SLICE: u64 = 2000;
+
+/// Most expired tokens one `tokens_expire.lua` call counts and removes.
+pub const TOKENS_EXPIRE_SLICE: u64 = 1000;
