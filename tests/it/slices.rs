@@ -1,14 +1,16 @@
-//! No Redis call walks the whole queue: admission and the count of expired tokens go in calls
-//! of a bounded number of users (`vq::store::slices`), repeated until the work is done, and every invariant holds across the calls (one batch per tick, whatever the
+//! No Redis call walks the whole queue: admission, the heartbeat flush and the count of expired
+//! tokens go in calls of a bounded number of users (`vq::store::slices`), repeated until the
+//! work is done, and every invariant holds across the calls (one batch per tick, whatever the
 //! instances, and a caller that stops mid-tick blocks nobody). Counted, never timed.
 
 use std::sync::Arc;
 
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use vq::domain::QueueTarget;
+use vq::domain::{QueueTarget, UserId};
 use vq::store::prelude::*;
-use vq::store::slices::{ADMIT_SLICE, TOKENS_EXPIRE_SLICE};
+use vq::store::slices::{ADMIT_SLICE, TOKENS_EXPIRE_SLICE, VIEW_DEPARTED_MAX, VIEW_USERS_PER_CALL};
+use vq::store::{AnyStore, RedisStore};
 
 use crate::support::{RedisServer, lua_as_sent, next_tick, open_store, test_settings, tick_room};
 
@@ -57,6 +59,13 @@ async fn calls(c: &mut MultiplexedConnection, command: &str) -> u64 {
         line.split(',').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
     };
     field("calls") - field("failed_calls")
+}
+
+fn redis_store(store: &AnyStore) -> &RedisStore {
+    match store {
+        AnyStore::Redis(r) => r,
+        AnyStore::Memory(_) => panic!("a Redis store"),
+    }
 }
 
 #[tokio::test]
@@ -169,6 +178,45 @@ async fn a_caller_stopping_mid_tick_blocks_nobody_and_its_continuation_ends_with
     assert_eq!((admitted, slices), (batch, 3));
     let mark: u64 = c.get(format!("{P}admitted_count")).await.unwrap();
     assert_eq!(mark, 2 * ADMIT_SLICE + batch);
+}
+
+#[tokio::test]
+async fn a_heartbeat_flush_of_many_users_goes_in_calls_of_a_bounded_size() {
+    let redis = RedisServer::spawn();
+    let s = test_settings(Some(&redis));
+    let n = 2 * VIEW_USERS_PER_CALL as u64 + 7;
+    load_waiting(&redis, n, 1000).await;
+    let store = open_store(&s);
+    let users: Vec<UserId> = (1..=n).map(UserId::from).collect();
+    let mut c = redis.conn().await;
+    reset_stats(&mut c).await;
+    let sync = redis_store(&store).sync_view(target(), &users).await.unwrap();
+    assert!(sync.gone.is_empty(), "{:?}", sync.gone);
+    assert_eq!(calls(&mut c, "evalsha").await, 3, "two full calls and one of 7 users");
+    let stale: u64 = c.zcount(format!("{P}heartbeat"), "-inf", 1000).await.unwrap();
+    assert_eq!(stale, 0, "every user's heartbeat written");
+}
+
+#[tokio::test]
+async fn a_copy_of_a_queue_many_users_left_holds_the_lowest_departed_and_says_so() {
+    let redis = RedisServer::spawn();
+    let s = test_settings(Some(&redis));
+    load_waiting(&redis, 10, 1000).await;
+    let store = open_store(&s);
+    let mut c = redis.conn().await;
+    let left = VIEW_DEPARTED_MAX as u64 + 10;
+    let seqs: Vec<(u64, u64)> = (11..11 + left).map(|s| (s, s)).collect();
+    for part in seqs.chunks(1000) {
+        let _: u64 = c.zadd_multiple(format!("{P}departed"), part).await.unwrap();
+    }
+    let view = redis_store(&store).sync_view(target(), &[]).await.unwrap().view;
+    assert_eq!(view.departed.len(), VIEW_DEPARTED_MAX, "one bounded read");
+    assert_eq!(view.departed_known_to, Some(10 + VIEW_DEPARTED_MAX as u64));
+    assert_eq!(view.ahead(11 + VIEW_DEPARTED_MAX as u64), 10, "exact up to the last departed it holds");
+
+    let _: u64 = c.zrembyscore(format!("{P}departed"), 12, "+inf").await.unwrap();
+    let view = redis_store(&store).sync_view(target(), &[]).await.unwrap().view;
+    assert_eq!((view.departed, view.departed_known_to), (vec![11], None), "all of them");
 }
 
 #[tokio::test]

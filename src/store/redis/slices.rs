@@ -10,6 +10,13 @@
 /// Most users one `admit.lua` call admits: a bigger batch takes several calls in its tick.
 pub const ADMIT_SLICE: u64 = 500;
 
+/// Most users whose heartbeats one `view.lua` call writes.
+pub const VIEW_USERS_PER_CALL: usize = 500;
+
+/// Most departed seqs above the mark one `view.lua` call returns: an instance's copy knows the
+/// departed up to the last of them, and polls of users behind it go to `status.lua`.
+pub const VIEW_DEPARTED_MAX: usize = 4000;
+
 /// Most members of the frozen pre-queue one read of the opening returns.
 pub const OPENING_READ_SLICE: u64 = 2000;
 
