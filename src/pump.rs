@@ -37,9 +37,10 @@ pub struct TargetTick {
     pub forgotten: bool,
 }
 
-/// Most users one `evict.lua` call removes: about 1 ms of Redis time at a million waiting (see
-/// `store::redis::slices`), so other commands wait at most that long behind it.
-pub const EVICT_SLICE: u64 = 250;
+/// Most users one `evict.lua` call removes: about 1 ms of Redis time at a million waiting
+/// (~6 µs a user, see `store::redis::slices`), so other commands wait at most that long
+/// behind it.
+pub const EVICT_SLICE: u64 = 150;
 
 /// Targets the pump works on at once. Their calls share the connection (pipelined), so a
 /// round over many targets takes about `targets / PUMP_CONCURRENCY` round trips of each step
@@ -71,9 +72,9 @@ where
     }
 }
 
-/// Pre-queued users placed per `sale_place.lua` call at a sale's opening (about 1 ms of Redis
-/// time at a million pre-queued, see `store::redis::slices`).
-pub const OPENING_CHUNK: usize = 500;
+/// Pre-queued users placed per `sale_place.lua` call at a sale's opening: about 1 ms of Redis
+/// time into a queue of a million (~3.5 µs a user, see `store::redis::slices`).
+pub const OPENING_CHUNK: usize = 300;
 
 #[derive(Clone)]
 pub struct Pump {

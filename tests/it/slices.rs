@@ -104,26 +104,11 @@ async fn a_batch_of_several_slices_is_admitted_exactly_once_per_tick_across_inst
 
 /// admit.lua as the store sends it, with a slice and a continuation: returns its reply.
 async fn admit_slice(c: &mut MultiplexedConnection, batch: u64, tick_ms: u64, continuation: &str) -> Vec<String> {
-    let names = [
-        "waiting",
-        "admitted_count",
-        "last_tick",
-        "batch_size",
-        "admissions",
-        "entry_times",
-        "waits",
-        "heartbeat",
-        "seq",
-        "evicted",
-        "departed",
-        "sale",
-        "prequeue",
-        "opening",
-        "ledger",
-        "record",
-        "events",
-    ];
-    let script = redis::Script::new(&lua_as_sent(include_str!("../../lua/admit.lua")));
+    // The KEYS in the order the script's header lists them (`-- KEYS[i] queue:{T}:name`).
+    let text = include_str!("../../lua/admit.lua");
+    let names =
+        text.lines().filter_map(|l| l.strip_prefix("-- KEYS[")?.split_once("queue:{T}:")?.1.split_whitespace().next());
+    let script = redis::Script::new(&lua_as_sent(text));
     let mut inv = script.prepare_invoke();
     for n in names {
         inv.key(format!("{P}{n}"));
