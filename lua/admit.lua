@@ -1,5 +1,7 @@
 -- admit.lua: advance the admission mark by one batch of users still waiting, at most once
--- per tick of Redis' own clock.
+-- per tick of Redis' own clock, in slices: one call walks at most ARGV[15] users, and the
+-- caller continues the tick (ARGV[16], the continuation the previous slice returned) until a
+-- slice says the tick is done, so no call holds Redis for long whatever the batch.
 --
 -- Two pumps that both believe they hold the lock (lock lost, pause, clock skew) still admit
 -- one batch per tick: the tick number comes from TIME here, not from the caller. Users who
@@ -48,9 +50,23 @@
 -- ARGV[12] ticks kept in KEYS[5] (`store::rules::ADMISSIONS_KEPT`)
 -- ARGV[13] event log entries kept (`events.max_len`), with KEYS[17]; its ttl is ARGV[10]'s
 -- ARGV[14] an event each time the users admitted in all pass a multiple of this (0: none)
--- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced}: waits = the admitted
--- users' waits in ms, comma-separated (for the Prometheus histogram), '' when none; fenced =
--- bits 1 the seq counter, 2 the mark, 4 the last tick was raised to the instance's fence
+-- ARGV[15] most users this call admits (a slice of the batch), optional: the whole batch
+-- ARGV[16] the continuation of a tick started by an earlier call of this caller, as that call
+--          returned it ("<tick>:<mark before>:<ms>:<admitted so far>:<mark>"), optional: a
+--          new tick. Honoured only while Redis' clock is still in that tick and the tick's
+--          admissions entry (KEYS[5]) still says what the earlier slice wrote, so a slice
+--          never admits past the batch, never in another tick, and a caller that stops
+--          mid-tick (crashed, paused) blocks nothing: the next tick starts afresh.
+-- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced, more, continuation}:
+-- admitted = by this call; waits = the admitted users' waits in ms, comma-separated (for the
+-- Prometheus histogram), '' when none; fenced = bits 1 the seq counter, 2 the mark, 4 the last
+-- tick was raised to the instance's fence; more = 1 when the tick has room and users may be
+-- left: call again with the continuation (ARGV[16])
+--
+-- The tick's bookkeeping is written as it grows: its admissions entry and ledger row are
+-- updated in place (LSET) by each later slice, the counters (waits, record) are added to, and
+-- milestones fire in the slice that passes them; "the line gone" is judged by the tick's last
+-- slice.
 --
 -- With a sale, nobody is admitted before `opens_at` (Redis' clock), until the opening order is
 -- written (sale_place.lua), while paused, or once closed (the prelude's sale_phase); such a
@@ -82,8 +98,22 @@ if ARGV[9] then
   end
   fenced = r1 + 2 * r2 + 4 * r4
 end
-if tick <= last then
-  return {0, mark, tick, 0, batch, '', fenced}
+local slice = tonumber(ARGV[15] or '') or batch
+-- The tick this call continues: before = the mark when it started, at = its first call's time,
+-- sofar = admitted in it by the earlier slices, prev = the mark they left.
+local cont = ARGV[16] or ''
+local before, at, sofar = mark, now, 0
+if cont ~= '' then
+  local ct, cb, ca, cs, cm = string.match(cont, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+  if not ct or tonumber(ct) ~= tick or last ~= tick or redis.call('LINDEX', KEYS[5], 0) ~= ct .. ':' .. cs then
+    return {0, mark, tick, 0, batch, '', fenced, 0, ''}
+  end
+  before, at, sofar = tonumber(cb), tonumber(ca), tonumber(cs)
+  cont = {prev = tonumber(cm)}
+elseif tick <= last then
+  return {0, mark, tick, 0, batch, '', fenced, 0, ''}
+else
+  cont = nil
 end
 local saleKey, ledger = KEYS[12], KEYS[15]
 local rec, recTtl = KEYS[16], tonumber(ARGV[10] or '0')
@@ -113,26 +143,38 @@ if saleKey then
       end
       redis.call('EXPIRE', saleKey, ttl, 'GT')
     end
-    return {0, mark, tick, 0, batch, '', fenced}
+    return {0, mark, tick, 0, batch, '', fenced, 0, ''}
   end
 end
-redis.call('SET', KEYS[3], tick, 'EX', ttl)
-local before = mark
-local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, batch)
+if not cont then
+  redis.call('SET', KEYS[3], tick, 'EX', ttl)
+end
+local want = math.max(0, math.min(slice, batch - sofar))
+local front = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. mark, '+inf', 'WITHSCORES', 'LIMIT', 0, want)
 local admitted = #front / 2
+local total = sofar + admitted
+local more = (want > 0 and admitted == want and total < batch) and 1 or 0
+-- Leftovers below the mark change no answer (every count is above the mark): each call drops
+-- a bounded number, so a mark that passes a long run of departed seqs costs no long call.
+local drop = 4 * math.max(want, 250)
 local waits = {}
 -- Wait buckets -> users of this batch, written once per bucket (to the histogram and the record).
 local hist, sum, counted, longest = {}, 0, 0, -1
 if admitted > 0 then
   mark = tonumber(front[#front])
   redis.call('SET', KEYS[2], mark, 'EX', ttl)
-  redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', mark)
+  local passed = redis.call('ZCOUNT', KEYS[11], '-inf', mark)
+  if passed > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[11], 0, math.min(passed, drop) - 1)
+  end
   -- Wait statistics: entry -> admission, bucketed by the prelude's wait_bucket. A seq's entry time
   -- is that of the enter.lua call that gave it: the member with the greatest first seq at or
   -- below it, if its range holds the seq (seqs given by an older vq have no entry time).
   local lowest = tonumber(front[2])
   local recs = redis.call('ZREVRANGEBYSCORE', KEYS[6], lowest, '-inf', 'LIMIT', 0, 1)
-  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lowest, mark)) do
+  -- One member per enter call: at most one per admitted user, bar calls whose users all
+  -- departed; bounded all the same (a seq past the members read counts no wait).
+  for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lowest, mark, 'LIMIT', 0, drop)) do
     recs[#recs + 1] = r
   end
   local from, to, at = {}, {}, {}
@@ -160,7 +202,10 @@ if admitted > 0 then
   -- the next seq stays.
   local keep = redis.call('ZREVRANGEBYSCORE', KEYS[6], mark + 1, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #keep > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. keep[2])
+    local old = redis.call('ZCOUNT', KEYS[6], '-inf', '(' .. keep[2])
+    if old > 0 then
+      redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(old, drop) - 1)
+    end
   end
   for b, c in pairs(hist) do
     redis.call('HINCRBY', KEYS[7], 'b:' .. b, c)
@@ -180,15 +225,19 @@ if admitted > 0 then
   end
   redis.call('EXPIRE', KEYS[7], ttl)
 end
-if log and admitted < batch then
+if log and more == 0 and total < batch then
   -- The line is gone: the tick before filled its batch, this one does not.
-  local prev = redis.call('LINDEX', KEYS[5], 0)
+  local prev = redis.call('LINDEX', KEYS[5], cont and 1 or 0)
   if prev and tonumber(string.match(prev, ':(%d+)$')) >= batch then
     event_add(log, ledger_row('emptied', now, mark))
   end
 end
-redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
-redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[12]) - 1)
+if cont then
+  redis.call('LSET', KEYS[5], 0, tick .. ':' .. total)
+else
+  redis.call('LPUSH', KEYS[5], tick .. ':' .. admitted)
+  redis.call('LTRIM', KEYS[5], 0, tonumber(ARGV[12]) - 1)
+end
 if rec and admitted > 0 then
   local f = {'t:' .. tick, admitted, 'admitted', admitted, 'wc', counted, 'ws', sum}
   for b, c in pairs(hist) do
@@ -201,7 +250,17 @@ if rec and admitted > 0 then
   end
 end
 if ledger and admitted > 0 then
-  ledger_push(ledger, ledger_row('admit', now, before, mark, admitted, ARGV[4] or ''), ledgerMax, ttl)
+  -- One row per tick: a later slice rewrites the row its tick's earlier slices wrote (unless
+  -- another row, a pause say, came in between: then its part gets a row of its own).
+  local row = ledger_row('admit', at, before, mark, total, ARGV[4] or '')
+  if cont and sofar > 0
+    and redis.call('LINDEX', ledger, 0) == ledger_row('admit', at, before, cont.prev, sofar, ARGV[4] or '') then
+    redis.call('LSET', ledger, 0, row)
+  elseif cont then
+    ledger_push(ledger, ledger_row('admit', now, cont.prev, mark, admitted, ARGV[4] or ''), ledgerMax, ttl)
+  else
+    ledger_push(ledger, row, ledgerMax, ttl)
+  end
 end
 if saleKey then
   redis.call('EXPIRE', saleKey, ttl, 'GT')
@@ -215,4 +274,8 @@ if admitted > 0 or redis.call('ZCARD', KEYS[1]) > 0 then
 else
   redis.call('EXPIRE', KEYS[5], ttl)
 end
-return {1, mark, tick, admitted, batch, table.concat(waits, ','), fenced}
+local continuation = ''
+if more == 1 then
+  continuation = table.concat({tick, before, at, total, mark}, ':')
+end
+return {1, mark, tick, admitted, batch, table.concat(waits, ','), fenced, more, continuation}

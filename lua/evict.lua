@@ -1,5 +1,6 @@
 -- evict.lua: remove users who stopped polling, a bounded number per call so Redis never
--- blocks on a huge queue (the pump calls it in slices of 1000, as often as a tick allows).
+-- blocks on a huge queue (the pump calls it in slices of `pump::EVICT_SLICE`, as often as a
+-- tick allows).
 --
 -- KEYS[1] queue:{T}:waiting     ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat   ZSET last poll ms -> user

@@ -54,8 +54,9 @@ elseif action == 'clear' then
       return {2, phase == P_OPENING and 1 or 0, users}
     end
   end
-  redis.call('DEL', KEYS[7])
-  if redis.call('DEL', KEYS[1], KEYS[3], KEYS[4]) == 0 then
+  redis.call('UNLINK', KEYS[7])
+  -- UNLINK: a pre-queue of a million users is freed off the main thread.
+  if redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[4]) == 0 then
     return {0}
   end
   row = ledger_row('clear', now, source)

@@ -31,13 +31,22 @@ if not s[1] or s[2] then
 end
 local ttl = tonumber(ARGV[3])
 local adds, gone = {}, {}
+-- Three ZMSCOREs for the chunk rather than three ZSCOREs per user.
+local users, seqs = {}, {}
 for i = 7, #ARGV, 2 do
-  local seq, user = ARGV[i], ARGV[i + 1]
-  if not redis.call('ZSCORE', KEYS[1], user) and not redis.call('ZSCORE', KEYS[3], seq) then
-    if redis.call('ZSCORE', KEYS[2], user) then
-      adds[#adds + 1], adds[#adds + 2] = seq, user
-    else
-      gone[#gone + 1], gone[#gone + 2] = seq, seq
+  seqs[#seqs + 1], users[#users + 1] = ARGV[i], ARGV[i + 1]
+end
+if #users > 0 then
+  local placed = redis.call('ZMSCORE', KEYS[1], unpack(users))
+  local departed = redis.call('ZMSCORE', KEYS[3], unpack(seqs))
+  local beats = redis.call('ZMSCORE', KEYS[2], unpack(users))
+  for i = 1, #users do
+    if not placed[i] and not departed[i] then
+      if beats[i] then
+        adds[#adds + 1], adds[#adds + 2] = seqs[i], users[i]
+      else
+        gone[#gone + 1], gone[#gone + 2] = seqs[i], seqs[i]
+      end
     end
   end
 end

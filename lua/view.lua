@@ -11,11 +11,13 @@
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
 -- KEYS[6] queue:{T}:sale             HASH the sale (optional)
--- ARGV[1] 1 to return the departed seqs above the mark, 0 not to (the later calls of one round)
--- ARGV[1+i] user i, who polled since the previous call (at most a few thousand per call);
+-- ARGV[1] the most departed seqs above the mark to return, the lowest first (0: none, the later
+--         calls of one round): a bound, so a queue whose users left in their millions costs
+--         no long call; the copy then knows the departed only up to the last one returned
+-- ARGV[1+i] user i, who polled since the previous call (at most `slices::VIEW_USERS_PER_CALL`);
 --         their heartbeat is Redis' TIME (now_ms)
 -- returns {mark, batch_override_or_0, g, [sale,] gone users 1..g, then departed seqs above the
--- mark}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
+-- mark (at most ARGV[1])}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
 -- (closed, or not opened yet: the answer is not WAITING as the copy would say)
 --   gone = users not waiting any more (admitted and issued, left, evicted): the instance
 --   forgets them, so their next poll asks status.lua
@@ -53,8 +55,9 @@ if n > 0 then
     redis.call('ZADD', KEYS[2], 'XX', unpack(beats))
   end
 end
-if ARGV[1] == '1' then
-  for _, seq in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. mark, '+inf')) do
+local most = tonumber(ARGV[1])
+if most > 0 then
+  for _, seq in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. mark, '+inf', 'LIMIT', 0, most)) do
     out[#out + 1] = tonumber(seq)
   end
 end

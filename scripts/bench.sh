@@ -77,6 +77,28 @@
 #       arriving at 20/s against a release vq serve), with the medians: a buyer's wait and what
 #       a bot pays per place in CPU seconds on this machine.
 #
+#   [N=1000000] [CALLS=40] [ROUNDS=3] scripts/bench.sh slices
+#       what one call of each sliced script costs Redis (INFO commandstats, per call and per
+#       user) with N users waiting in one target, CALLS calls each with the bounds vq uses, on
+#       users picked at random (scripts/measure-slices.py); Redis at REDIS_NICE (-10).
+#   [N=1000000] [WAITING=100000] [SECS=15] [BATCH=2000] [ROUNDS=1] scripts/bench.sh scale
+#       one target at scale on one redis-server logging calls over 1 ms (SLOWLOG; Redis at
+#       REDIS_NICE=-10, so the neighbours' processes do not stretch its calls, and with PIN=1
+#       on core 1 alone, vq and wrk on core 0): N users
+#       pre-queued in limited-drop:1 (straight into Redis, pipelined) and placed by a release
+#       `vq serve`'s pump at the sale's opening (the frozen set read and placed in bounded
+#       calls), then SECS s of wrk polls of users picked at random across that queue while the
+#       pump admits BATCH per TICK_MS=1000 tick, then SECS s of wrk enters of new users into
+#       limited-drop:2 (another target of the node). Then on a fresh redis-server the same
+#       with WAITING users: wrk enters of new users, then polls of the waiting ones (enter P99
+#       next to poll P99). Users stay waiting (queue.heartbeat_timeout_s = 3600, key_ttl_s =
+#       7200). Table per phase: Redis calls over 2 ms and over 1 ms (the opening included, the
+#       bench's own reads of the queue not), the largest with what it was, the calls over 2 ms
+#       by script or command, enter and poll P50/P99, Redis memory per waiting user
+#       (used_memory over the placed queue; at WAITING, over the users wrk entered, whose hold
+#       keys count too), steal and load.
+#       BENCH_VQ=path runs another binary (its scripts are compiled in).
+#
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release
 # (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
 # shellcheck source=scripts/lib.sh
@@ -88,7 +110,7 @@ usage() { say "$*"; exit 2; }
 export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | starved | adaptive | wrk | pair | lua | pow) shift ;;
+  sale | naive | starved | adaptive | wrk | pair | lua | pow | scale | slices) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -587,8 +609,162 @@ EOF
   echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}" >&2
 }
 
+# ---- scale: one target of a million users, no Redis call over 2 ms -----------------------
+scale_scenario() {
+  use_work_dir
+  local n="${N:-1000000}" mid="${WAITING:-100000}" secs="${SECS:-15}" batch="${BATCH:-2000}"
+  local tick_ms="${TICK_MS:-1000}" conns=64 vq="${BENCH_VQ:-target/release/vq}"
+  [ -n "${BENCH_VQ:-}" ] || build_release --quiet --bins
+  [ -x "$vq" ] || die "no vq binary at $vq"
+  echo "vq bench scale: $n users in one target, then $mid; wrk -t2 -c$conns -d${secs}s; batch $batch per ${tick_ms} ms;" \
+    "redis-server $(redis-server --version | awk '{print $3}') on $(nproc) cores" >&2
+  printf 'phase\twaiting\tcalls over 2 ms\tover 1 ms\tlargest ms\tlargest call\tover 2 ms by call\tenter P50 ms\tP99\tpoll P50 ms\tP99\tbytes per waiting user\tsteal %%\tload 1m\n' >"$WORK/rows"
+  rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+  used_memory() { rcli info memory | awk -F: '/^used_memory:/ {print $2 + 0}'; }
+  opened() { [ "$(rcli hexists "$1" opened_at)" = 1 ]; }
+  # Pre-queues users 1..COUNT of limited-drop:ID (arrival and heartbeat now, as enter.lua
+  # writes them), schedules the opening 2 s ahead and waits until the pump has placed them all.
+  open_with() { # id count
+    local id=$1 count=$2 p="queue:{LIMITED_DROP:$1}:" at from
+    python3 - "$p" "$count" "LIMITED_DROP:$id" <<'EOF' | rcli --pipe >/dev/null
+import sys, time
+p, n, target = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+now = str(int(time.time() * 1000))
+out = sys.stdout.buffer
+def cmd(*args):
+    out.write(b"*%d\r\n" % len(args))
+    for a in args:
+        a = a.encode()
+        out.write(b"$%d\r\n%s\r\n" % (len(a), a))
+for first in range(1, n + 1, 1000):
+    ids = [str(u) for u in range(first, min(first + 1000, n + 1))]
+    for key in ("prequeue", "heartbeat"):
+        args = ["ZADD", p + key]
+        for u in ids:
+            args += [now, u]
+        cmd(*args)
+cmd("SET", p + "seq", "0")
+cmd("SADD", "queue:active", target)
+EOF
+    rcli slowlog reset >/dev/null # the fill's own ZADDs are the bench's, not vq's
+    at=$(date -u -d "@$(($(date +%s) + 2))" +%Y-%m-%dT%H:%M:%SZ)
+    from=$(date -u -d "@$(($(date +%s) - 60))" +%Y-%m-%dT%H:%M:%SZ)
+    VQ_REDIS__URL="$REDIS_URL" VQ_TOKEN_SECRET="$secret" "$vq" sale schedule "limited-drop:$id" \
+      --opens-at "$at" --prequeue-from "$from" >"$WORK/schedule.out" 2>&1 ||
+      die "schedule failed: $(cat "$WORK/schedule.out")"
+    wait_until 300 opened "${p}sale" ||
+      die "the opening of $count users did not finish within 300 s"
+  }
+  # Redis' SLOWLOG so far, kept aside (one JSON array a line), and emptied: the bench's own
+  # reads of the queue are not counted (it empties the log after them).
+  slowlog_take() { rcli --json slowlog get 1000000 >>"$WORK/slowlog.jsonl"; rcli slowlog reset >/dev/null; }
+  # Of the calls Redis logged (over 1 ms): "over-2-ms over-1-ms largest-ms its-command
+  # the-commands-over-2-ms-by-count" (a script by its file: vq sends lua/prelude.lua, a newline
+  # and the script; another build's changed scripts show as their sha's first 8 digits).
+  slow() {
+    slowlog_take
+    python3 - "$WORK/slowlog.jsonl" <<'EOF'
+import collections, glob, hashlib, json, os, sys
+log = [e for line in open(sys.argv[1]) if line.strip() for e in json.loads(line)]
+prelude = open("lua/prelude.lua").read()
+names = {hashlib.sha1((prelude + "\n" + open(f).read()).encode()).hexdigest(): os.path.basename(f)
+         for f in glob.glob("lua/*.lua")}
+def what(e):
+    args = e[3]
+    if args[0].lower() == "evalsha" and len(args) > 1:
+        return names.get(args[1], args[1][:8])
+    return args[0].lower()
+if not log:
+    print(0, 0, "-", "-", "-")
+else:
+    big = max(log, key=lambda e: e[2])
+    over = collections.Counter(what(e) for e in log if e[2] > 2000)
+    print(sum(over.values()), len(log), "%.2f" % (big[2] / 1000), what(big),
+          ",".join(f"{k}:{v}" for k, v in over.most_common(4)) or "-")
+EOF
+    rm -f "$WORK/slowlog.jsonl"
+  }
+  wrk_run() { # name script args... -> "p50 p99" (ms)
+    "${pin[@]}" wrk -t2 -c"$conns" -d"${secs}s" -s "scripts/wrk/$2" "http://127.0.0.1:$vport" -- "${@:3}" >"$WORK/$1.out" 2>&1 ||
+      die "wrk failed: $(cat "$WORK/$1.out")"
+    awk '/^percentiles us:/ {printf "%.2f %.2f\n", $3 / 1000, $5 / 1000}' "$WORK/$1.out"
+  }
+  # The SLOWLOG times a call by the wall clock: on a shared machine Redis at REDIS_NICE (-10)
+  # keeps the neighbours' processes from stretching its calls (renice changes Redis' main
+  # thread, the one that runs the commands).
+  # With PIN=1, Redis has core 1 to itself and vq and wrk share core 0, as Redis has a core of
+  # its own in production: the SLOWLOG then times Redis' work, not its waits for a core.
+  start_scale_redis() {
+    start_redis --slowlog-log-slower-than 1000 --slowlog-max-len 1000000
+    renice -n "${REDIS_NICE:--10}" -p "$REDIS_PID" >/dev/null || say "could not renice redis-server"
+    [ "${PIN:-0}" = 0 ] || taskset -a -cp 1 "$REDIS_PID" >/dev/null || die "could not pin redis-server"
+  }
+  local pin=()
+  [ "${PIN:-0}" = 0 ] || pin=(taskset -c 0) # taskset execs the command: vq's PID is its own
+  start_vq() {
+    vport=$(free_port)
+    VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:$vport" RUST_LOG=warn VQ_TOKEN_SECRET="$secret" \
+      VQ_QUEUE__MAX_CAPACITY=100000000 VQ_QUEUE__HEARTBEAT_TIMEOUT_S=3600 VQ_QUEUE__KEY_TTL_S=7200 VQ_QUEUE__BATCH_SIZE="$batch" \
+      VQ_QUEUE__TICK_MS="$tick_ms" spawn vq "${pin[@]}" "$vq" serve --flag-on
+    vpid=$SPAWNED
+    wait_http "http://127.0.0.1:$vport/healthz" 20 "$vpid" || die "vq serve did not start: $(tail -5 "$WORK/vq.log")"
+  }
+  row() { # phase waiting "slow" "enter" "poll" per-user machine
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" $3 $4 $5 "$6" $7 >>"$WORK/rows"
+  }
+  local round vport vpid mem0 mem1 e0 e1 enter poll
+  for round in $(seq "$rounds"); do
+    # N waiting in limited-drop:1: the opening, polls across it, enters into another target.
+    start_scale_redis
+    start_vq
+    window_start
+    mem0=$(used_memory)
+    open_with 1 "$n"
+    mem1=$(used_memory)
+    slowlog_take
+    rcli --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$WORK/users.txt"
+    rcli slowlog reset >/dev/null
+    poll=$(wrk_run poll-big poll.lua "$WORK/users.txt" 1 2 random)
+    enter=$(wrk_run enter-other enter.lua 2 2 "${round}00000000")
+    row "$n in one target (enters: another)" "$n" "$(slow)" "$enter" "$poll" $(((mem1 - mem0) / n)) "$(window_end)"
+    stop_pid "$vpid"; stop_pid "$REDIS_PID"
+    # WAITING users: enter P99 next to poll P99, both on the target that holds them.
+    start_scale_redis
+    start_vq
+    window_start
+    open_with 1 "$mid"
+    slowlog_take
+    rcli --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$WORK/users.txt"
+    rcli slowlog reset >/dev/null
+    e0=$(rcli get 'queue:{LIMITED_DROP:1}:seq'); mem0=$(used_memory)
+    enter=$(wrk_run enter-mid enter.lua 2 1 "${round}00000000")
+    e1=$(rcli get 'queue:{LIMITED_DROP:1}:seq'); mem1=$(used_memory)
+    poll=$(wrk_run poll-mid poll.lua "$WORK/users.txt" 1 2 random)
+    row "$mid in one target" "$mid" "$(slow)" "$enter" "$poll" $(((mem1 - mem0) / (e1 > e0 ? e1 - e0 : 1))) "$(window_end)"
+    stop_pid "$vpid"; stop_pid "$REDIS_PID"
+    echo "round $round done" >&2
+  done
+  table "$WORK/rows"
+}
+
+# ---- slices: what one call of each sliced script costs Redis ------------------------------
+slices_scenario() {
+  use_work_dir
+  start_redis
+  renice -n "${REDIS_NICE:--10}" -p "$REDIS_PID" >/dev/null || say "could not renice redis-server"
+  local round
+  window_start
+  for round in $(seq "$rounds"); do
+    python3 scripts/measure-slices.py "$REDIS_PORT" "${N:-1000000}" "${CALLS:-40}" || die "the measurement failed"
+  done
+  read -r steal load <<<"$(window_end)"
+  echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}"
+}
+
 case "$scenario" in
   pow) pow_scenario ;;
+  slices) slices_scenario ;;
+  scale) scale_scenario ;;
   sale) loadgen_scenario 1 "$@" ;;
   naive | starved) loadgen_scenario 0 "$@" ;;
   adaptive) adaptive_scenario "$@" ;;

@@ -8,7 +8,7 @@
 //! on [`PUMP_CONCURRENCY`] at a time, all admissions before any eviction.
 //!
 //! Eviction runs after every target's admission, in slices of [`EVICT_SLICE`] users per
-//! `evict.lua` call (a few ms of Redis time each, so Redis never blocks on a huge queue), as
+//! `evict.lua` call (about a millisecond of Redis time each, so Redis never blocks on a huge queue), as
 //! many slices per tick as there are stale users, up to `queue.max_evict_per_tick` per target
 //! and half a tick of time in all: abandonment at any arrival rate is cleared within ticks.
 
@@ -37,9 +37,10 @@ pub struct TargetTick {
     pub forgotten: bool,
 }
 
-/// Most users one `evict.lua` call removes: about 5 ms of Redis time (measured ~4.8 µs per
-/// user), so other commands wait at most that long behind it.
-pub const EVICT_SLICE: u64 = 1000;
+/// Most users one `evict.lua` call removes: about 1 ms of Redis time at a million waiting
+/// (~6 µs a user, see `store::redis::slices`), so other commands wait at most that long
+/// behind it.
+pub const EVICT_SLICE: u64 = 150;
 
 /// Targets the pump works on at once. Their calls share the connection (pipelined), so a
 /// round over many targets takes about `targets / PUMP_CONCURRENCY` round trips of each step
@@ -71,8 +72,9 @@ where
     }
 }
 
-/// Pre-queued users placed per `sale_place.lua` call at a sale's opening (a few ms of Redis time).
-pub const OPENING_CHUNK: usize = 1000;
+/// Pre-queued users placed per `sale_place.lua` call at a sale's opening: about 1 ms of Redis
+/// time into a queue of a million (~3.5 µs a user, see `store::redis::slices`).
+pub const OPENING_CHUNK: usize = 300;
 
 #[derive(Clone)]
 pub struct Pump {

@@ -13,6 +13,8 @@
 //!   them and learns it at the first poll after admission);
 //! - users this instance has not seen, or forgot (admitted, left, evicted: `view.lua` names
 //!   them; their next poll gets the token or 404);
+//! - users behind the departed seqs the copy holds, when more users left than one `view.lua`
+//!   call returns (`slices::VIEW_DEPARTED_MAX`): their `aheadCount` needs Redis' count;
 //! - everyone while the copy is stale (the last sync failed or is older than four intervals):
 //!   the store path then fails open as always.
 //!
@@ -94,6 +96,7 @@ impl LocalPolls {
             if at.elapsed() > self.valid_for
                 || v.sale_asks_store
                 || seq <= v.mark.saturating_add(2 * batch(v.batch_override))
+                || v.departed_known_to.is_some_and(|known| seq > known)
             {
                 return None;
             }
@@ -228,6 +231,20 @@ mod tests {
         let l = synced_at(10, vec![11, 300, 499, 500, 900]);
         let w = l.answer(target(), &UserId::from(3), |_| 20).expect("far back");
         assert_eq!(w.ahead, 489 - 3);
+    }
+
+    #[test]
+    fn users_behind_the_departed_seqs_the_copy_holds_ask_redis() {
+        let l = LocalPolls::new(2000, 100, 60);
+        for (u, seq) in [(2, 200), (3, 500)] {
+            l.learn(target(), &UserId::from(u), seq);
+        }
+        let view =
+            TargetView { mark: 10, departed: vec![100, 300], departed_known_to: Some(300), ..TargetView::default() };
+        l.synced(target(), view, &[]);
+        let w = l.answer(target(), &UserId::from(2), |_| 20).expect("seq 200 is within what the copy knows");
+        assert_eq!(w.ahead, 189 - 1);
+        assert_eq!(l.answer(target(), &UserId::from(3), |_| 20), None, "seq 500 is behind it: Redis counts");
     }
 
     #[test]

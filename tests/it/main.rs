@@ -43,6 +43,7 @@ mod scripts;
 mod secrets;
 mod serve_limits;
 mod shedding;
+mod slices;
 mod stall;
 mod stats;
 mod support;

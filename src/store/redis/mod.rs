@@ -42,6 +42,7 @@ mod queue;
 mod sale;
 mod scripts;
 mod shared_calls;
+pub mod slices;
 mod view;
 
 pub use self::view::{TargetView, ViewSync};

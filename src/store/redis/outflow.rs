@@ -8,6 +8,7 @@ use super::codec;
 use super::keys;
 use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
 use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_OBSERVE, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
+use super::slices::TOKENS_EXPIRE_SLICE;
 use crate::domain::{BuyerObservation, Observations, QueueTarget, UserId};
 use crate::store::OutflowOps;
 use crate::store::{BatchChange, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, StoreError, TokensEnded};
@@ -106,6 +107,20 @@ impl OutflowOps for RedisStore {
     }
 
     async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS).invoke_async(&mut self.conn()).await?)
+        // Calls of TOKENS_EXPIRE_SLICE while one finds a full slice, at most
+        // TOKENS_EXPIRE_CALLS a tick: a larger backlog is counted over the next ticks.
+        const TOKENS_EXPIRE_CALLS: u64 = 16;
+        let mut expired = 0;
+        for _ in 0..TOKENS_EXPIRE_CALLS {
+            let n: u64 = on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS)
+                .arg(TOKENS_EXPIRE_SLICE)
+                .invoke_async(&mut self.conn())
+                .await?;
+            expired += n;
+            if n < TOKENS_EXPIRE_SLICE {
+                break;
+            }
+        }
+        Ok(expired)
     }
 }

@@ -11,6 +11,7 @@ use super::holds::HoldOp;
 use super::keys;
 use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, WAIT_BUCKET_EDGES, num, on_target};
 use super::shared_calls::{Answer, Op};
+use super::slices::ADMIT_SLICE;
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
 use crate::store::rules::ADMISSIONS_KEPT;
 use crate::store::{
@@ -137,32 +138,52 @@ impl QueueOps for RedisStore {
         tick_ms: u64,
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
-        let fence = self.fences.fence(target);
-        let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
-            .arg(default_batch)
-            .arg(tick_ms)
-            .arg(self.limits.key_ttl_s)
-            .arg(instance)
-            .arg(LEDGER_MAX_ROWS)
-            .arg(fence.mark)
-            .arg(fence.seq_seen)
-            .arg(fence.seq_to)
-            .arg(fence.tick)
-            .arg(self.limits.record_ttl_s)
-            .arg(WAIT_BUCKET_EDGES.as_str())
-            .arg(ADMISSIONS_KEPT)
-            .arg(self.limits.events.max_len)
-            .arg(self.limits.events.admitted_every)
-            .invoke_async(&mut self.conn())
-            .await?;
-        let advanced = num("admit.lua", &r, 0)? == 1;
-        let mark = num("admit.lua", &r, 1)?;
-        let tick = num("admit.lua", &r, 2)?;
-        self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
-        // The waits go to the Prometheus histogram of the instance that admitted.
-        let waits: Vec<u64> = r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse().ok()).collect();
-        crate::store::observe_waits(&waits);
-        Ok(AdmitOutcome { advanced, mark, tick, admitted: num("admit.lua", &r, 3)?, batch: num("admit.lua", &r, 4)? })
+        // In slices of ADMIT_SLICE users: the first call starts the tick, each later one
+        // continues it with what the one before returned, until admit.lua says it is done.
+        let mut out = AdmitOutcome { advanced: false, mark: 0, tick: 0, admitted: 0, batch: default_batch };
+        let mut continuation = String::new();
+        loop {
+            let fence = self.fences.fence(target);
+            let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
+                .arg(default_batch)
+                .arg(tick_ms)
+                .arg(self.limits.key_ttl_s)
+                .arg(instance)
+                .arg(LEDGER_MAX_ROWS)
+                .arg(fence.mark)
+                .arg(fence.seq_seen)
+                .arg(fence.seq_to)
+                .arg(fence.tick)
+                .arg(self.limits.record_ttl_s)
+                .arg(WAIT_BUCKET_EDGES.as_str())
+                .arg(ADMISSIONS_KEPT)
+                .arg(self.limits.events.max_len)
+                .arg(self.limits.events.admitted_every)
+                .arg(ADMIT_SLICE)
+                .arg(&continuation)
+                .invoke_async(&mut self.conn())
+                .await?;
+            let advanced = num("admit.lua", &r, 0)? == 1;
+            let mark = num("admit.lua", &r, 1)?;
+            let tick = num("admit.lua", &r, 2)?;
+            self.fences.observe(target, None, mark, advanced.then_some(tick), num("admit.lua", &r, 6)?, true);
+            // The waits go to the Prometheus histogram of the instance that admitted.
+            let waits: Vec<u64> =
+                r.get(5).map_or("", String::as_str).split(',').filter_map(|w| w.parse().ok()).collect();
+            crate::store::observe_waits(&waits);
+            // A continuation refused (the tick ended meanwhile) keeps what the tick admitted.
+            if continuation.is_empty() || advanced {
+                out.advanced |= advanced;
+                out.mark = mark;
+                out.tick = tick;
+                out.batch = num("admit.lua", &r, 4)?;
+            }
+            out.admitted += num("admit.lua", &r, 3)?;
+            match r.get(8).filter(|c| advanced && num("admit.lua", &r, 7).ok() == Some(1) && !c.is_empty()) {
+                Some(c) => continuation.clone_from(c),
+                None => return Ok(out),
+            }
+        }
     }
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {

@@ -12,6 +12,7 @@ use super::scripts::{
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
 };
+use super::slices::OPENING_READ_SLICE;
 use crate::domain::{
     AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, SaleSource, TargetRecord, UserId,
 };
@@ -180,12 +181,12 @@ impl SaleOps for RedisStore {
         let seed =
             sale.seed.as_deref().and_then(crate::domain::unhex).ok_or_else(|| bad("the sale has no seed".into()))?;
         // The frozen set does not change: read it in slices so no one reply blocks Redis long.
-        const SLICE: u64 = 10_000;
         let mut users = Vec::with_capacity(usize::try_from(frozen).unwrap_or(0));
         let mut from = 0;
         while from < frozen {
-            let part: Vec<String> =
-                conn.zrange(keys::of(target, "opening"), from as isize, (from + SLICE - 1) as isize).await?;
+            let part: Vec<String> = conn
+                .zrange(keys::of(target, "opening"), from as isize, (from + OPENING_READ_SLICE - 1) as isize)
+                .await?;
             if part.is_empty() {
                 break;
             }

@@ -5,19 +5,21 @@ use redis::Value;
 
 use super::RedisStore;
 use super::scripts::{VIEW, VIEW_KEYS, on_target};
+use super::slices::{VIEW_DEPARTED_MAX, VIEW_USERS_PER_CALL};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::StoreError;
-
-/// Users per `view.lua` call: well inside Lua's unpack limit (about 8000 values).
-const USERS_PER_CALL: usize = 2000;
 
 /// What Redis holds for a target, as of one `view.lua` call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TargetView {
     pub mark: u64,
     pub batch_override: Option<u64>,
-    /// Seqs above the mark of users who left or were evicted, ascending.
+    /// Seqs above the mark of users who left or were evicted, ascending: all of them, or the
+    /// lowest [`VIEW_DEPARTED_MAX`] when `departed_known_to` says so.
     pub departed: Vec<u64>,
+    /// `Some(s)`: more seqs departed than one read returns, and `departed` holds those up to
+    /// `s` only, so `ahead` is exact for seqs up to `s` and users behind it ask Redis.
+    pub departed_known_to: Option<u64>,
     /// The target's sale is paused (waiting answers say so).
     pub paused: bool,
     /// The sale is closed or not opened yet: every poll asks Redis (`status.lua`).
@@ -25,8 +27,8 @@ pub struct TargetView {
 }
 
 impl TargetView {
-    /// Users still waiting ahead of `seq` (exact for this view: see the `aheadCount`
-    /// invariant in ARCHITECTURE.md).
+    /// Users still waiting ahead of `seq` (exact for this view up to `departed_known_to`: see
+    /// the `aheadCount` invariant in ARCHITECTURE.md).
     pub fn ahead(&self, seq: u64) -> u64 {
         let gone = self.departed.partition_point(|&d| d < seq) as u64;
         seq.saturating_sub(self.mark + 1).saturating_sub(gone)
@@ -43,17 +45,17 @@ pub struct ViewSync {
 
 impl RedisStore {
     /// Writes a heartbeat (Redis' time) for every user in `polled` still waiting, and reads
-    /// the target's view. In calls of [`USERS_PER_CALL`] users; the first one reads the view.
+    /// the target's view. In calls of [`VIEW_USERS_PER_CALL`] users; the first one reads the view.
     pub async fn sync_view(&self, target: QueueTarget, polled: &[UserId]) -> Result<ViewSync, StoreError> {
         let mut sync = ViewSync::default();
-        let mut chunks: Vec<&[UserId]> = polled.chunks(USERS_PER_CALL).collect();
+        let mut chunks: Vec<&[UserId]> = polled.chunks(VIEW_USERS_PER_CALL).collect();
         if chunks.is_empty() {
             chunks.push(&[]);
         }
         for (i, users) in chunks.into_iter().enumerate() {
             let first = i == 0;
             let mut inv = on_target(&VIEW, target, VIEW_KEYS);
-            inv.arg(u8::from(first));
+            inv.arg(if first { VIEW_DEPARTED_MAX } else { 0 });
             for u in users {
                 inv.arg(u.as_str());
             }
@@ -81,8 +83,10 @@ impl RedisStore {
                 // which raises it back.
                 self.fences.observe(target, None, mark, None, 0, false);
                 let mark = mark.max(self.fences.fence(target).mark);
+                let known_to = (departed.len() >= VIEW_DEPARTED_MAX).then(|| departed.last().copied()).flatten();
                 sync.view = TargetView {
                     mark,
+                    departed_known_to: known_to,
                     batch_override: (batch > 0).then_some(batch),
                     departed: departed.into_iter().filter(|&d| d > mark).collect(),
                     paused: sale == 1,

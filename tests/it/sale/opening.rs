@@ -195,6 +195,62 @@ async fn the_opening_happens_exactly_once_with_pumps_racing_in_every_tick() {
     assert_eq!(openings, 1, "one opening in the ledger");
 }
 
+/// An opening larger than one read and one placement call: the frozen pre-queue is read in
+/// slices of `OPENING_READ_SLICE` and placed in calls of `OPENING_CHUNK`, in the order the
+/// published seed gives.
+#[tokio::test]
+async fn a_large_opening_is_read_and_placed_in_bounded_calls_in_the_seeds_order() {
+    use vq::pump::OPENING_CHUNK;
+    use vq::store::slices::OPENING_READ_SLICE;
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.queue.tick_ms = 1000;
+    let s = Arc::new(s);
+    let store = open_store(&s);
+    let opens_at = schedule(&store, 1500, Some(-1000), None).await;
+    let n = 2 * OPENING_READ_SLICE + OPENING_CHUNK as u64 / 2;
+    let users: Vec<u64> = (1..=n).map(|u| u * 7919).collect();
+    let mut c = redis.conn().await;
+    // Pre-queued straight into Redis (as enter.lua does: arrival -> user, and a heartbeat).
+    let far = now_ms() + 3_600_000;
+    for part in users.chunks(1000) {
+        let arrivals: Vec<(u64, u64)> = part.iter().map(|u| (now_ms(), *u)).collect();
+        let beats: Vec<(u64, u64)> = part.iter().map(|u| (far, *u)).collect();
+        let _: u64 = c.zadd_multiple(format!("{P}prequeue"), &arrivals).await.unwrap();
+        let _: u64 = c.zadd_multiple(format!("{P}heartbeat"), &beats).await.unwrap();
+    }
+    let _: () = c.set(format!("{P}seq"), 0).await.unwrap();
+    let _: u64 = c.sadd("queue:active", "LIMITED_DROP:7").await.unwrap();
+    let commitment = show_json(&redis)["seedCommitment"].as_str().expect("commitment").to_owned();
+
+    until(opens_at).await;
+    let pump = Pump::new(open_store(&s), s.clone(), "p".into());
+    crate::support::tick_room(s.queue.tick_ms, s.queue.tick_ms / 2).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+    let _ = pump.tick().await.unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let calls = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls="))?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("zrange"), n.div_ceil(OPENING_READ_SLICE), "the frozen set read in slices");
+    // sale_place.lua looks each chunk up with three ZMSCOREs (and nothing else in the tick does).
+    assert_eq!(calls("zmscore"), 3 * n.div_ceil(OPENING_CHUNK as u64), "placed in chunks");
+
+    let after = show_json(&redis);
+    let seed = unhex(after["seed"].as_str().expect("seed revealed"));
+    assert_eq!(lower_hex(&Sha256::digest(&seed)), commitment);
+    assert_eq!(after["prequeued"], n);
+    let placed = seqs(&redis).await;
+    assert_eq!(placed.len() as u64, n);
+    for (i, u) in expected_order(&seed, &users).iter().enumerate() {
+        assert_eq!(placed[u], i as u64 + 1, "user {u}");
+    }
+    let mark: u64 = c.get(format!("{P}admitted_count")).await.unwrap();
+    assert_eq!(mark, s.queue.batch_size, "the opening's tick admits one batch");
+}
+
 #[tokio::test]
 async fn pre_queued_users_who_stop_polling_are_evicted_before_and_after_the_opening() {
     let redis = RedisServer::spawn();

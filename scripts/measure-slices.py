@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""What one call of each sliced script costs Redis with N users waiting in one target.
+
+Usage: measure-slices.py PORT [N] [CALLS] -- against a scratch redis-server on 127.0.0.1:PORT,
+which it FLUSHes (scripts/bench.sh slices starts one). Fills limited-drop:1 with N users
+(waiting and heartbeat ZSETs), then runs CALLS calls of each script as vq sends it
+(lua/prelude.lua, a newline, the script) with the slice vq uses (read from the Rust sources,
+where the bounds live), on users picked at random, and prints Redis' own time per call (INFO
+commandstats usec_per_call) and per user.
+"""
+import random
+import re
+import socket
+import sys
+
+
+def bound(path, name):
+    """A slice bound as the Rust source declares it (`pub const NAME: T = 123;`)."""
+    return int(re.search(rf"pub const {name}: \w+ = ([\d_]+);", open(path).read()).group(1).replace("_", ""))
+
+
+SLICES = "src/store/redis/slices.rs"
+VIEW, ADMIT, READ = (bound(SLICES, n) for n in ("VIEW_USERS_PER_CALL", "ADMIT_SLICE", "OPENING_READ_SLICE"))
+EVICT, CHUNK = bound("src/pump.rs", "EVICT_SLICE"), bound("src/pump.rs", "OPENING_CHUNK")
+
+port = int(sys.argv[1])
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
+calls = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+sock = socket.create_connection(("127.0.0.1", port))
+replies = sock.makefile("rb")
+
+
+def encode(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = str(a).encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+
+
+def read():
+    line = replies.readline()
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b"+":
+        return rest.decode()
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        return None if size < 0 else replies.read(size + 2)[:-2].decode()
+    size = int(rest)
+    return None if size < 0 else [read() for _ in range(size)]
+
+
+def pipe(*commands):
+    sock.sendall(b"".join(encode(*c) for c in commands))
+    return [read() for _ in commands]
+
+
+def cmd(*args):
+    return pipe(args)[0]
+
+
+P = "queue:{LIMITED_DROP:1}:"
+PRELUDE = open("lua/prelude.lua").read()
+
+
+def script(name):
+    """The script's sha as vq sends it, and its target KEYS in the header's order."""
+    sha = cmd("SCRIPT", "LOAD", PRELUDE + "\n" + open("lua/" + name).read())
+    keys = [P + l.split("queue:{T}:")[1].split()[0] for l in open("lua/" + name)
+            if l.startswith("-- KEYS[") and "queue:{T}:" in l]
+    return sha, keys
+
+
+def stat(command):
+    """usec_per_call of `command` since the last CONFIG RESETSTAT."""
+    for line in cmd("INFO", "commandstats").split("\r\n"):
+        if line.startswith(f"cmdstat_{command}:"):
+            fields = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
+            return float(fields["usec_per_call"])
+    return 0.0
+
+
+def beats(users, ms):
+    for i in range(0, len(users), 1000):
+        cmd("ZADD", P + "heartbeat", *[x for u in users[i:i + 1000] for x in (ms, u)])
+
+
+cmd("FLUSHALL")
+now = int(cmd("TIME")[0]) * 1000
+for first in range(1, n + 1, 1000):
+    ids = range(first, min(first + 1000, n + 1))
+    pipe(["ZADD", P + "waiting"] + [x for u in ids for x in (u, u)],
+         ["ZADD", P + "heartbeat"] + [x for u in ids for x in (now, u)])
+cmd("SET", P + "seq", n)
+rows = []
+
+# The heartbeat flush: VIEW_USERS_PER_CALL polled users a call.
+per = VIEW
+sha, keys = script("view.lua")
+cmd("CONFIG", "RESETSTAT")
+for _ in range(calls):
+    cmd("EVALSHA", sha, len(keys), *keys, 0, *random.sample(range(1, n + 1), per))
+rows.append(("view.lua", per, stat("evalsha")))
+
+# Eviction: EVICT_SLICE stale users a call.
+per = EVICT
+beats(random.sample(range(1, n + 1), calls * per), 1000)
+sha, keys = script("evict.lua")
+keys = keys[:4]
+cmd("CONFIG", "RESETSTAT")
+for _ in range(calls):
+    cmd("EVALSHA", sha, len(keys), *keys, 60000, per, 3600)
+rows.append(("evict.lua", per, stat("evalsha")))
+
+# Admission: one tick's batch in ADMIT_SLICE slices, each call continuing the tick.
+per = ADMIT
+sha, keys = script("admit.lua")
+cmd("CONFIG", "RESETSTAT")
+cont, made = "", 0
+while made < calls:
+    r = cmd("EVALSHA", sha, len(keys), *keys, calls * per, 600000, 3600, "m", 100, 0, 0, 0, 0,
+            3600, "60:1", 60, 100, 0, per, cont)
+    made += 1
+    if r[7] != 1:
+        break
+    cont = r[8]
+rows.append(("admit.lua", per, stat("evalsha")))
+
+# The opening: OPENING_CHUNK pre-queued users (with heartbeats) placed into the queue a call.
+per = CHUNK
+sha, keys = script("sale_place.lua")
+cmd("HSET", P + "sale", "frozen", calls * per, "base", n, "seed", "00", "commitment", "00")
+placed = [f"p{i}" for i in range(calls * per)]
+beats(placed, now)
+cmd("CONFIG", "RESETSTAT")
+for c in range(calls):
+    args = [x for i in range(c * per, (c + 1) * per) for x in (n + 1 + i, placed[i])]
+    cmd("EVALSHA", sha, len(keys), *keys, 0, now, 3600, 100, 3600, 100, *args)
+rows.append(("sale_place.lua", per, stat("evalsha")))
+
+# The opening's read of the frozen set: OPENING_READ_SLICE members a ZRANGE.
+per = READ
+cmd("CONFIG", "RESETSTAT")
+for c in range(calls):
+    cmd("ZRANGE", P + "waiting", c * per, (c + 1) * per - 1)
+rows.append(("ZRANGE (the opening's read)", per, stat("zrange")))
+
+print(f"{n} users waiting in one target, {calls} calls each, users at random")
+print("| call | users a call | µs a call | µs a user |")
+print("| --- | --- | --- | --- |")
+for name, per, us in rows:
+    print(f"| {name} | {per} | {us:.0f} | {us / per:.2f} |")
