@@ -43,27 +43,38 @@ local function stored_token(tok)
   return tok
 end
 
--- The sale's hash and its phase at `clock` (now_ms()): NO_SALE without a schedule or a
--- close (a pause alone is not a sale: its hash still says `paused`); P_OPENING once `opens_at`
--- has passed and before the opening has placed everyone (enter.lua and admit.lua freeze the
--- pre-queue then; status.lua never does). Rust: `domain::SaleRecord::phase`, checked against
--- this function by tests/it/scripts.rs.
--- sale[i]: 1 opens_at, 2 prequeue_from, 3 closes_at, 4 paused, 5 closed, 6 message, 7 frozen,
--- 8 opened_at.
+-- The sale's hash (queue:{T}:sale) as the scripts read it: `sale_read` returns a table of
+-- these fields by name (strings; nil when absent), in one HMGET. Rust: `codec::SALE_FIELDS`,
+-- the same list (checked by the tests of src/store/redis/scripts.rs and tests/it/scripts.rs);
+-- a new field is added to both lines.
+local SALE_FIELDS = {'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at', 'seed', 'commitment'}
+local function sale_read(saleKey)
+  local got, sale = redis.call('HMGET', saleKey, unpack(SALE_FIELDS)), {}
+  for i = 1, #SALE_FIELDS do
+    sale[SALE_FIELDS[i]] = got[i] or nil
+  end
+  return sale
+end
+
+-- The sale's hash (sale_read's table) and its phase at `clock` (now_ms()): NO_SALE without a
+-- schedule or a close (a pause alone is not a sale: its hash still says `paused`); P_OPENING
+-- once `opens_at` has passed and before the opening has placed everyone (enter.lua and
+-- admit.lua freeze the pre-queue then; status.lua never does). Rust:
+-- `domain::SaleRecord::phase`, checked against this function by tests/it/scripts.rs.
 local function sale_phase(saleKey, clock)
   if not saleKey then
     return NO_SALE, nil
   end
-  local sale = redis.call('HMGET', saleKey, 'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at')
-  if not (sale[1] or sale[3] or sale[5]) then
+  local sale = sale_read(saleKey)
+  if not (sale.opens_at or sale.closes_at or sale.closed) then
     return NO_SALE, sale
   end
-  local opens = tonumber(sale[1] or '0')
-  if sale[5] == '1' or (sale[3] and clock >= tonumber(sale[3])) then
+  local opens = tonumber(sale.opens_at or '0')
+  if sale.closed == '1' or (sale.closes_at and clock >= tonumber(sale.closes_at)) then
     return P_CLOSED, sale
-  elseif opens == 0 or sale[8] then
+  elseif opens == 0 or sale.opened_at then
     return P_OPEN, sale
-  elseif clock < tonumber(sale[2] or sale[1]) then
+  elseif clock < tonumber(sale.prequeue_from or sale.opens_at) then
     return P_SCHEDULED, sale
   elseif clock < opens then
     return P_PRE_QUEUE, sale
@@ -74,17 +85,17 @@ end
 -- Whether nobody is admitted: before the opening is done, closed, or paused (a pause needs
 -- no schedule). Rust: `domain::SaleRecord::holds_admission`.
 local function sale_holds_admission(phase, sale)
-  return (phase ~= NO_SALE and phase ~= P_OPEN) or (sale ~= nil and sale[4] == '1')
+  return (phase ~= NO_SALE and phase ~= P_OPEN) or (sale ~= nil and sale.paused == '1')
 end
 
--- The opening freezes the pre-queue, once (`sale[7]`, frozen, says it was): the pre-queue
+-- The opening freezes the pre-queue, once (`sale.frozen` says it was): the pre-queue
 -- becomes the `opening` set (RENAME), N = its size, and the seq counter moves past N, so its
 -- users get seqs base+1 .. base+N and entries from then on come after every one of them.
 -- Called by whichever of enter.lua and admit.lua runs first at or after `opens_at`. `base` is
 -- the seq counter (nil: read here). Returns the seq counter after the freeze.
 local function freeze_prequeue(saleKey, sale, seqKey, preKey, openKey, base, now, ttl)
   base = base or tonumber(redis.call('GET', seqKey) or '0')
-  if sale[7] then
+  if sale.frozen then
     return base
   end
   local frozen = redis.call('ZCARD', preKey)
@@ -93,7 +104,7 @@ local function freeze_prequeue(saleKey, sale, seqKey, preKey, openKey, base, now
   end
   redis.call('SET', seqKey, base + frozen, 'EX', ttl)
   redis.call('HSET', saleKey, 'frozen', frozen, 'base', base, 'frozen_at', now)
-  sale[7] = tostring(frozen)
+  sale.frozen = tostring(frozen)
   return base + frozen
 end
 
@@ -183,8 +194,9 @@ end
 -- The sale's five trailing items of a reply: phase, opens_at, prequeue_from, paused, message.
 local function sale_tail(out, phase, sale)
   local nn = #out
-  out[nn + 1], out[nn + 2], out[nn + 3] = phase, tonumber(sale[1] or '0'), tonumber(sale[2] or '0')
-  out[nn + 4], out[nn + 5] = sale[4] == '1' and 1 or 0, sale[6] or ''
+  out[nn + 1], out[nn + 2] = phase, tonumber(sale.opens_at or '0')
+  out[nn + 3], out[nn + 4] = tonumber(sale.prequeue_from or '0'), sale.paused == '1' and 1 or 0
+  out[nn + 5] = sale.message or ''
 end
 
 -- The sale's record (queue:{T}:record, HASH; `domain::TargetRecord` reads it): counters per tick

@@ -25,8 +25,8 @@
 -- ARGV[6] event log entries kept (`events.max_len`)
 -- ARGV[7..] seq, user pairs, seqs ascending and contiguous
 -- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
-local s = redis.call('HMGET', KEYS[5], 'frozen', 'opened_at', 'commitment', 'seed')
-if not s[1] or s[2] then
+local sale = sale_read(KEYS[5])
+if not sale.frozen or sale.opened_at then
   return 0
 end
 local ttl = tonumber(ARGV[3])
@@ -68,6 +68,6 @@ if ARGV[1] == '1' then
   redis.call('HSET', KEYS[5], 'opened_at', now)
   redis.call('UNLINK', KEYS[6])
   local log = event_log(KEYS[9], ARGV[6], tonumber(ARGV[5]))
-  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, s[1], s[3] or '', s[4] or ''), log)
+  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, sale.frozen, sale.commitment or '', sale.seed or ''), log)
 end
 return 1

@@ -47,7 +47,7 @@ local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', sale[7] and openKey or preKey, unpack(ARGV, 3, 2 + n))
+  pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, 3, 2 + n))
 end
 local toks = tokens_of(seqs, n, 5)
 local ahead = ahead_counter(KEYS[5], mark)

@@ -31,7 +31,7 @@ if KEYS[6] then
   local flag = 0
   if phase ~= NO_SALE and phase ~= P_OPEN then
     flag = 2
-  elseif s[4] == '1' then
+  elseif s.paused == '1' then
     flag = 1
   end
   out[4] = flag

@@ -43,7 +43,7 @@ pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};
 pub use self::redis::slices;
-pub use self::redis::{RedisStore, TargetView, ViewSync, keys};
+pub use self::redis::{RedisStore, SALE_FIELDS, TargetView, ViewSync, keys};
 pub use self::rules::{FLAG_ACK_KEEP_MS, FLEET_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS};
 pub use self::sale::SaleOps;
 pub use self::targets::TargetOps;

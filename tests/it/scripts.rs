@@ -394,3 +394,33 @@ async fn users_ahead_of_the_prelude_are_the_views() {
         assert_eq!(got, want, "users ahead above mark {mark}");
     }
 }
+
+/// The prelude's `sale_read` gives the scripts the sale's hash by the names Rust's codec decodes
+/// (`vq::store::SALE_FIELDS`, one list): each of those fields set in Redis comes back under its
+/// own name and no other field comes back.
+#[tokio::test]
+async fn sale_read_of_the_prelude_names_the_codecs_fields() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let key = format!("{P}sale");
+    let mut fields: Vec<(String, String)> =
+        vq::store::SALE_FIELDS.iter().zip(1..).map(|(f, i)| (f.to_string(), (100 + i).to_string())).collect();
+    let _: () = redis::cmd("HSET").arg(&key).arg(&fields).arg("base").arg(7).query_async(&mut c).await.unwrap();
+    let body = "local sale, out = sale_read(KEYS[1]), {}\n\
+                for i = 1, #ARGV do out[i] = tonumber(sale[ARGV[i]] or '0') end\n\
+                local n = 0\n\
+                for _ in pairs(sale) do n = n + 1 end\n\
+                out[#out + 1] = n\n\
+                return out";
+    let names: Vec<String> = fields.iter().map(|(f, _)| f.clone()).collect();
+    let got = prelude_eval(&mut c, body, std::slice::from_ref(&key), &names).await;
+    let mut want: Vec<i64> = fields.iter().map(|(_, v)| v.parse().unwrap()).collect();
+    want.push(fields.len() as i64);
+    assert_eq!(got, want, "sale_read's fields by name, then how many it holds");
+    // Absent fields are nil in the table, not false: `sale.frozen` reads as unset.
+    fields.truncate(1);
+    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut c).await.unwrap();
+    let _: () = redis::cmd("HSET").arg(&key).arg(&fields).query_async(&mut c).await.unwrap();
+    let got = prelude_eval(&mut c, body, std::slice::from_ref(&key), &names[..1]).await;
+    assert_eq!(got, [101, 1]);
+}

@@ -117,6 +117,23 @@ pub(super) fn encode_batch_row(at_ms: u64, from: Option<u64>, to: u64, instance:
     format!("batch|{at_ms}|{from}|{to}|{}|{reason}", instance.replace('|', "/"))
 }
 
+/// The fields of the sale's hash (`queue:{T}:sale`) the scripts decide by: the prelude's
+/// `sale_read` reads these (`SALE_FIELDS` in `lua/prelude.lua`, the same list, checked by the
+/// tests of `scripts.rs` and on a real Redis by `tests/it/scripts.rs`) into a table by name, and
+/// [`decode_sale`] reads each of them. A new field of the sale is added here and there.
+pub const SALE_FIELDS: [&str; 10] = [
+    "opens_at",
+    "prequeue_from",
+    "closes_at",
+    "paused",
+    "closed",
+    "message",
+    "frozen",
+    "opened_at",
+    "seed",
+    "commitment",
+];
+
 /// The sale's hash (`queue:{T}:sale`) as the scripts write it; `None` when it is empty.
 pub(super) fn decode_sale(fields: &HashMap<String, String>) -> Option<SaleRecord> {
     if fields.is_empty() {
@@ -307,6 +324,16 @@ mod tests {
             .collect();
         let r = decode_sale(&fields).unwrap();
         assert_eq!((r.opens_at_ms, r.paused, r.prequeued, r.message), (Some(2000), true, Some(3), None));
+    }
+
+    /// Each field the scripts read is one the record takes: set alone to "1", it shows.
+    #[test]
+    fn every_sale_field_the_scripts_read_is_decoded() {
+        let empty = decode_sale(&HashMap::from([("close_source".to_owned(), "?".to_owned())])).unwrap();
+        for field in SALE_FIELDS {
+            let r = decode_sale(&HashMap::from([(field.to_owned(), "1".to_owned())])).unwrap();
+            assert_ne!(r, empty, "{field} is not read by decode_sale");
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ mod shared_calls;
 pub mod slices;
 mod view;
 
+pub use self::codec::SALE_FIELDS;
 pub use self::view::{TargetView, ViewSync};
 
 use std::sync::{Arc, Mutex, OnceLock};

@@ -475,6 +475,17 @@ mod tests {
         assert_eq!(keys::used_token("abc"), None);
     }
 
+    /// `sale_read` of the prelude reads the fields the codec decodes, by the same names.
+    #[test]
+    fn sale_fields_are_the_preludes() {
+        let line = PRELUDE
+            .lines()
+            .find_map(|l| l.strip_prefix("local SALE_FIELDS = {")?.strip_suffix('}'))
+            .expect("`local SALE_FIELDS = {…}` in prelude.lua");
+        let lua: Vec<&str> = line.split(", ").map(|f| f.trim_matches('\'')).collect();
+        assert_eq!(lua, super::super::codec::SALE_FIELDS);
+    }
+
     #[test]
     fn wait_bucket_edges_are_sent_as_the_prelude_reads_them() {
         assert_eq!(WAIT_BUCKET_EDGES.as_str(), "120:1 600:10 3600:60");
