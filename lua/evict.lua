@@ -10,10 +10,10 @@
 --                               the frozen pre-queue they only lose their heartbeat, and
 --                               sale_place.lua records their seq as departed
 -- KEYS[6] queue:{T}:record      HASH the sale's record (optional, with ARGV[4]): evicted
--- ARGV[1] heartbeat timeout ms
--- ARGV[2] max users to evict in this call
--- ARGV[3] key ttl seconds
--- ARGV[4] record ttl seconds
+-- ARGV[1] timeout_ms: heartbeat timeout ms
+-- ARGV[2] max: max users to evict in this call
+-- ARGV[3] key_ttl_s: key ttl seconds
+-- ARGV[4] record_ttl_s: record ttl seconds
 -- returns the number of users evicted
 local now = now_ms()
 local cutoff = now - tonumber(ARGV[1])

@@ -5,13 +5,13 @@
 -- KEYS[1] virtual-queue:acks   HASH instance -> `ack_value` (prelude.lua): version, applied
 --                              at, expires at (Redis' clock; readers prune past it), missing,
 --                              state
--- ARGV[1] instance id
--- ARGV[2] flag version applied
--- ARGV[3] applied at, epoch ms (the instance's clock, shown to the operator)
--- ARGV[4] lifetime of this acknowledgement, ms
--- ARGV[5] "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
--- ARGV[6] the flag the instance applies, one line for the operator (e.g. "on 100%")
--- ARGV[7] keep, ms: how long readers list an acknowledgement after it expired (silent)
+-- ARGV[1] instance: instance id
+-- ARGV[2] version: flag version applied
+-- ARGV[3] applied_at_ms: applied at, epoch ms (the instance's clock, shown to the operator)
+-- ARGV[4] ttl_ms: lifetime of this acknowledgement, ms
+-- ARGV[5] missing: "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
+-- ARGV[6] state: the flag the instance applies, one line for the operator (e.g. "on 100%")
+-- ARGV[7] keep_ms: keep, ms: how long readers list an acknowledgement after it expired (silent)
 -- returns 1
 local now = now_ms()
 local ttl = tonumber(ARGV[4])

@@ -5,7 +5,7 @@
 --
 -- KEYS[1] virtual-queue:acks   HASH instance -> `ack_value` (prelude.lua), parsed by
 --                              `ack_parse`
--- ARGV[1] keep, ms: how long an expired acknowledgement stays listed
+-- ARGV[1] keep_ms: keep, ms: how long an expired acknowledgement stays listed
 -- returns {instance, "version:applied_at_ms[:missing:state]", silent ms ("-1" while live), ...}
 local now = now_ms()
 local keep = tonumber(ARGV[1])

@@ -2,12 +2,12 @@
 -- so every instance can say which version it applied.
 --
 -- KEYS[1] virtual-queue:flag   HASH enabled, percent, version, target:TYPE:id
--- ARGV[1] number of field/value pairs to set (n)
--- ARGV[2] "1": delete every target:* override in the same step (the rollback), else "0"
--- ARGV[3] lowest acceptable new version: one above the highest version an instance
+-- ARGV[1] set_count: number of field/value pairs to set (n)
+-- ARGV[2] clear_overrides: "1": delete every target:* override in the same step (the rollback), else "0"
+-- ARGV[3] version_floor: lowest acceptable new version: one above the highest version an instance
 --         acknowledged, so a flag written again after the hash was lost (FLUSHALL, restart
 --         without persistence) never reuses a version an instance already applied
--- ARGV[4..] n field/value pairs to set, then fields to delete
+-- ARGV[4..] fields: n field/value pairs to set, then fields to delete
 -- returns the new version
 local n = tonumber(ARGV[1])
 if ARGV[2] == '1' then

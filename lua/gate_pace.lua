@@ -9,11 +9,11 @@
 --
 -- KEYS[1] queue:{T}:forwarded    HASH tick -> purchases forwarded (reserved) in that tick
 -- KEYS[2] queue:{T}:batch_size   STRING runtime batch size for this target (optional)
--- ARGV[1] tick length ms
--- ARGV[2] budget per tick when the target has no runtime batch size of its own
--- ARGV[3] guard ms: a request this close to the end of a tick goes to the next one, so it
+-- ARGV[1] tick_ms: tick length ms
+-- ARGV[2] default_budget: budget per tick when the target has no runtime batch size of its own
+-- ARGV[3] guard_ms: guard ms: a request this close to the end of a tick goes to the next one, so it
 --         reaches the downstream inside the tick it was counted in
--- ARGV[4] ticks ahead the gate may wait at most
+-- ARGV[4] ahead: ticks ahead the gate may wait at most
 -- returns {1, ms until the reserved tick starts, ms until it ends} with a reserved place (by
 -- Redis' clock: the gate forwards only inside that window, else reserves again), or
 -- {0, ms until the next tick} when full

@@ -13,10 +13,10 @@
 -- KEYS[6] queue:{T}:unused           ZSET user -> expiry ms of a token issued and not used yet
 --                                    (a purchase takes it out; tokens_expire.lua counts the rest)
 -- KEYS[7] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
--- ARGV[1] user id
--- ARGV[2] the token signed by the caller
--- ARGV[3] token ttl seconds
--- ARGV[4] record ttl seconds
+-- ARGV[1] user: user id
+-- ARGV[2] token: the token signed by the caller
+-- ARGV[3] token_ttl_s: token ttl seconds
+-- ARGV[4] record_ttl_s: record ttl seconds
 -- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0, 0, 0} with
 --   ADMITTED      a = the caller's token if stored now, else the stored one
 --   NOT_IN_QUEUE  neither waiting nor holding a token

@@ -10,9 +10,9 @@
 --                               heartbeat: sale_place.lua then records their seq as departed)
 -- KEYS[5] queue:{T}:record      HASH the sale's record (optional, with KEYS[4] and ARGV[3]):
 --                               left (users who left the queue or the pre-queue)
--- ARGV[1] user id
--- ARGV[2] key ttl seconds
--- ARGV[3] record ttl seconds
+-- ARGV[1] user: user id
+-- ARGV[2] key_ttl_s: key ttl seconds
+-- ARGV[3] record_ttl_s: record ttl seconds
 -- returns 1 if the user was waiting, else 0
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -9,8 +9,8 @@
 --                                    (outflow_observe.lua): n, e (errors), b (backoffs),
 --                                    l<k> (buyers in latency bucket k)
 -- KEYS[4] queue:{T}:waits            HASH target counters (tokens_used, tokens_expired)
--- ARGV[1] the interval i
--- ARGV[2] the key ttl, seconds
+-- ARGV[1] interval: the interval i
+-- ARGV[2] key_ttl_s: the key ttl, seconds
 -- returns {'pinned'}, {'decided', batch}, or {'decide', batch, used, expired, no_show,
 -- used_now, expired_now, field, value, ...} with the interval's observations; batch is ''
 -- before the first decision, used/expired/no_show '' before the first decision recorded them

@@ -8,12 +8,12 @@
 --                                       the purchase API backed off from), l<k> (buyers whose
 --                                       slowest purchase fell in latency bucket k)
 -- KEYS[2] queue:{T}:outflow:buyers:<i>  HASH buyer -> '<k>:<e><b>', what KEYS[1] counts of them
--- ARGV[1] the buyer (user id)
--- ARGV[2] the purchase's latency bucket k
--- ARGV[3] 1 if the purchase failed, else 0
--- ARGV[4] 1 if the purchase API backed off, else 0
--- ARGV[5] KEYS[1]'s ttl, seconds (the pump reads it after the interval)
--- ARGV[6] KEYS[2]'s ttl, seconds (only the interval's own purchases write it)
+-- ARGV[1] buyer: the buyer (user id)
+-- ARGV[2] bucket: the purchase's latency bucket k
+-- ARGV[3] error: 1 if the purchase failed, else 0
+-- ARGV[4] backoff: 1 if the purchase API backed off, else 0
+-- ARGV[5] observations_ttl_s: KEYS[1]'s ttl, seconds (the pump reads it after the interval)
+-- ARGV[6] buyers_ttl_s: KEYS[2]'s ttl, seconds (only the interval's own purchases write it)
 -- returns 1 for the buyer's first purchase in the interval, 0 otherwise
 local k, e, b = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local prev = redis.call('HGET', KEYS[2], ARGV[1])

@@ -10,15 +10,15 @@
 -- KEYS[6] queue:{T}:events     STREAM the event log: the change (prelude.lua's event_add)
 -- KEYS[7] queue:{T}:bought     HASH purchases per user (token_claim.lua; deleted by clear: a
 --                              new sale counts each user's purchases from zero)
--- ARGV[1] pause | resume | close | clear
--- ARGV[2] source: command | schedule | purchase-api
--- ARGV[3] close message ('' otherwise)
--- ARGV[4] key ttl seconds
--- ARGV[5] ledger rows kept
--- ARGV[6] record ttl seconds (also the event log's)
--- ARGV[7] clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
+-- ARGV[1] action: pause | resume | close | clear
+-- ARGV[2] source: source: command | schedule | purchase-api
+-- ARGV[3] message: close message ('' otherwise)
+-- ARGV[4] key_ttl_s: key ttl seconds
+-- ARGV[5] ledger_max: ledger rows kept
+-- ARGV[6] record_ttl_s: record ttl seconds (also the event log's)
+-- ARGV[7] force: clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
 --         (pre-queued before the opening, or being given their places at the opening)
--- ARGV[8] event log entries kept (`events.max_len`)
+-- ARGV[8] events_max: event log entries kept (`events.max_len`)
 -- returns {1} when the state changed, {0} when it already was so (nothing recorded), and
 -- {2, opening, users} when a clear was refused: opening 1 in P_OPENING, 0 before it,
 -- users = those in the pre-queue (or the frozen one). The check and the clear are one step:

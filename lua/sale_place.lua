@@ -17,13 +17,13 @@
 -- KEYS[7] queue:{T}:ledger        LIST ledger rows, newest first
 -- KEYS[8] queue:{T}:record        HASH the sale's record: the opening (seed, commitment) as an event
 -- KEYS[9] queue:{T}:events        STREAM the event log: the opening (prelude.lua's event_add)
--- ARGV[1] 1 for the last chunk, else 0
--- ARGV[2] entry time ms of the pre-queued users (the opening time)
--- ARGV[3] key ttl seconds
--- ARGV[4] ledger rows kept
--- ARGV[5] record ttl seconds (also the event log's)
--- ARGV[6] event log entries kept (`events.max_len`)
--- ARGV[7..] seq, user pairs, seqs ascending and contiguous
+-- ARGV[1] last: 1 for the last chunk, else 0
+-- ARGV[2] opens_at_ms: entry time ms of the pre-queued users (the opening time)
+-- ARGV[3] key_ttl_s: key ttl seconds
+-- ARGV[4] ledger_max: ledger rows kept
+-- ARGV[5] record_ttl_s: record ttl seconds (also the event log's)
+-- ARGV[6] events_max: event log entries kept (`events.max_len`)
+-- ARGV[7..] places: seq, user pairs, seqs ascending and contiguous
 -- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
 local sale = sale_read(KEYS[5])
 if not sale.frozen or sale.opened_at then

@@ -8,15 +8,15 @@
 -- KEYS[2] queue:{T}:ledger   LIST ledger rows, newest first: gets "schedule|ms|opens|prequeue|closes"
 -- KEYS[3] queue:{T}:record   HASH the sale's record: the schedule as an event (prelude.lua)
 -- KEYS[4] queue:{T}:events   STREAM the event log: the schedule (prelude.lua's event_add)
--- ARGV[1] opens_at ms
--- ARGV[2] prequeue_from ms, '' for none
--- ARGV[3] closes_at ms, '' for none
--- ARGV[4] seed, lowercase hex of 32 random bytes (used only if the sale has none)
--- ARGV[5] commitment, lowercase hex SHA-256 of ARGV[4]'s bytes
--- ARGV[6] expiry, epoch s (the last of the schedule's times plus the key ttl)
--- ARGV[7] ledger rows kept
--- ARGV[8] record ttl seconds (also the event log's)
--- ARGV[9] event log entries kept (`events.max_len`)
+-- ARGV[1] opens_at_ms: opens_at ms
+-- ARGV[2] prequeue_from_ms: prequeue_from ms, '' for none
+-- ARGV[3] closes_at_ms: closes_at ms, '' for none
+-- ARGV[4] seed: seed, lowercase hex of 32 random bytes (used only if the sale has none)
+-- ARGV[5] commitment: commitment, lowercase hex SHA-256 of ARGV[4]'s bytes
+-- ARGV[6] expire_at_s: expiry, epoch s (the last of the schedule's times plus the key ttl)
+-- ARGV[7] ledger_max: ledger rows kept
+-- ARGV[8] record_ttl_s: record ttl seconds (also the event log's)
+-- ARGV[9] events_max: event log entries kept (`events.max_len`)
 -- returns {1, commitment} when scheduled, {0, frozen_at ms} when the pre-queue was frozen
 -- already (the opening happened: clear the sale first)
 local frozen = redis.call('HGET', KEYS[1], 'frozen_at')

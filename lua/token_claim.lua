@@ -18,12 +18,12 @@
 -- KEYS[4] queue:{T}:bought         HASH user -> purchases claimed in the sale (ARGV[4] > 0 only);
 --                                  expires ARGV[6] s after the target's last claim, deleted by
 --                                  a sale's clear (sale_control.lua)
--- ARGV[1] the token presented
--- ARGV[2] seconds until the token expires (its mark lives as long)
--- ARGV[3] purchases per admission (≥ 1)
--- ARGV[4] purchases per user (0 = no limit)
--- ARGV[5] the user id
--- ARGV[6] key ttl seconds (queue.key_ttl_s)
+-- ARGV[1] token: the token presented
+-- ARGV[2] ttl_s: seconds until the token expires (its mark lives as long)
+-- ARGV[3] per_admission: purchases per admission (≥ 1)
+-- ARGV[4] per_user: purchases per user (0 = no limit)
+-- ARGV[5] user: the user id
+-- ARGV[6] key_ttl_s: key ttl seconds (queue.key_ttl_s)
 -- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when the token is used up,
 -- {2} when the user made their purchases
 local now = now_ms()

@@ -7,11 +7,11 @@
 -- KEYS[2] queue:{T}:used:{user}   ZSET of used-up tokens (token_claim.lua)
 -- KEYS[3] queue:{T}:uses:{user}   HASH token -> purchases claimed with it (ARGV[3] > 1 only)
 -- KEYS[4] queue:{T}:bought        HASH user -> purchases claimed in the sale (ARGV[4] > 0 only)
--- ARGV[1] the token presented
--- ARGV[2] the value of KEYS[1] before the claim ('' = there was none)
--- ARGV[3] purchases per admission the claim counted with
--- ARGV[4] purchases per user the claim counted with
--- ARGV[5] the user id
+-- ARGV[1] token: the token presented
+-- ARGV[2] previous: the value of KEYS[1] before the claim ('' = there was none)
+-- ARGV[3] per_admission: purchases per admission the claim counted with
+-- ARGV[4] per_user: purchases per user the claim counted with
+-- ARGV[5] user: the user id
 -- returns 1 if the token was marked used and is not any more, 0 otherwise
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('GET', KEYS[1]) == used_mark(ARGV[1]) then

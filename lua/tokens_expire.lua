@@ -7,7 +7,7 @@
 --
 -- KEYS[1] queue:{T}:unused           ZSET user -> expiry ms of a token issued and not used yet
 -- KEYS[2] queue:{T}:waits            HASH target counters (tokens_expired)
--- ARGV[1] most tokens this call counts
+-- ARGV[1] max: most tokens this call counts
 -- returns the tokens found expired now (the earliest expiries first, at most ARGV[1])
 local n = math.min(redis.call('ZCOUNT', KEYS[1], '-inf', now_ms()), tonumber(ARGV[1]))
 if n > 0 then

@@ -5,16 +5,20 @@
 
 use redis::aio::MultiplexedConnection;
 
+use vq::store::layout::{self, EnterArgs, ScriptArgs, StatusArgs};
+
 use crate::support::{RedisServer, lua_as_sent};
 
 const P: &str = "queue:{LIMITED_DROP:1}:";
 
-/// The script's reply as strings: `[mark, batch, then code, a, b per user]`.
+/// The script's reply as strings: `[mark, batch, then code, a, b per user]`. Its target keys
+/// (`names`) and its arguments (`head`) are vq's declarations (`store::layout`), which its tests
+/// check against the script's header.
 async fn call(
     c: &mut MultiplexedConnection,
     script: &str,
     names: &[&str],
-    head: &[String],
+    head: &[Vec<u8>],
     users: &[u64],
 ) -> Vec<String> {
     let script = redis::Script::new(script);
@@ -42,21 +46,6 @@ async fn call(
         .collect()
 }
 
-/// The script as vq sends it (`lua/prelude.lua` in front) and its target keys before the
-/// per-user ones, read from its header (`-- KEYS[<n>] queue:{T}:<name>`), the one place that
-/// order is written for Lua.
-fn script(text: &str) -> (String, Vec<String>) {
-    let names = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("-- KEYS["))
-        .filter_map(|r| r.split_once(']'))
-        .filter(|(i, _)| i.chars().all(|c| c.is_ascii_digit()))
-        .filter_map(|(_, k)| k.split_whitespace().next()?.strip_prefix("queue:{T}:").map(str::to_owned))
-        .filter(|n| !n.contains('{'))
-        .collect();
-    (lua_as_sent(text), names)
-}
-
 async fn enter(c: &mut MultiplexedConnection, max: u64, users: &[u64]) -> Vec<String> {
     enter_fenced(c, max, Fence::default(), users).await
 }
@@ -71,10 +60,16 @@ struct Fence {
 }
 
 async fn enter_fenced(c: &mut MultiplexedConnection, max: u64, f: Fence, users: &[u64]) -> Vec<String> {
-    let (text, names) = script(include_str!("../../lua/enter.lua"));
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let head = [max, 1800, f.seq_seen, f.seq_to, f.mark, 1000, 86_400, 64].map(|v| v.to_string());
-    call(c, &text, &names, &head, users).await
+    let args = EnterArgs {
+        capacity: max,
+        key_ttl_s: 1800,
+        seq_seen: f.seq_seen,
+        seq_to: f.seq_to,
+        mark_seen: f.mark,
+        tick_ms: 1000,
+        record_ttl_s: 86_400,
+    };
+    call(c, &lua_as_sent(include_str!("../../lua/enter.lua")), layout::ENTER_KEYS, &args.argv(), users).await
 }
 
 async fn status(c: &mut MultiplexedConnection, users: &[u64]) -> Vec<String> {
@@ -82,9 +77,8 @@ async fn status(c: &mut MultiplexedConnection, users: &[u64]) -> Vec<String> {
 }
 
 async fn status_fenced(c: &mut MultiplexedConnection, mark: u64, users: &[u64]) -> Vec<String> {
-    let (text, names) = script(include_str!("../../lua/status.lua"));
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    call(c, &text, &names, &[mark.to_string(), "1800".to_owned()], users).await
+    let args = StatusArgs { mark_seen: mark, key_ttl_s: 1800 };
+    call(c, &lua_as_sent(include_str!("../../lua/status.lua")), layout::STATUS_KEYS, &args.argv(), users).await
 }
 
 /// Redis' clock, epoch ms: the scripts keep times by it, never by the caller's.

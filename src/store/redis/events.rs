@@ -8,6 +8,7 @@ use redis::AsyncCommands;
 use super::RedisStore;
 use super::codec;
 use super::keys;
+use super::layout::*;
 use super::scripts::EVENTS_LEASE;
 use crate::domain::{Event, EventId, EventKind, EventLog, QueueTarget};
 use crate::store::{EventOps, StoreError};
@@ -71,8 +72,11 @@ impl EventOps for RedisStore {
     }
 
     async fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
-        let held: u64 =
-            EVENTS_LEASE.key(keys::events_lease(name)).arg(holder).arg(ttl_ms).invoke_async(&mut self.conn()).await?;
+        let held: u64 = EVENTS_LEASE
+            .key(keys::events_lease(name))
+            .args(&EventsLeaseArgs { holder, lease_ms: ttl_ms })
+            .invoke_async(&mut self.conn())
+            .await?;
         Ok(held == 1)
     }
 

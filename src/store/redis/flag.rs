@@ -10,12 +10,13 @@ use redis::AsyncCommands;
 use super::RedisStore;
 use super::flag_form::{FlagFields, decode_flag, encode_change};
 use super::keys;
+use super::layout::*;
 use super::scripts::{FLAG_ACK, FLAG_ACKS, FLAG_SET};
 use crate::domain::QueueTarget;
 use crate::domain::{FlagChange, FlagState};
 use crate::store::FlagOps;
 use crate::store::rules::flag_version_floor;
-use crate::store::{FLAG_ACK_KEEP_MS, FlagAck, StoreError};
+use crate::store::{FlagAck, StoreError};
 
 impl RedisStore {
     /// `flag_set.lua` with a version floor one above the highest acknowledged version. The
@@ -24,7 +25,11 @@ impl RedisStore {
     async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
         let floor = flag_version_floor(self.flag_acks().await?.iter().map(|a| a.version));
         let mut inv = FLAG_SET.key(keys::FLAG);
-        inv.arg(fields.set.len()).arg(if fields.clear_overrides { "1" } else { "0" }).arg(floor);
+        inv.args(&FlagSetArgs {
+            set_count: fields.set.len(),
+            clear_overrides: if fields.clear_overrides { "1" } else { "0" },
+            version_floor: floor,
+        });
         for (k, v) in &fields.set {
             inv.arg(k).arg(v);
         }
@@ -50,13 +55,14 @@ impl FlagOps for RedisStore {
         let (missing, state) = ack.encode_rest();
         let _: u64 = FLAG_ACK
             .key(keys::FLAG_ACKS)
-            .arg(&ack.instance)
-            .arg(ack.version)
-            .arg(ack.applied_at_ms)
-            .arg(ttl_ms.max(1))
-            .arg(missing)
-            .arg(state)
-            .arg(FLAG_ACK_KEEP_MS)
+            .args(&FlagAckArgs {
+                instance: &ack.instance,
+                version: ack.version,
+                applied_at_ms: ack.applied_at_ms,
+                ttl_ms: ttl_ms.max(1),
+                missing,
+                state: &state,
+            })
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
@@ -64,7 +70,7 @@ impl FlagOps for RedisStore {
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let listed: Vec<String> =
-            FLAG_ACKS.key(keys::FLAG_ACKS).arg(FLAG_ACK_KEEP_MS).invoke_async(&mut self.conn()).await?;
+            FLAG_ACKS.key(keys::FLAG_ACKS).args(&FlagAcksArgs {}).invoke_async(&mut self.conn()).await?;
         let mut acks: Vec<FlagAck> =
             listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));

@@ -4,10 +4,10 @@
 
 use super::RedisStore;
 use super::keys;
+use super::layout::*;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
 use crate::domain::{PurchaseLimits, QueueTarget, UserId};
 use crate::store::GateOps;
-use crate::store::rules::PACE_GUARD_MS;
 use crate::store::{PaceSlot, StoreError, TokenClaim};
 
 impl GateOps for RedisStore {
@@ -24,12 +24,14 @@ impl GateOps for RedisStore {
             .key(keys::used_tokens(target, &user))
             .key(keys::token_uses(target, &user))
             .key(keys::of(target, "bought"))
-            .arg(token)
-            .arg(ttl_s.max(1))
-            .arg(limits.per_admission)
-            .arg(limits.per_user)
-            .arg(user.as_str())
-            .arg(self.limits.key_ttl_s)
+            .args(&TokenClaimArgs {
+                token,
+                ttl_s: ttl_s.max(1),
+                per_admission: limits.per_admission,
+                per_user: limits.per_user,
+                user: user.as_str(),
+                key_ttl_s: self.limits.key_ttl_s,
+            })
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -62,11 +64,13 @@ impl GateOps for RedisStore {
             .key(keys::used_tokens(target, &user))
             .key(keys::token_uses(target, &user))
             .key(keys::of(target, "bought"))
-            .arg(token)
-            .arg(previous.unwrap_or_default())
-            .arg(limits.per_admission)
-            .arg(limits.per_user)
-            .arg(user.as_str())
+            .args(&TokenReleaseArgs {
+                token,
+                previous: previous.as_deref().unwrap_or_default(),
+                per_admission: limits.per_admission,
+                per_user: limits.per_user,
+                user: user.as_str(),
+            })
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
@@ -127,10 +131,7 @@ impl GateOps for RedisStore {
         ahead: u64,
     ) -> Result<Option<PaceSlot>, StoreError> {
         let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
-            .arg(tick_ms)
-            .arg(default_budget)
-            .arg(PACE_GUARD_MS)
-            .arg(ahead)
+            .args(&GatePaceArgs { tick_ms, default_budget, ahead })
             .invoke_async(&mut self.conn())
             .await?;
         match r.as_slice() {

@@ -14,6 +14,7 @@ use redis::Value;
 use tokio::sync::oneshot;
 
 use super::conn::Conn;
+use super::layout::*;
 use super::scripts::USER_HOLD;
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
@@ -88,7 +89,7 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs
     for g in [generation.saturating_sub(1), generation, generation + 1] {
         cmd.arg(keys::user_holds(bucket, g));
     }
-    cmd.arg(generation).arg(gen_ms);
+    USER_HOLD.put_args(&mut cmd, &UserHoldArgs { generation, generation_ms: gen_ms });
     for job in &jobs {
         cmd.arg(job.user.as_str());
         match job.op {

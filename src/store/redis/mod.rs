@@ -36,6 +36,7 @@ mod fleet;
 mod gate;
 mod holds;
 pub mod keys;
+pub mod layout;
 mod outflow;
 mod pulse;
 mod queue;

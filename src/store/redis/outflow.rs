@@ -6,12 +6,13 @@
 use super::RedisStore;
 use super::codec;
 use super::keys;
+use super::layout::*;
 use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
 use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_OBSERVE, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
 use super::slices::TOKENS_EXPIRE_SLICE;
 use crate::domain::{BuyerObservation, Observations, QueueTarget, UserId};
 use crate::store::OutflowOps;
-use crate::store::{BatchChange, LEDGER_MAX_ROWS, OutflowClaim, OutflowState, StoreError, TokensEnded};
+use crate::store::{BatchChange, OutflowClaim, OutflowState, StoreError, TokensEnded};
 
 /// How long an interval's observations stay: a few intervals, as the pump reads the one just
 /// ended.
@@ -29,12 +30,14 @@ impl OutflowOps for RedisStore {
         let _: u64 = OUTFLOW_OBSERVE
             .key(keys::of(target, &format!("outflow:obs:{interval}")))
             .key(keys::of(target, &format!("outflow:buyers:{interval}")))
-            .arg(buyer.as_str())
-            .arg(seen.bucket)
-            .arg(u8::from(seen.error))
-            .arg(u8::from(seen.backoff))
-            .arg(OBSERVATIONS_KEEP_S)
-            .arg(keep_s.max(1))
+            .args(&OutflowObserveArgs {
+                buyer: buyer.as_str(),
+                bucket: seen.bucket,
+                error: u8::from(seen.error),
+                backoff: u8::from(seen.backoff),
+                observations_ttl_s: OBSERVATIONS_KEEP_S,
+                buyers_ttl_s: keep_s.max(1),
+            })
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
@@ -46,8 +49,7 @@ impl OutflowOps for RedisStore {
             .key(keys::of(target, "batch_size"))
             .key(keys::of(target, &format!("outflow:obs:{interval}")))
             .key(keys::of(target, "waits"))
-            .arg(interval)
-            .arg(self.limits.key_ttl_s)
+            .args(&OutflowClaimArgs { interval, key_ttl_s: self.limits.key_ttl_s })
             .invoke_async(&mut self.conn())
             .await?;
         let bad = || StoreError::Reply { what: "outflow_claim.lua", detail: format!("unexpected reply {reply:?}") };
@@ -93,8 +95,12 @@ impl OutflowOps for RedisStore {
             codec::encode_batch_row(state.decided_at_ms, c.from, state.batch, &c.instance, &state.reason)
         });
         let mut call = on_target(&OUTFLOW_SET, target, OUTFLOW_SET_KEYS);
-        call.arg(self.limits.key_ttl_s).arg(row).arg(LEDGER_MAX_ROWS);
-        call.arg(self.limits.events.max_len).arg(self.limits.record_ttl_s);
+        call.args(&OutflowSetArgs {
+            key_ttl_s: self.limits.key_ttl_s,
+            row: &row,
+            events_max: self.limits.events.max_len,
+            events_ttl_s: self.limits.record_ttl_s,
+        });
         for (field, value) in codec::encode_outflow(state) {
             call.arg(field).arg(value);
         }
@@ -103,7 +109,10 @@ impl OutflowOps for RedisStore {
     }
 
     async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS).invoke_async(&mut self.conn()).await?)
+        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS)
+            .args(&ActiveCountArgs {})
+            .invoke_async(&mut self.conn())
+            .await?)
     }
 
     async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
@@ -113,7 +122,7 @@ impl OutflowOps for RedisStore {
         let mut expired = 0;
         for _ in 0..TOKENS_EXPIRE_CALLS {
             let n: u64 = on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS)
-                .arg(TOKENS_EXPIRE_SLICE)
+                .args(&TokensExpireArgs { max: TOKENS_EXPIRE_SLICE })
                 .invoke_async(&mut self.conn())
                 .await?;
             expired += n;

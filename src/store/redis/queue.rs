@@ -9,14 +9,12 @@ use redis::AsyncCommands;
 use super::RedisStore;
 use super::holds::HoldOp;
 use super::keys;
-use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, WAIT_BUCKET_EDGES, num, on_target};
+use super::layout::*;
+use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, num, on_target};
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
-use crate::store::rules::ADMISSIONS_KEPT;
-use crate::store::{
-    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, LEDGER_MAX_ROWS, StatusOutcome, StoreError, TargetSnapshot,
-};
+use crate::store::{AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, StatusOutcome, StoreError, TargetSnapshot};
 use crate::store::{QueueOps, TargetOps};
 
 impl QueueOps for RedisStore {
@@ -78,9 +76,11 @@ impl QueueOps for RedisStore {
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
-            .arg(user.as_str())
-            .arg(self.limits.key_ttl_s)
-            .arg(self.limits.record_ttl_s)
+            .args(&LeaveArgs {
+                user: user.as_str(),
+                key_ttl_s: self.limits.key_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+            })
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
@@ -145,22 +145,21 @@ impl QueueOps for RedisStore {
         loop {
             let fence = self.fences.fence(target);
             let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
-                .arg(default_batch)
-                .arg(tick_ms)
-                .arg(self.limits.key_ttl_s)
-                .arg(instance)
-                .arg(LEDGER_MAX_ROWS)
-                .arg(fence.mark)
-                .arg(fence.seq_seen)
-                .arg(fence.seq_to)
-                .arg(fence.tick)
-                .arg(self.limits.record_ttl_s)
-                .arg(WAIT_BUCKET_EDGES.as_str())
-                .arg(ADMISSIONS_KEPT)
-                .arg(self.limits.events.max_len)
-                .arg(self.limits.events.admitted_every)
-                .arg(ADMIT_SLICE)
-                .arg(&continuation)
+                .args(&AdmitArgs {
+                    default_batch,
+                    tick_ms,
+                    key_ttl_s: self.limits.key_ttl_s,
+                    instance,
+                    mark_seen: fence.mark,
+                    seq_seen: fence.seq_seen,
+                    seq_to: fence.seq_to,
+                    tick_seen: fence.tick,
+                    record_ttl_s: self.limits.record_ttl_s,
+                    events_max: self.limits.events.max_len,
+                    admitted_every: self.limits.events.admitted_every,
+                    slice: ADMIT_SLICE,
+                    continuation: &continuation,
+                })
                 .invoke_async(&mut self.conn())
                 .await?;
             let advanced = num("admit.lua", &r, 0)? == 1;
@@ -188,10 +187,12 @@ impl QueueOps for RedisStore {
 
     async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
         Ok(on_target(&EVICT, target, EVICT_KEYS)
-            .arg(timeout_ms)
-            .arg(max)
-            .arg(self.limits.key_ttl_s)
-            .arg(self.limits.record_ttl_s)
+            .args(&EvictArgs {
+                timeout_ms,
+                max,
+                key_ttl_s: self.limits.key_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+            })
             .invoke_async(&mut self.conn())
             .await?)
     }

@@ -8,6 +8,7 @@ use redis::AsyncCommands;
 use super::RedisStore;
 use super::codec;
 use super::keys;
+use super::layout::*;
 use super::scripts::{
     SALE_CONTROL, SALE_CONTROL_KEYS, SALE_PLACE, SALE_PLACE_KEYS, SALE_READ, SALE_READ_KEYS, SALE_SCHEDULE,
     SALE_SCHEDULE_KEYS, num, on_target, reply_err,
@@ -16,7 +17,7 @@ use super::slices::OPENING_READ_SLICE;
 use crate::domain::{
     AnswerClass, LedgerEntry, QueueTarget, Refusals, SaleControl, SaleSchedule, SaleSource, TargetRecord, UserId,
 };
-use crate::store::{ClearOutcome, LEDGER_MAX_ROWS, PendingOpening, SaleView, ScheduleOutcome, StoreError};
+use crate::store::{ClearOutcome, PendingOpening, SaleView, ScheduleOutcome, StoreError};
 use crate::store::{EventOps, SaleOps};
 
 impl RedisStore {
@@ -25,7 +26,8 @@ impl RedisStore {
         &self,
         target: QueueTarget,
     ) -> Result<(Option<SaleView>, u64), StoreError> {
-        let r: Vec<String> = on_target(&SALE_READ, target, SALE_READ_KEYS).invoke_async(&mut self.conn()).await?;
+        let r: Vec<String> =
+            on_target(&SALE_READ, target, SALE_READ_KEYS).args(&SaleReadArgs {}).invoke_async(&mut self.conn()).await?;
         let now_ms = num("sale_read.lua", &r, 0)?;
         let prequeued = num("sale_read.lua", &r, 1)?;
         let fields: HashMap<String, String> = r[2..].chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
@@ -42,14 +44,15 @@ impl RedisStore {
         force: bool,
     ) -> Result<Vec<String>, StoreError> {
         Ok(on_target(&SALE_CONTROL, target, SALE_CONTROL_KEYS)
-            .arg(action)
-            .arg(source.as_str())
-            .arg(message)
-            .arg(self.limits.key_ttl_s)
-            .arg(LEDGER_MAX_ROWS)
-            .arg(self.limits.record_ttl_s)
-            .arg(u8::from(force))
-            .arg(self.limits.events.max_len)
+            .args(&SaleControlArgs {
+                action,
+                source: source.as_str(),
+                message,
+                key_ttl_s: self.limits.key_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+                force: u8::from(force),
+                events_max: self.limits.events.max_len,
+            })
             .invoke_async(&mut self.conn())
             .await?)
     }
@@ -65,15 +68,16 @@ impl SaleOps for RedisStore {
         let last_ms = schedule.closes_at_ms.unwrap_or(schedule.opens_at_ms).max(schedule.opens_at_ms);
         let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
         let r: Vec<String> = on_target(&SALE_SCHEDULE, target, SALE_SCHEDULE_KEYS)
-            .arg(schedule.opens_at_ms)
-            .arg(opt(schedule.prequeue_from_ms))
-            .arg(opt(schedule.closes_at_ms))
-            .arg(crate::domain::hex(&seed))
-            .arg(crate::domain::seed_commitment(&seed))
-            .arg(last_ms / 1000 + self.limits.key_ttl_s)
-            .arg(LEDGER_MAX_ROWS)
-            .arg(self.limits.record_ttl_s)
-            .arg(self.limits.events.max_len)
+            .args(&SaleScheduleArgs {
+                opens_at_ms: schedule.opens_at_ms,
+                prequeue_from_ms: &opt(schedule.prequeue_from_ms),
+                closes_at_ms: &opt(schedule.closes_at_ms),
+                seed: &crate::domain::hex(&seed),
+                commitment: &crate::domain::seed_commitment(&seed),
+                expire_at_s: last_ms / 1000 + self.limits.key_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+                events_max: self.limits.events.max_len,
+            })
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
@@ -214,12 +218,13 @@ impl SaleOps for RedisStore {
         last: bool,
     ) -> Result<bool, StoreError> {
         let mut inv = on_target(&SALE_PLACE, target, SALE_PLACE_KEYS);
-        inv.arg(if last { "1" } else { "0" })
-            .arg(opens_at_ms)
-            .arg(self.limits.key_ttl_s)
-            .arg(LEDGER_MAX_ROWS)
-            .arg(self.limits.record_ttl_s)
-            .arg(self.limits.events.max_len);
+        inv.args(&SalePlaceArgs {
+            last: if last { "1" } else { "0" },
+            opens_at_ms,
+            key_ttl_s: self.limits.key_ttl_s,
+            record_ttl_s: self.limits.record_ttl_s,
+            events_max: self.limits.events.max_len,
+        });
         for (seq, user) in places {
             inv.arg(*seq).arg(user.as_str());
         }

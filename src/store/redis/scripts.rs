@@ -21,6 +21,12 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
 use super::conn::Conn;
 use super::keys;
+pub(super) use super::layout::{
+    ACTIVE_COUNT_KEYS, ADMIT_KEYS, ENTER_KEYS, EVICT_KEYS, GATE_PACE_KEYS, ISSUE_KEYS, LEAVE_KEYS, OUTFLOW_SET_KEYS,
+    SALE_CONTROL_KEYS, SALE_KEYS, SALE_PLACE_KEYS, SALE_READ_KEYS, SALE_SCHEDULE_KEYS, STATUS_KEYS, TOKENS_EXPIRE_KEYS,
+    VIEW_KEYS,
+};
+use super::layout::{ScriptArgs, Sink};
 use crate::domain::QueueTarget;
 use crate::store::StoreError;
 
@@ -134,6 +140,8 @@ fn stem(file: &str) -> &str {
 /// One script as vq runs it: a function of [`LIBRARY`], or, where Redis refuses functions, the
 /// same text (the prelude and the script) as EVALSHA. Called as `redis::Script` is.
 pub(super) struct Function {
+    /// The script's file in `lua/`.
+    file: &'static str,
     /// `vq_<hash>_<stem>`.
     name: String,
     script: Script,
@@ -143,7 +151,13 @@ impl Function {
     fn of(file: &str) -> Self {
         let def = DEFS.iter().find(|d| d.file == file).expect("every script vq runs is in DEFS");
         let text = if def.prelude { format!("{PRELUDE}\n{}", def.body) } else { def.body.to_owned() };
-        Self { name: format!("{}_{}", LIBRARY.name, stem(file)), script: Script::new(&text) }
+        Self { file: def.file, name: format!("{}_{}", LIBRARY.name, stem(file)), script: Script::new(&text) }
+    }
+
+    /// `args`, the declaration of this script's arguments, written into `sink` (a call of it).
+    pub(super) fn put_args<A: ScriptArgs>(&self, sink: &mut impl Sink, args: &A) {
+        debug_assert_eq!(A::FILE, self.file, "the arguments of another script");
+        args.put_into(sink);
     }
 
     pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
@@ -280,6 +294,14 @@ impl Invocation<'_> {
         self
     }
 
+    /// The script's declared arguments (`layout.rs`), in their order; a variadic tail follows
+    /// with [`Invocation::arg`].
+    pub(super) fn args<A: ScriptArgs>(&mut self, args: &A) -> &mut Self {
+        let function = self.function;
+        function.put_args(self, args);
+        self
+    }
+
     pub(super) async fn invoke_async<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
         let mut cmd = self.function.cmd(conn, self.keys.len());
         for k in &self.keys {
@@ -296,50 +318,10 @@ pub(super) static ENTER: LazyLock<Function> = LazyLock::new(|| Function::of("ent
 pub(super) static STATUS: LazyLock<Function> = LazyLock::new(|| Function::of("status.lua"));
 pub(super) static ISSUE: LazyLock<Function> = LazyLock::new(|| Function::of("issue.lua"));
 
-/// `domain::stats::WAIT_BUCKETS` as `admit.lua` takes it (ARGV[11]): "below:width ...".
+/// `domain::stats::WAIT_BUCKETS` as `admit.lua` takes it (`wait_buckets`): "below:width ...".
 pub(super) static WAIT_BUCKET_EDGES: LazyLock<String> = LazyLock::new(|| {
     crate::domain::WAIT_BUCKETS.iter().map(|(below, width)| format!("{below}:{width}")).collect::<Vec<_>>().join(" ")
 });
-
-/// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
-/// and the sale's keys follow where the script's header says.
-pub(super) const ENTER_KEYS: &[&str] =
-    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record"];
-pub(super) const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
-pub(super) const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
-pub(super) const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
-pub(super) const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
-pub(super) const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger", "events"];
-/// After the per-user keys of `enter.lua` and `status.lua`.
-pub(super) const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
-pub(super) const ADMIT_KEYS: &[&str] = &[
-    "waiting",
-    "admitted_count",
-    "last_tick",
-    "batch_size",
-    "admissions",
-    "entry_times",
-    "waits",
-    "heartbeat",
-    "seq",
-    "evicted",
-    "departed",
-    "sale",
-    "prequeue",
-    "opening",
-    "ledger",
-    "record",
-    "events",
-];
-pub(super) const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue", "record"];
-pub(super) const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
-pub(super) const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
-pub(super) const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
-pub(super) const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record", "events"];
-pub(super) const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events", "bought"];
-pub(super) const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
-pub(super) const SALE_PLACE_KEYS: &[&str] =
-    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
 
 /// An invocation of `script` with `target`'s keys `names`, in that order.
 pub(super) fn on_target<'a>(script: &'a Function, target: QueueTarget, names: &[&str]) -> Invocation<'a> {

@@ -11,11 +11,11 @@ use tokio::sync::oneshot;
 
 use super::conn::Conn;
 use super::fence::Fences;
+use super::layout::*;
 use super::scripts::{Code, ENTER, ENTER_KEYS, Function, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, on_target};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
-use crate::store::rules::TTL_REFRESH_EVERY;
 use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
 
 impl RedisStore {
@@ -45,10 +45,12 @@ impl RedisStore {
     ) -> Result<Answer, StoreError> {
         let reply: Value = on_target(&ISSUE, target, ISSUE_KEYS)
             .key(keys::token(target, user))
-            .arg(user.as_str())
-            .arg(candidate.token())
-            .arg(self.limits.token_ttl_s)
-            .arg(self.limits.record_ttl_s)
+            .args(&IssueArgs {
+                user: user.as_str(),
+                token: &candidate.token(),
+                token_ttl_s: self.limits.token_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+            })
             .invoke_async(&mut self.conn())
             .await?;
         // Shaped like a one-user status.lua reply.
@@ -106,23 +108,9 @@ async fn execute(
         return;
     }
     let fence = fences.fence(target);
-    let (script, what, names, head): (&Function, _, &[&str], &[u64]) = match op {
-        Op::Enter => (
-            &ENTER,
-            "enter.lua",
-            ENTER_KEYS,
-            &[
-                limits.capacity(target.kind),
-                limits.key_ttl_s,
-                fence.seq_seen,
-                fence.seq_to,
-                fence.mark,
-                limits.tick_ms,
-                limits.record_ttl_s,
-                TTL_REFRESH_EVERY,
-            ],
-        ),
-        Op::Status => (&STATUS, "status.lua", STATUS_KEYS, &[fence.mark, limits.key_ttl_s]),
+    let (script, what, names): (&Function, _, &[&str]) = match op {
+        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS),
+        Op::Status => (&STATUS, "status.lua", STATUS_KEYS),
     };
     let mut conn = conn;
     let mut cmd = script.cmd(&conn, names.len() + jobs.len() + SALE_KEYS.len());
@@ -142,8 +130,20 @@ async fn execute(
     for name in SALE_KEYS {
         cmd.arg(format!("{prefix}{name}"));
     }
-    for v in head {
-        cmd.arg(*v);
+    match op {
+        Op::Enter => script.put_args(
+            &mut cmd,
+            &EnterArgs {
+                capacity: limits.capacity(target.kind),
+                key_ttl_s: limits.key_ttl_s,
+                seq_seen: fence.seq_seen,
+                seq_to: fence.seq_to,
+                mark_seen: fence.mark,
+                tick_ms: limits.tick_ms,
+                record_ttl_s: limits.record_ttl_s,
+            },
+        ),
+        Op::Status => script.put_args(&mut cmd, &StatusArgs { mark_seen: fence.mark, key_ttl_s: limits.key_ttl_s }),
     }
     for job in &jobs {
         cmd.arg(job.user.as_str());

@@ -4,6 +4,7 @@
 use redis::Value;
 
 use super::RedisStore;
+use super::layout::*;
 use super::scripts::{VIEW, VIEW_KEYS, on_target};
 use super::slices::{VIEW_DEPARTED_MAX, VIEW_USERS_PER_CALL};
 use crate::domain::{QueueTarget, UserId};
@@ -55,7 +56,7 @@ impl RedisStore {
         for (i, users) in chunks.into_iter().enumerate() {
             let first = i == 0;
             let mut inv = on_target(&VIEW, target, VIEW_KEYS);
-            inv.arg(if first { VIEW_DEPARTED_MAX } else { 0 });
+            inv.args(&ViewArgs { departed_max: if first { VIEW_DEPARTED_MAX } else { 0 } });
             for u in users {
                 inv.arg(u.as_str());
             }

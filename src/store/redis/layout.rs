@@ -1,0 +1,488 @@
+//! Each script's ARGV, declared once: a struct per script whose fields are its arguments in
+//! ARGV order, named as the script's header names them (`-- ARGV[i] <name>: …`). A call sets
+//! the arguments by name (`EnterArgs { capacity: …, key_ttl_s: …, … }`), so a forgotten one
+//! does not compile and two swapped ones are two wrong names in plain sight; the order sent is
+//! the declaration's, and the tests below check every declaration against its script's
+//! header. Arguments that are a number of `store/rules.rs` (or `domain::WAIT_BUCKETS`) are
+//! filled in by the declaration itself (`name = value`): no caller writes them.
+//!
+//! A script's variadic tail (users, pairs, …) follows the declared arguments; its names are
+//! declared too (`TAIL`) and checked, and the caller pushes it.
+//!
+//! Adding an argument to a script: its header line (`-- ARGV[i] name: what`) and the field
+//! here, at the same place; the compiler then names every call to complete.
+
+use redis::{Cmd, ToRedisArgs};
+
+use super::scripts::{Invocation, WAIT_BUCKET_EDGES};
+use crate::store::rules::{ADMISSIONS_KEPT, FLAG_ACK_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS, TTL_REFRESH_EVERY};
+
+pub use super::codec::SALE_FIELDS;
+
+/// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
+/// and the sale's keys follow where the script's header says.
+pub const ENTER_KEYS: &[&str] =
+    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record"];
+pub const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
+pub const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
+pub const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
+pub const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
+pub const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger", "events"];
+/// After the per-user keys of `enter.lua` and `status.lua`.
+pub const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
+pub const ADMIT_KEYS: &[&str] = &[
+    "waiting",
+    "admitted_count",
+    "last_tick",
+    "batch_size",
+    "admissions",
+    "entry_times",
+    "waits",
+    "heartbeat",
+    "seq",
+    "evicted",
+    "departed",
+    "sale",
+    "prequeue",
+    "opening",
+    "ledger",
+    "record",
+    "events",
+];
+pub const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue", "record"];
+pub const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
+pub const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
+pub const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
+pub const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record", "events"];
+pub const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events", "bought"];
+pub const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
+pub const SALE_PLACE_KEYS: &[&str] =
+    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
+
+/// Where a script call's arguments go: a command being built, an invocation, or bytes.
+#[doc(hidden)]
+pub trait Sink {
+    fn put<T: ToRedisArgs>(&mut self, value: T);
+}
+
+impl Sink for Cmd {
+    fn put<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+impl Sink for Invocation<'_> {
+    fn put<T: ToRedisArgs>(&mut self, value: T) {
+        self.arg(value);
+    }
+}
+
+impl Sink for Vec<Vec<u8>> {
+    fn put<T: ToRedisArgs>(&mut self, value: T) {
+        value.write_redis_args(self);
+    }
+}
+
+/// One script's declared ARGV.
+pub trait ScriptArgs {
+    /// The script's file in `lua/`.
+    const FILE: &'static str;
+    /// Its arguments' names, in ARGV order.
+    const NAMES: &'static [&'static str];
+    /// The names of its variadic tail's items, in the order each item's arguments go.
+    const TAIL: &'static [&'static str];
+    /// Writes the declared arguments, in order.
+    #[doc(hidden)]
+    fn put_into(&self, sink: &mut impl Sink);
+    /// The declared arguments as sent (for tests and benchmarks that call a script directly).
+    fn argv(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        self.put_into(&mut out);
+        out
+    }
+}
+
+/// Declares a script's arguments: `Name<'a> for "file.lua" { field: Type, fixed = value, … }
+/// tail [item, …]`. Fields are set by the caller; `name = value` entries are sent as the value.
+macro_rules! script_args {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident $(<$lt:lifetime>)? for $file:literal { $($body:tt)* } tail [$($tail:ident),*]
+    ) => {
+        script_args!(@parse [$(#[$doc])*] $name [$($lt)?] $file [$($tail),*]; fields[] put[] names[]; $($body)*);
+    };
+    (@parse $docs:tt $name:ident $lts:tt $file:literal $tail:tt;
+        fields[$($f:tt)*] put[$($p:tt)*] names[$($n:tt)*]; $field:ident : $ty:ty, $($rest:tt)*) => {
+        script_args!(@parse $docs $name $lts $file $tail;
+            fields[$($f)* $field: $ty,] put[$($p)* (field $field)] names[$($n)* $field]; $($rest)*);
+    };
+    (@parse $docs:tt $name:ident $lts:tt $file:literal $tail:tt;
+        fields[$($f:tt)*] put[$($p:tt)*] names[$($n:tt)*]; $field:ident = $e:expr, $($rest:tt)*) => {
+        script_args!(@parse $docs $name $lts $file $tail;
+            fields[$($f)*] put[$($p)* (fixed $e)] names[$($n)* $field]; $($rest)*);
+    };
+    (@parse [$(#[$doc:meta])*] $name:ident [$($lt:lifetime)?] $file:literal [$($tail:ident),*];
+        fields[$($field:ident: $ty:ty,)*] put[$($p:tt)*] names[$($n:ident)*]; ) => {
+        $(#[$doc])*
+        pub struct $name $(<$lt>)? {
+            $(pub $field: $ty,)*
+        }
+        impl $(<$lt>)? ScriptArgs for $name $(<$lt>)? {
+            const FILE: &'static str = $file;
+            const NAMES: &'static [&'static str] = &[$(stringify!($n)),*];
+            const TAIL: &'static [&'static str] = &[$(stringify!($tail)),*];
+            fn put_into(&self, sink: &mut impl Sink) {
+                let _ = &sink; // a script without arguments writes none
+                $(script_args!(@put self sink $p);)*
+            }
+        }
+    };
+    (@put $self:ident $sink:ident (field $field:ident)) => {
+        $sink.put(&$self.$field)
+    };
+    (@put $self:ident $sink:ident (fixed $e:expr)) => {
+        $sink.put($e)
+    };
+}
+
+script_args! {
+    /// `active_count.lua`: no arguments.
+    pub struct ActiveCountArgs for "active_count.lua" {} tail []
+}
+
+script_args! {
+    /// `admit.lua`: one slice of a tick's admission.
+    pub struct AdmitArgs<'a> for "admit.lua" {
+        default_batch: u64,
+        tick_ms: u64,
+        key_ttl_s: u64,
+        instance: &'a str,
+        ledger_max = LEDGER_MAX_ROWS,
+        mark_seen: u64,
+        seq_seen: u64,
+        seq_to: u64,
+        tick_seen: u64,
+        record_ttl_s: u64,
+        wait_buckets = WAIT_BUCKET_EDGES.as_str(),
+        admissions_kept = ADMISSIONS_KEPT,
+        events_max: u64,
+        admitted_every: u64,
+        slice: u64,
+        continuation: &'a str,
+    } tail []
+}
+
+script_args! {
+    /// `enter.lua`: the arguments before its users.
+    pub struct EnterArgs for "enter.lua" {
+        capacity: u64,
+        key_ttl_s: u64,
+        seq_seen: u64,
+        seq_to: u64,
+        mark_seen: u64,
+        tick_ms: u64,
+        record_ttl_s: u64,
+        ttl_refresh_every = TTL_REFRESH_EVERY,
+    } tail [user]
+}
+
+script_args! {
+    /// `events_lease.lua`.
+    pub struct EventsLeaseArgs<'a> for "events_lease.lua" {
+        holder: &'a str,
+        lease_ms: u64,
+    } tail []
+}
+
+script_args! {
+    /// `evict.lua`.
+    pub struct EvictArgs for "evict.lua" {
+        timeout_ms: u64,
+        max: u64,
+        key_ttl_s: u64,
+        record_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `flag_ack.lua`.
+    pub struct FlagAckArgs<'a> for "flag_ack.lua" {
+        instance: &'a str,
+        version: u64,
+        applied_at_ms: u64,
+        ttl_ms: u64,
+        missing: &'a str,
+        state: &'a str,
+        keep_ms = FLAG_ACK_KEEP_MS,
+    } tail []
+}
+
+script_args! {
+    /// `flag_acks.lua`.
+    pub struct FlagAcksArgs for "flag_acks.lua" {
+        keep_ms = FLAG_ACK_KEEP_MS,
+    } tail []
+}
+
+script_args! {
+    /// `flag_set.lua`: the arguments before the fields.
+    pub struct FlagSetArgs<'a> for "flag_set.lua" {
+        set_count: usize,
+        clear_overrides: &'a str,
+        version_floor: u64,
+    } tail [fields]
+}
+
+script_args! {
+    /// `gate_pace.lua`.
+    pub struct GatePaceArgs for "gate_pace.lua" {
+        tick_ms: u64,
+        default_budget: u64,
+        guard_ms = PACE_GUARD_MS,
+        ahead: u64,
+    } tail []
+}
+
+script_args! {
+    /// `issue.lua`.
+    pub struct IssueArgs<'a> for "issue.lua" {
+        user: &'a str,
+        token: &'a str,
+        token_ttl_s: u64,
+        record_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `leave.lua`.
+    pub struct LeaveArgs<'a> for "leave.lua" {
+        user: &'a str,
+        key_ttl_s: u64,
+        record_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `outflow_claim.lua`.
+    pub struct OutflowClaimArgs for "outflow_claim.lua" {
+        interval: u64,
+        key_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `outflow_observe.lua`.
+    pub struct OutflowObserveArgs<'a> for "outflow_observe.lua" {
+        buyer: &'a str,
+        bucket: usize,
+        error: u8,
+        backoff: u8,
+        observations_ttl_s: u64,
+        buyers_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `outflow_set.lua`: the arguments before the decision's fields.
+    pub struct OutflowSetArgs<'a> for "outflow_set.lua" {
+        key_ttl_s: u64,
+        row: &'a str,
+        ledger_max = LEDGER_MAX_ROWS,
+        events_max: u64,
+        events_ttl_s: u64,
+    } tail [fields]
+}
+
+script_args! {
+    /// `sale_control.lua`.
+    pub struct SaleControlArgs<'a> for "sale_control.lua" {
+        action: &'a str,
+        source: &'a str,
+        message: &'a str,
+        key_ttl_s: u64,
+        ledger_max = LEDGER_MAX_ROWS,
+        record_ttl_s: u64,
+        force: u8,
+        events_max: u64,
+    } tail []
+}
+
+script_args! {
+    /// `sale_place.lua`: the arguments before the places.
+    pub struct SalePlaceArgs<'a> for "sale_place.lua" {
+        last: &'a str,
+        opens_at_ms: u64,
+        key_ttl_s: u64,
+        ledger_max = LEDGER_MAX_ROWS,
+        record_ttl_s: u64,
+        events_max: u64,
+    } tail [places]
+}
+
+script_args! {
+    /// `sale_read.lua`: no arguments.
+    pub struct SaleReadArgs for "sale_read.lua" {} tail []
+}
+
+script_args! {
+    /// `sale_schedule.lua`.
+    pub struct SaleScheduleArgs<'a> for "sale_schedule.lua" {
+        opens_at_ms: u64,
+        prequeue_from_ms: &'a str,
+        closes_at_ms: &'a str,
+        seed: &'a str,
+        commitment: &'a str,
+        expire_at_s: u64,
+        ledger_max = LEDGER_MAX_ROWS,
+        record_ttl_s: u64,
+        events_max: u64,
+    } tail []
+}
+
+script_args! {
+    /// `status.lua`: the arguments before its users.
+    pub struct StatusArgs for "status.lua" {
+        mark_seen: u64,
+        key_ttl_s: u64,
+    } tail [user]
+}
+
+script_args! {
+    /// `token_claim.lua`.
+    pub struct TokenClaimArgs<'a> for "token_claim.lua" {
+        token: &'a str,
+        ttl_s: u64,
+        per_admission: u64,
+        per_user: u64,
+        user: &'a str,
+        key_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
+    /// `token_release.lua`.
+    pub struct TokenReleaseArgs<'a> for "token_release.lua" {
+        token: &'a str,
+        previous: &'a str,
+        per_admission: u64,
+        per_user: u64,
+        user: &'a str,
+    } tail []
+}
+
+script_args! {
+    /// `tokens_expire.lua`.
+    pub struct TokensExpireArgs for "tokens_expire.lua" {
+        max: u64,
+    } tail []
+}
+
+script_args! {
+    /// `user_hold.lua`: the arguments before its entries.
+    pub struct UserHoldArgs for "user_hold.lua" {
+        generation: u64,
+        generation_ms: u64,
+    } tail [user, target]
+}
+
+script_args! {
+    /// `view.lua`: the arguments before its users.
+    pub struct ViewArgs for "view.lua" {
+        departed_max: usize,
+    } tail [user]
+}
+
+/// Every declaration: file, names, tail.
+#[cfg(test)]
+const ALL: &[(&str, &[&str], &[&str])] = {
+    macro_rules! of {
+        ($($t:ty),* $(,)?) => {
+            &[$((<$t>::FILE, <$t>::NAMES, <$t>::TAIL)),*]
+        };
+    }
+    of![
+        ActiveCountArgs,
+        AdmitArgs<'static>,
+        EnterArgs,
+        EventsLeaseArgs<'static>,
+        EvictArgs,
+        FlagAckArgs<'static>,
+        FlagAcksArgs,
+        FlagSetArgs<'static>,
+        GatePaceArgs,
+        IssueArgs<'static>,
+        LeaveArgs<'static>,
+        OutflowClaimArgs,
+        OutflowObserveArgs<'static>,
+        OutflowSetArgs<'static>,
+        SaleControlArgs<'static>,
+        SalePlaceArgs<'static>,
+        SaleReadArgs,
+        SaleScheduleArgs<'static>,
+        StatusArgs,
+        TokenClaimArgs<'static>,
+        TokenReleaseArgs<'static>,
+        TokensExpireArgs,
+        UserHoldArgs,
+        ViewArgs,
+    ]
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ARGV names of a script's header: `-- ARGV[<digits>] <name>: …` lines in order, and
+    /// the names of its tail's lines (`-- ARGV[<k>+i] <name>: …`, `-- ARGV[<k>..] <name>: …`).
+    fn header_argv(script: &str) -> (Vec<String>, Vec<String>) {
+        let (mut fixed, mut tail) = (Vec::new(), Vec::new());
+        for line in script.lines() {
+            let Some((index, rest)) = line.strip_prefix("-- ARGV[").and_then(|r| r.split_once("] ")) else {
+                continue;
+            };
+            let name = rest.split_once(':').map(|(n, _)| n).filter(|n| {
+                !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            });
+            let name = name.unwrap_or_else(|| panic!("`{line}` names no argument (`-- ARGV[i] name: what`)"));
+            if index.chars().all(|c| c.is_ascii_digit()) {
+                assert_eq!(index.parse::<usize>().ok(), Some(fixed.len() + 1), "{line}: out of order");
+                fixed.push(name.to_owned());
+            } else {
+                tail.push(name.to_owned());
+            }
+        }
+        (fixed, tail)
+    }
+
+    fn script_text(file: &str) -> String {
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua").join(file))
+            .expect("script")
+    }
+
+    #[test]
+    fn every_script_declares_its_arguments_as_its_header_names_them() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("lua/")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".lua") && f != "prelude.lua")
+            .collect();
+        files.sort();
+        let declared: Vec<&str> = ALL.iter().map(|(f, _, _)| *f).collect();
+        assert_eq!(declared, files, "one declaration per script of lua/, in order");
+        for (file, names, tail) in ALL {
+            let (fixed, tail_names) = header_argv(&script_text(file));
+            assert_eq!(&fixed, names, "{file}: ARGV in the header and in the declaration");
+            assert_eq!(&tail_names, tail, "{file}: the variadic tail's names");
+        }
+    }
+
+    #[test]
+    fn a_declaration_sends_its_fields_and_fixed_values_in_order() {
+        let args =
+            EnterArgs { capacity: 1, key_ttl_s: 2, seq_seen: 3, seq_to: 4, mark_seen: 5, tick_ms: 6, record_ttl_s: 7 };
+        let sent: Vec<String> = args.argv().into_iter().map(|a| String::from_utf8(a).expect("utf-8")).collect();
+        assert_eq!(sent, ["1", "2", "3", "4", "5", "6", "7", &TTL_REFRESH_EVERY.to_string()]);
+        assert_eq!(sent.len(), EnterArgs::NAMES.len());
+    }
+}
