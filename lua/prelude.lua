@@ -43,17 +43,26 @@ local function stored_token(tok)
   return tok
 end
 
--- The sale's hash (queue:{T}:sale) as the scripts read it: `sale_read` returns a table of
--- these fields by name (strings; nil when absent), in one HMGET. Rust: `codec::SALE_FIELDS`,
--- the same list (checked by the tests of src/store/redis/scripts.rs and tests/it/scripts.rs);
--- a new field is added to both lines.
+-- The sale's hash (queue:{T}:sale) as the scripts read it: `sale_read` gives its fields by
+-- name (`sale.opens_at`: a string, nil when absent), read in one HMGET of these fields. Rust:
+-- `codec::SALE_FIELDS`, the same list (checked by the tests of src/store/redis/scripts.rs and
+-- tests/it/scripts.rs); a new field is added to both lines. The reply itself is the table (a
+-- metatable finds a name's place), so a call builds no table of its own; a field set on it
+-- (`sale.frozen = …`) reads back by name. Built at load: no ipairs there.
 local SALE_FIELDS = {'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at', 'seed', 'commitment'}
-local function sale_read(saleKey)
-  local got, sale = redis.call('HMGET', saleKey, unpack(SALE_FIELDS)), {}
-  for i = 1, #SALE_FIELDS do
-    sale[SALE_FIELDS[i]] = got[i] or nil
+local SALE_FIELD_AT = {}
+for i = 1, #SALE_FIELDS do
+  SALE_FIELD_AT[SALE_FIELDS[i]] = i
+end
+local SALE_BY_NAME = {__index = function(sale, name)
+  local at = SALE_FIELD_AT[name]
+  if at and sale[at] then
+    return sale[at]
   end
-  return sale
+  return nil
+end}
+local function sale_read(saleKey)
+  return setmetatable(redis.call('HMGET', saleKey, unpack(SALE_FIELDS)), SALE_BY_NAME)
 end
 
 -- The sale's hash (sale_read's table) and its phase at `clock` (now_ms()): NO_SALE without a

@@ -512,26 +512,18 @@ lua_scenario() {
     cat "$1/$2"
   }
   # The calls as Redis protocol, for `redis-cli --pipe`: target LIMITED_DROP:1, users 1..N,
-  # the KEYS in the order the script's header gives them (`-- KEYS[k] queue:{T}:name`, then
-  # `KEYS[k+i] …:token:{user i}`), and as many ARGV before the users as the header lists
-  # (`-- ARGV[k]`): capacity and key ttl, then zeros (no fence), then the tick and the record
-  # ttl where the script takes them; no sale.
-  calls() { # script-file enter|status sha
-    python3 - "$1" "$2" "$3" "$n" "$b" <<'EOF'
-import re, sys
-path, op, sha, n, b = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-names, fixed = {}, 0
-for line in open(path):
-    m = re.match(r"--\s*KEYS\[(\d+)\]\s+queue:\{T\}:(\w+)", line)
-    if m:
-        names[int(m.group(1))] = m.group(2)
-    m = re.match(r"--\s*ARGV\[(\d+)\]", line)
-    if m:
-        fixed = max(fixed, int(m.group(1)))
-names = [names[k] for k in sorted(names)]
+  # the target keys and the arguments before the users as vq's declarations give them
+  # (examples/script_args.rs, from `vq::store::layout`: capacity and key ttl, no fence, the
+  # tick and the record ttl where the script takes them), each user's token key
+  # (`KEYS[k+i] …:token:{user i}`) between them; no sale.
+  cargo build -q --example script_args || die "examples/script_args.rs does not build"
+  calls() { # enter|status sha
+    target/debug/examples/script_args "$1" >"$WORK/layout.$1" || die "no layout for $1"
+    python3 - "$WORK/layout.$1" "$2" "$n" "$b" <<'EOF'
+import sys
+layout, sha, n, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+names, head = (line.split() for line in open(layout).read().splitlines())
 p = "queue:{LIMITED_DROP:1}:"
-known = {"enter": ["100000000", "1800", "0", "0", "0", "2000", "2592000", "64"], "status": ["0", "1800"]}[op]
-head = (known + ["0"] * fixed)[:fixed]
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]
@@ -556,12 +548,12 @@ EOF
       enter_sha=$(rcli script load "$(with_prelude "$d" enter.lua)")
       status_sha=$(rcli script load "$(with_prelude "$d" status.lua)")
       rcli config resetstat >/dev/null
-      calls "$d/enter.lua" enter "$enter_sha" | rcli --pipe >/dev/null
+      calls enter "$enter_sha" | rcli --pipe >/dev/null
       entered=$(rcli get 'queue:{LIMITED_DROP:1}:seq')
       [ "$entered" = "$n" ] || die "$d: $entered users entered, expected $n"
       e=$(per_user)
       rcli config resetstat >/dev/null
-      calls "$d/status.lua" status "$status_sha" | rcli --pipe >/dev/null
+      calls status "$status_sha" | rcli --pipe >/dev/null
       s=$(per_user)
       printf '%s\t%s\t%s\n' "$d" "$e" "$s" >>"$WORK/rows"
       echo "round $round $d: enter $e, poll $s" >&2

@@ -1,0 +1,37 @@
+//! The KEYS and ARGV of `enter.lua` and `status.lua` as `scripts/bench.sh lua` sends them,
+//! built from vq's declarations (`vq::store::layout`, checked against the scripts' headers by
+//! vq's tests), so the benchmark keeps no argument list of its own: the target keys before the
+//! users' (one line, names after `queue:{T}:`), then the arguments before the users (one line).
+//! The benchmark's own choices are the values set here: a capacity nobody reaches, no fence,
+//! a 2 s tick, a 30-day record.
+//!
+//! Usage: cargo run --example script_args -- enter|status
+
+use vq::store::layout::{self, EnterArgs, ScriptArgs, StatusArgs};
+
+fn main() {
+    let op = std::env::args().nth(1).unwrap_or_default();
+    let (keys, argv) = match op.as_str() {
+        "enter" => (
+            layout::ENTER_KEYS,
+            EnterArgs {
+                capacity: 100_000_000,
+                key_ttl_s: 1800,
+                seq_seen: 0,
+                seq_to: 0,
+                mark_seen: 0,
+                tick_ms: 2000,
+                record_ttl_s: 30 * 86_400,
+            }
+            .argv(),
+        ),
+        "status" => (layout::STATUS_KEYS, StatusArgs { mark_seen: 0, key_ttl_s: 1800 }.argv()),
+        _ => {
+            eprintln!("usage: script_args enter|status");
+            std::process::exit(2);
+        }
+    };
+    println!("{}", keys.join(" "));
+    let argv: Vec<String> = argv.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    println!("{}", argv.join(" "));
+}

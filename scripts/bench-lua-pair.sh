@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Redis CPU per call of enter.lua, status.lua and admit.lua from two lua/ directories side by
+# side (A: the one before, B: this one), each loaded as a function library the way vq generates
+# it (src/store/redis/scripts.rs: `local KEYS, ARGV`, the prelude once, each script a function's
+# body), in one redis-server, alternating A B B A for ROUNDS rounds of N calls
+# (redis-benchmark -c 4 -P 16). Target LIMITED_DROP:1 with an open sale (its hash read by every
+# call) and USERS waiting users. Prints usec per call (INFO commandstats) per run, medians, and
+# the steal time. Everything on 127.0.0.1; the redis-server it starts is stopped by PID on exit.
+#   mkdir /tmp/old && git archive main lua | tar -x -C /tmp/old
+#   ROUNDS=5 N=100000 scripts/bench-lua-pair.sh /tmp/old/lua lua
+set -euo pipefail
+a=$1 b=$2 rounds=${ROUNDS:-5} n=${N:-100000} users=${USERS:-1000}
+port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+dir=$(mktemp -d)
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
+rpid=$!
+trap 'kill $rpid 2>/dev/null; true' EXIT
+until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+r() { redis-cli -p "$port" "$@"; }
+library() { # name dir: the library's text, as scripts.rs writes it, of enter, status and admit
+  printf '#!lua name=%s\nlocal KEYS, ARGV\n%s\n' "$1" "$(cat "$2/prelude.lua")"
+  for s in enter status admit; do
+    printf "redis.register_function{function_name = '%s_%s', flags = {}, callback = function(keys, argv)\nKEYS, ARGV = keys, argv\n%s\nend}\n" "$1" "$s" "$(cat "$2/$s.lua")"
+  done
+}
+for side in a b; do
+  d=$a
+  [ "$side" = b ] && d=$b
+  loaded=$(r function load "$(library "pair_$side" "$d")")
+  [ "$loaded" = "pair_$side" ] || { echo "$d: $loaded" >&2; exit 1; }
+done
+P='queue:{LIMITED_DROP:1}:'
+r hset "${P}sale" opens_at 1 opened_at 2 frozen 0 >/dev/null
+enter_keys=(${P}waiting ${P}heartbeat ${P}seq ${P}admitted_count ${P}batch_size ${P}entry_times ${P}departed ${P}record)
+enter_head=(100000000 1800 0 0 0 2000 2592000 64)
+sale_keys=(${P}sale ${P}prequeue ${P}opening)
+# Known users u000000000000 .. (USERS of them, as redis-benchmark's __rand_int__ spells them).
+for i in $(seq 0 $((users - 1))); do
+  u=$(printf 'u%012d' "$i")
+  r fcall pair_b_enter 12 "${enter_keys[@]}" "${P}token:$u" "${sale_keys[@]}" "${enter_head[@]}" "$u" >/dev/null
+done
+enter_new=(12 "${enter_keys[@]}" "${P}token:n__rand_int__" "${sale_keys[@]}" "${enter_head[@]}" n__rand_int__)
+status=(9 ${P}waiting ${P}heartbeat ${P}admitted_count ${P}batch_size ${P}departed ${P}token:u__rand_int__ "${sale_keys[@]}" 0 1800 u__rand_int__)
+admit=(17 ${P}waiting ${P}admitted_count ${P}last_tick ${P}batch_size ${P}admissions ${P}entry_times ${P}waits ${P}heartbeat ${P}seq ${P}evicted ${P}departed "${sale_keys[@]}" ${P}ledger ${P}record ${P}events
+  1 1 1800 bench 10000 0 0 0 0 2592000 "120:1 600:10 3600:60" 60 10000 0 500 '')
+one() { # label function random-range args...
+  local label=$1 fn=$2 range=$3; shift 3
+  r config resetstat >/dev/null
+  redis-benchmark -p "$port" -c 4 -P 16 -n "$n" -r "$range" FCALL "$fn" "$@" >/dev/null 2>&1
+  echo "$label $(r info commandstats | tr -d '\r' | awk -F'[=,]' '$1=="cmdstat_fcall:calls" {print $6}')"
+}
+steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+read -r s0 tot0 < <(steal)
+for i in $(seq "$rounds"); do
+  for side in a b b a; do
+    one "enter_new_$side" "pair_${side}_enter" 1000000000 "${enter_new[@]}"
+    one "status_$side" "pair_${side}_status" "$users" "${status[@]}"
+    one "admit_$side" "pair_${side}_admit" 1 "${admit[@]}"
+  done
+done | tee "$dir/res"
+read -r s1 tot1 < <(steal)
+python3 - "$dir/res" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    name, usec = line.split()
+    runs.setdefault(name, []).append(float(usec))
+print("usec per call (median of %d runs each)" % len(next(iter(runs.values()))))
+for op in ("enter_new", "status", "admit"):
+    a, b = statistics.median(runs[op + "_a"]), statistics.median(runs[op + "_b"])
+    print("%-10s A %6.2f  B %6.2f  B/A %.3f" % (op, a, b, b / a))
+PY
+echo "steal $(python3 -c "print(round(100*($s1-$s0)/max(1,$tot1-$tot0),1))") % of the machine's CPU time during the runs"
