@@ -11,8 +11,10 @@
 //! `FCALL` or `FUNCTION`), each script goes as EVALSHA of the prelude and the script, as text.
 //!
 //! Written once on each side and checked against each other by the tests below: the reply
-//! codes ([`Code`], the `local` constants of `lua/prelude.lua`), and each script's KEYS order
-//! (the `*_KEYS` lists here, the `-- KEYS[i]` lines of its header).
+//! codes ([`Code`], the `local` constants of `lua/prelude.lua`), the sale's fields
+//! (`codec::SALE_FIELDS`, the prelude's `SALE_FIELDS`), and each script's KEYS order (the
+//! `*_KEYS` lists of `layout.rs`, the `-- KEYS[i]` lines of its header). Each script's ARGV is
+//! declared in `layout.rs` and checked against its header there.
 
 use std::fmt::Write as _;
 use std::sync::LazyLock;
