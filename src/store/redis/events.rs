@@ -73,7 +73,7 @@ impl EventOps for RedisStore {
 
     async fn lease_events(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
         let held: u64 = EVENTS_LEASE
-            .key(keys::events_lease(name))
+            .key(&events_lease_keys(name)[..])
             .args(&EventsLeaseArgs { holder, lease_ms: ttl_ms })
             .invoke_async(&mut self.conn())
             .await?;

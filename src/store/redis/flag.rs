@@ -24,7 +24,7 @@ impl RedisStore {
     /// first; an instance acknowledges only versions it read from the flag hash.
     async fn write_flag_fields(&self, fields: FlagFields) -> Result<u64, StoreError> {
         let floor = flag_version_floor(self.flag_acks().await?.iter().map(|a| a.version));
-        let mut inv = FLAG_SET.key(keys::FLAG);
+        let mut inv = FLAG_SET.key(&FLAG_SET_KEYS[..]);
         inv.args(&FlagSetArgs {
             set_count: fields.set.len(),
             clear_overrides: if fields.clear_overrides { "1" } else { "0" },
@@ -54,7 +54,7 @@ impl FlagOps for RedisStore {
     async fn ack_flag(&self, ack: FlagAck, ttl_ms: u64) -> Result<(), StoreError> {
         let (missing, state) = ack.encode_rest();
         let _: u64 = FLAG_ACK
-            .key(keys::FLAG_ACKS)
+            .key(&FLAG_ACK_KEYS[..])
             .args(&FlagAckArgs {
                 instance: &ack.instance,
                 version: ack.version,
@@ -70,7 +70,7 @@ impl FlagOps for RedisStore {
 
     async fn flag_acks(&self) -> Result<Vec<FlagAck>, StoreError> {
         let listed: Vec<String> =
-            FLAG_ACKS.key(keys::FLAG_ACKS).args(&FlagAcksArgs {}).invoke_async(&mut self.conn()).await?;
+            FLAG_ACKS.key(&FLAG_ACK_KEYS[..]).args(&FlagAcksArgs {}).invoke_async(&mut self.conn()).await?;
         let mut acks: Vec<FlagAck> =
             listed.chunks_exact(3).filter_map(|a| FlagAck::decode(&a[0], &a[1], a[2].parse::<u64>().ok())).collect();
         acks.sort_by(|a, b| a.instance.cmp(&b.instance));

@@ -20,10 +20,7 @@ impl GateOps for RedisStore {
         limits: PurchaseLimits,
     ) -> Result<TokenClaim, StoreError> {
         let r: Vec<String> = TOKEN_CLAIM
-            .key(keys::token(target, &user))
-            .key(keys::used_tokens(target, &user))
-            .key(keys::token_uses(target, &user))
-            .key(keys::of(target, "bought"))
+            .key(&token_claim_keys(target, &user)[..])
             .args(&TokenClaimArgs {
                 token,
                 ttl_s: ttl_s.max(1),
@@ -60,10 +57,7 @@ impl GateOps for RedisStore {
         limits: PurchaseLimits,
     ) -> Result<(), StoreError> {
         let _: u64 = TOKEN_RELEASE
-            .key(keys::token(target, &user))
-            .key(keys::used_tokens(target, &user))
-            .key(keys::token_uses(target, &user))
-            .key(keys::of(target, "bought"))
+            .key(&token_claim_keys(target, &user)[..])
             .args(&TokenReleaseArgs {
                 token,
                 previous: previous.as_deref().unwrap_or_default(),

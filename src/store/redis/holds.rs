@@ -13,10 +13,10 @@ use std::sync::Arc;
 use redis::Value;
 use tokio::sync::oneshot;
 
+use super::RedisStore;
 use super::conn::Conn;
 use super::layout::*;
 use super::scripts::USER_HOLD;
-use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::StoreError;
 use crate::store::coalesce::Coalescer;
@@ -86,8 +86,8 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs
         return;
     }
     let mut cmd = USER_HOLD.cmd(&conn, 3);
-    for g in [generation.saturating_sub(1), generation, generation + 1] {
-        cmd.arg(keys::user_holds(bucket, g));
+    for key in user_hold_keys(bucket, generation) {
+        cmd.arg(key);
     }
     USER_HOLD.put_args(&mut cmd, &UserHoldArgs { generation, generation_ms: gen_ms });
     for job in &jobs {

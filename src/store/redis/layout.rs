@@ -1,4 +1,7 @@
-//! Each script's ARGV, declared once: a struct per script whose fields are its arguments in
+//! Each script's KEYS and ARGV, declared once. KEYS: the target key names in KEYS order
+//! (`ENTER_KEYS`, …, built by `scripts::on_target`) or, for the scripts with per-user,
+//! per-interval or global keys, the function that builds them (`token_claim_keys`, …); tests
+//! check both against each header's `-- KEYS[i]` lines. ARGV: a struct per script whose fields are its arguments in
 //! ARGV order, named as the script's header names them (`-- ARGV[i] <name>: …`). A call sets
 //! the arguments by name (`EnterArgs { capacity: …, key_ttl_s: …, … }`), so a forgotten one
 //! does not compile and two swapped ones are two wrong names in plain sight; the order sent is
@@ -14,7 +17,9 @@
 
 use redis::{Cmd, ToRedisArgs};
 
+use super::keys;
 use super::scripts::{Invocation, WAIT_BUCKET_EDGES};
+use crate::domain::{QueueTarget, UserId};
 use crate::store::rules::{ADMISSIONS_KEPT, FLAG_ACK_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS, TTL_REFRESH_EVERY};
 
 pub use super::codec::SALE_FIELDS;
@@ -58,6 +63,50 @@ pub const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening"
 pub const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub const SALE_PLACE_KEYS: &[&str] =
     &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
+
+/// The KEYS of the scripts whose keys are not only a target's named keys, in KEYS order, as
+/// their calls build them (checked against each header's `-- KEYS[i] <pattern>` lines).
+/// `events_lease.lua`: the webhook's lease.
+pub(super) fn events_lease_keys(name: &str) -> [String; 1] {
+    [keys::events_lease(name)]
+}
+
+/// `flag_ack.lua` and `flag_acks.lua`: the acknowledgements.
+pub(super) const FLAG_ACK_KEYS: [&str; 1] = [keys::FLAG_ACKS];
+
+/// `flag_set.lua`: the flag.
+pub(super) const FLAG_SET_KEYS: [&str; 1] = [keys::FLAG];
+
+/// `outflow_claim.lua`: the decision, the pin, interval `interval`'s observations, the counters.
+pub(super) fn outflow_claim_keys(target: QueueTarget, interval: u64) -> [String; 4] {
+    [
+        keys::of(target, "outflow"),
+        keys::of(target, "batch_size"),
+        keys::of(target, &format!("outflow:obs:{interval}")),
+        keys::of(target, "waits"),
+    ]
+}
+
+/// `outflow_observe.lua`: interval `interval`'s observations and its buyers.
+pub(super) fn outflow_observe_keys(target: QueueTarget, interval: u64) -> [String; 2] {
+    [keys::of(target, &format!("outflow:obs:{interval}")), keys::of(target, &format!("outflow:buyers:{interval}"))]
+}
+
+/// `token_claim.lua` and `token_release.lua`: the user's token, used tokens and uses, then the
+/// target's purchases per user.
+pub(super) fn token_claim_keys(target: QueueTarget, user: &UserId) -> [String; 4] {
+    [
+        keys::token(target, user),
+        keys::used_tokens(target, user),
+        keys::token_uses(target, user),
+        keys::of(target, "bought"),
+    ]
+}
+
+/// `user_hold.lua`: the bucket's generations before, at and after `generation`.
+pub(super) fn user_hold_keys(bucket: u32, generation: u64) -> [String; 3] {
+    [generation.saturating_sub(1), generation, generation + 1].map(|g| keys::user_holds(bucket, g))
+}
 
 /// Where a script call's arguments go: a command being built, an invocation, or bytes.
 #[doc(hidden)]
@@ -474,6 +523,50 @@ mod tests {
             let (fixed, tail_names) = header_argv(&script_text(file));
             assert_eq!(&fixed, names, "{file}: ARGV in the header and in the declaration");
             assert_eq!(&tail_names, tail, "{file}: the variadic tail's names");
+        }
+    }
+
+    /// The `-- KEYS[i] <pattern>` lines of a script, in order.
+    fn header_key_patterns(script: &str) -> Vec<String> {
+        script
+            .lines()
+            .filter_map(|l| l.strip_prefix("-- KEYS[")?.split_once("] "))
+            .map(|(_, rest)| rest.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// The scripts whose keys are not only named target keys: the keys their calls build are
+    /// the header's patterns with target LIMITED_DROP:1, user u1, webhook w, interval 7,
+    /// bucket 3 and generation 10.
+    #[test]
+    fn key_builders_are_the_script_headers() {
+        let target: QueueTarget = "LIMITED_DROP:1".parse().expect("target");
+        let user: UserId = "u1".parse().expect("user");
+        let render = |p: &str| {
+            p.replace("{T}", "{LIMITED_DROP:1}")
+                .replace("{user}", "u1")
+                .replace("<name>", "w")
+                .replace("<i>", "7")
+                .replace("{h<b>}", "{h3}")
+                .replace("<g-1>", "9")
+                .replace("<g+1>", "11")
+                .replace("<g>", "10")
+        };
+        let owned = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let cases: [(&str, Vec<String>); 9] = [
+            ("events_lease.lua", events_lease_keys("w").to_vec()),
+            ("flag_ack.lua", owned(&FLAG_ACK_KEYS)),
+            ("flag_acks.lua", owned(&FLAG_ACK_KEYS)),
+            ("flag_set.lua", owned(&FLAG_SET_KEYS)),
+            ("outflow_claim.lua", outflow_claim_keys(target, 7).to_vec()),
+            ("outflow_observe.lua", outflow_observe_keys(target, 7).to_vec()),
+            ("token_claim.lua", token_claim_keys(target, &user).to_vec()),
+            ("token_release.lua", token_claim_keys(target, &user).to_vec()),
+            ("user_hold.lua", user_hold_keys(3, 10).to_vec()),
+        ];
+        for (file, built) in cases {
+            let want: Vec<String> = header_key_patterns(&script_text(file)).iter().map(|p| render(p)).collect();
+            assert_eq!(built, want, "{file}: the keys its call builds and its header");
         }
     }
 

@@ -5,7 +5,6 @@
 
 use super::RedisStore;
 use super::codec;
-use super::keys;
 use super::layout::*;
 use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
 use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_OBSERVE, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
@@ -28,8 +27,7 @@ impl OutflowOps for RedisStore {
         keep_s: u64,
     ) -> Result<(), StoreError> {
         let _: u64 = OUTFLOW_OBSERVE
-            .key(keys::of(target, &format!("outflow:obs:{interval}")))
-            .key(keys::of(target, &format!("outflow:buyers:{interval}")))
+            .key(&outflow_observe_keys(target, interval)[..])
             .args(&OutflowObserveArgs {
                 buyer: buyer.as_str(),
                 bucket: seen.bucket,
@@ -45,10 +43,7 @@ impl OutflowOps for RedisStore {
 
     async fn claim_outflow(&self, target: QueueTarget, interval: u64) -> Result<OutflowClaim, StoreError> {
         let reply: Vec<String> = OUTFLOW_CLAIM
-            .key(keys::of(target, "outflow"))
-            .key(keys::of(target, "batch_size"))
-            .key(keys::of(target, &format!("outflow:obs:{interval}")))
-            .key(keys::of(target, "waits"))
+            .key(&outflow_claim_keys(target, interval)[..])
             .args(&OutflowClaimArgs { interval, key_ttl_s: self.limits.key_ttl_s })
             .invoke_async(&mut self.conn())
             .await?;
