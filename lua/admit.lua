@@ -78,16 +78,14 @@
 -- sale_holds_tick (with a sale), take_slice, waits_of, drop_entry_times, count_waits,
 -- announce_milestones, announce_line_gone, note_admissions, record_tick, ledger_tick,
 -- keep_alive.
-local waiting, markKey, lastTickKey, batchKey, admissions = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local entryTimes, waitsKey, heartbeat, seqKey, evicted = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local departed, saleKey, preKey, openKey = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-local ledger, rec = KEYS[15], KEYS[16]
-local now = now_ms()
-local tick = math.floor(now / tonumber(ARGV[2]))
-local ttl = tonumber(ARGV[3])
-local instance, ledgerMax = ARGV[4] or '', ARGV[5]
-local recTtl = tonumber(ARGV[10] or '0')
-local log = event_log(KEYS[17], ARGV[13], recTtl)
+--
+-- The steps are defined once, when vq's library loads, not on every call (the `-- vq:call`
+-- line below divides them from the call; src/store/redis/scripts.rs): they read the call's
+-- keys and settings from these locals, which every call sets first.
+local waiting, markKey, lastTickKey, batchKey, admissions
+local entryTimes, waitsKey, heartbeat, seqKey, evicted
+local departed, saleKey, preKey, openKey, ledger, rec
+local now, tick, ttl, instance, ledgerMax, recTtl, log
 
 -- Fences (prelude.lua's `fence`, with ARGV[6..9]): a lost admission is not admitted again in
 -- its tick, nor are its users sent back to waiting. Only keys Redis still holds: the pump ticks
@@ -313,6 +311,17 @@ local function keep_alive(admitted)
   end
 end
 
+-- vq:call: what runs on every call.
+waiting, markKey, lastTickKey, batchKey, admissions = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+entryTimes, waitsKey, heartbeat, seqKey, evicted = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+departed, saleKey, preKey, openKey = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+ledger, rec = KEYS[15], KEYS[16]
+now = now_ms()
+tick = math.floor(now / tonumber(ARGV[2]))
+ttl = tonumber(ARGV[3])
+instance, ledgerMax = ARGV[4] or '', ARGV[5]
+recTtl = tonumber(ARGV[10] or '0')
+log = event_log(KEYS[17], ARGV[13], recTtl)
 local mark = tonumber(redis.call('GET', markKey) or '0')
 local batch = tonumber(redis.call('GET', batchKey) or ARGV[1])
 local last = tonumber(redis.call('GET', lastTickKey) or '-1')

@@ -46,23 +46,17 @@ end
 -- The sale's hash (queue:{T}:sale) as the scripts read it: `sale_read` gives its fields by
 -- name (`sale.opens_at`: a string, nil when absent), read in one HMGET of these fields. Rust:
 -- `codec::SALE_FIELDS`, the same list (checked by the tests of src/store/redis/scripts.rs and
--- tests/it/scripts.rs); a new field is added to both lines. The reply itself is the table (a
--- metatable finds a name's place), so a call builds no table of its own; a field set on it
--- (`sale.frozen = …`) reads back by name. Built at load: no ipairs there.
-local SALE_FIELDS = {'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at', 'seed', 'commitment'}
-local SALE_FIELD_AT = {}
-for i = 1, #SALE_FIELDS do
-  SALE_FIELD_AT[SALE_FIELDS[i]] = i
-end
-local SALE_BY_NAME = {__index = function(sale, name)
-  local at = SALE_FIELD_AT[name]
-  if at and sale[at] then
-    return sale[at]
-  end
-  return nil
-end}
+-- tests/it/scripts.rs). A new field is added to SALE_FIELDS and to sale_read's table, at the
+-- same place (the tests hold the two together): one table made whole costs a call less than
+-- one filled field by field or read through a metatable. These are the fields the scripts
+-- decide by (sale_place.lua reads the seed and commitment it publishes with its own HMGET).
+local SALE_FIELDS = {'opens_at', 'prequeue_from', 'closes_at', 'paused', 'closed', 'message', 'frozen', 'opened_at'}
 local function sale_read(saleKey)
-  return setmetatable(redis.call('HMGET', saleKey, unpack(SALE_FIELDS)), SALE_BY_NAME)
+  local v = redis.call('HMGET', saleKey, unpack(SALE_FIELDS))
+  return {
+    opens_at = v[1] or nil, prequeue_from = v[2] or nil, closes_at = v[3] or nil, paused = v[4] or nil,
+    closed = v[5] or nil, message = v[6] or nil, frozen = v[7] or nil, opened_at = v[8] or nil,
+  }
 end
 
 -- The sale's hash (sale_read's table) and its phase at `clock` (now_ms()): NO_SALE without a

@@ -25,8 +25,9 @@
 -- ARGV[6] events_max: event log entries kept (`events.max_len`)
 -- ARGV[7..] places: seq, user pairs, seqs ascending and contiguous
 -- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
-local sale = sale_read(KEYS[5])
-if not sale.frozen or sale.opened_at then
+local s = redis.call('HMGET', KEYS[5], 'frozen', 'opened_at', 'commitment', 'seed')
+local frozen, opened, commitment, seed = s[1], s[2], s[3], s[4]
+if not frozen or opened then
   return 0
 end
 local ttl = tonumber(ARGV[3])
@@ -68,6 +69,6 @@ if ARGV[1] == '1' then
   redis.call('HSET', KEYS[5], 'opened_at', now)
   redis.call('UNLINK', KEYS[6])
   local log = event_log(KEYS[9], ARGV[6], tonumber(ARGV[5]))
-  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, sale.frozen, sale.commitment or '', sale.seed or ''), log)
+  sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, frozen, commitment or '', seed or ''), log)
 end
 return 1

@@ -2,14 +2,15 @@
 # Redis CPU per call of enter.lua, status.lua and admit.lua from two lua/ directories side by
 # side (A: the one before, B: this one), each loaded as a function library the way vq generates
 # it (src/store/redis/scripts.rs: `local KEYS, ARGV`, the prelude once, each script a function's
-# body), in one redis-server, alternating A B B A for ROUNDS rounds of N calls
+# body, a script's steps before its `-- vq:call` line defined once), in one redis-server, alternating A B B A for ROUNDS rounds of N calls
 # (redis-benchmark -c 4 -P 16). Target LIMITED_DROP:1 with an open sale (its hash read by every
-# call) and USERS waiting users. Prints usec per call (INFO commandstats) per run, medians, and
-# the steal time. Everything on 127.0.0.1; the redis-server it starts is stopped by PID on exit.
+# call) and USERS waiting users. Prints usec per call (INFO commandstats: wall time in the script,
+# preemption included) and redis-server's CPU per call (/proc utime+stime) per run, medians, and
+# the steal time (OPS="status admit" measures those only). Everything on 127.0.0.1; the redis-server it starts is stopped by PID on exit.
 #   mkdir /tmp/old && git archive main lua | tar -x -C /tmp/old
 #   ROUNDS=5 N=100000 scripts/bench-lua-pair.sh /tmp/old/lua lua
 set -euo pipefail
-a=$1 b=$2 rounds=${ROUNDS:-5} n=${N:-100000} users=${USERS:-1000}
+a=$1 b=$2 rounds=${ROUNDS:-5} n=${N:-100000} users=${USERS:-1000} ops=${OPS:-enter_new status admit}
 port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 dir=$(mktemp -d)
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" >"$dir/redis.log" 2>&1 &
@@ -17,11 +18,28 @@ rpid=$!
 trap 'kill $rpid 2>/dev/null; true' EXIT
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 r() { redis-cli -p "$port" "$@"; }
-library() { # name dir: the library's text, as scripts.rs writes it, of enter, status and admit
-  printf '#!lua name=%s\nlocal KEYS, ARGV\n%s\n' "$1" "$(cat "$2/prelude.lua")"
-  for s in enter status admit; do
-    printf "redis.register_function{function_name = '%s_%s', flags = {}, callback = function(keys, argv)\nKEYS, ARGV = keys, argv\n%s\nend}\n" "$1" "$s" "$(cat "$2/$s.lua")"
-  done
+library() { # name dir: the library's text of enter, status and admit, as scripts.rs writes it
+  python3 - "$1" "$2" <<'PY'
+import sys
+name, d = sys.argv[1], sys.argv[2]
+out = ["#!lua name=%s\nlocal KEYS, ARGV\n%s\n" % (name, open(d + "/prelude.lua").read().rstrip("\n"))]
+for s in ("enter", "status", "admit"):
+    body = open("%s/%s.lua" % (d, s)).read().rstrip("\n")
+    at = body.find("\n-- vq:call")  # the steps before it are defined once, in a do block
+    once, body = (body[:at], body[at + 1:]) if at >= 0 else (None, body)
+    if once is not None:
+        out.append("do\n%s\n" % once)
+    out.append("redis.register_function{function_name = '%s_%s', flags = {}, callback = function(keys, argv)\n"
+               "KEYS, ARGV = keys, argv\n%s\nend}\n" % (name, s, body))
+    if once is not None:
+        out.append("end\n")
+# The sale's part of an enter or a poll alone, 1000 times a call: what a change of the
+# prelude's sale_read / sale_phase / sale_tail costs each call (OPS=sale_path).
+out.append("redis.register_function{function_name = '%s_sale_path', flags = {'no-writes'}, callback = function(keys, argv)\n"
+           "KEYS, ARGV = keys, argv\nlocal out = {}\nfor i = 1, 1000 do\n  local phase, sale = sale_phase(KEYS[1], 5)\n"
+           "  sale_tail(out, phase, sale)\nend\nreturn #out\nend}\n" % name)
+sys.stdout.write("".join(out))
+PY
 }
 for side in a b; do
   d=$a
@@ -46,28 +64,42 @@ admit=(17 ${P}waiting ${P}admitted_count ${P}last_tick ${P}batch_size ${P}admiss
 one() { # label function random-range args...
   local label=$1 fn=$2 range=$3; shift 3
   r config resetstat >/dev/null
+  local t0 t1
+  t0=$(ticks)
   redis-benchmark -p "$port" -c 4 -P 16 -n "$n" -r "$range" FCALL "$fn" "$@" >/dev/null 2>&1
-  echo "$label $(r info commandstats | tr -d '\r' | awk -F'[=,]' '$1=="cmdstat_fcall:calls" {print $6}')"
+  t1=$(ticks)
+  echo "$label $(r info commandstats | tr -d '\r' | awk -F'[=,]' '$1=="cmdstat_fcall:calls" {print $6}') $(python3 -c "print(round(($t1-$t0)*1e6/$hz/$n, 2))")"
 }
+ticks() { awk '{print $14 + $15}' "/proc/$rpid/stat"; }
+hz=$(getconf CLK_TCK)
 steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 read -r s0 tot0 < <(steal)
 for i in $(seq "$rounds"); do
   for side in a b b a; do
-    one "enter_new_$side" "pair_${side}_enter" 1000000000 "${enter_new[@]}"
-    one "status_$side" "pair_${side}_status" "$users" "${status[@]}"
-    one "admit_$side" "pair_${side}_admit" 1 "${admit[@]}"
+    for op in $ops; do
+      case $op in
+        enter_new) one "enter_new_$side" "pair_${side}_enter" 1000000000 "${enter_new[@]}" ;;
+        status) one "status_$side" "pair_${side}_status" "$users" "${status[@]}" ;;
+        admit) one "admit_$side" "pair_${side}_admit" 1 "${admit[@]}" ;;
+        sale_path) one "sale_path_$side" "pair_${side}_sale_path" 1 1 "${P}sale" ;;
+      esac
+    done
   done
 done | tee "$dir/res"
 read -r s1 tot1 < <(steal)
 python3 - "$dir/res" <<'PY'
 import statistics, sys
-runs = {}
+runs, cpu = {}, {}
 for line in open(sys.argv[1]):
-    name, usec = line.split()
+    name, usec, us = line.split()
     runs.setdefault(name, []).append(float(usec))
-print("usec per call (median of %d runs each)" % len(next(iter(runs.values()))))
-for op in ("enter_new", "status", "admit"):
+    cpu.setdefault(name, []).append(float(us))
+print("per call, medians of %d runs each: script time (usec, INFO commandstats) and redis-server CPU (µs, utime+stime)" % len(next(iter(runs.values()))))
+for op in ("enter_new", "status", "admit", "sale_path"):
+    if op + "_a" not in runs:
+        continue
     a, b = statistics.median(runs[op + "_a"]), statistics.median(runs[op + "_b"])
-    print("%-10s A %6.2f  B %6.2f  B/A %.3f" % (op, a, b, b / a))
+    ca, cb = statistics.median(cpu[op + "_a"]), statistics.median(cpu[op + "_b"])
+    print("%-10s usec A %6.2f  B %6.2f  B/A %.3f   CPU A %6.2f  B %6.2f  B/A %.3f" % (op, a, b, b / a, ca, cb, cb / ca))
 PY
 echo "steal $(python3 -c "print(round(100*($s1-$s0)/max(1,$tot1-$tot0),1))") % of the machine's CPU time during the runs"

@@ -121,18 +121,8 @@ pub(super) fn encode_batch_row(at_ms: u64, from: Option<u64>, to: u64, instance:
 /// `sale_read` reads these (`SALE_FIELDS` in `lua/prelude.lua`, the same list, checked by the
 /// tests of `scripts.rs` and on a real Redis by `tests/it/scripts.rs`) into a table by name, and
 /// [`decode_sale`] reads each of them. A new field of the sale is added here and there.
-pub const SALE_FIELDS: [&str; 10] = [
-    "opens_at",
-    "prequeue_from",
-    "closes_at",
-    "paused",
-    "closed",
-    "message",
-    "frozen",
-    "opened_at",
-    "seed",
-    "commitment",
-];
+pub const SALE_FIELDS: [&str; 8] =
+    ["opens_at", "prequeue_from", "closes_at", "paused", "closed", "message", "frozen", "opened_at"];
 
 /// The sale's hash (`queue:{T}:sale`) as the scripts write it; `None` when it is empty.
 pub(super) fn decode_sale(fields: &HashMap<String, String>) -> Option<SaleRecord> {
