@@ -39,24 +39,29 @@
 -- ARGV[3] key_ttl_s: key ttl seconds
 -- ARGV[4] instance: instance running the step (ledger), optional
 -- ARGV[5] ledger_max: ledger rows kept (`store::LEDGER_MAX_ROWS`)
--- ARGV[6] mark_seen: fence: the highest admission mark the instance has seen, optional with the next three
---         (see `fence` in prelude.lua)
+-- ARGV[6] mark_seen: fence: the highest admission mark the instance has seen, optional with the
+--                    next three (see `fence` in prelude.lua)
 -- ARGV[7] seq_seen: fence: the highest seq the instance has seen given
--- ARGV[8] seq_to: what the seq counter is raised to when Redis holds less than ARGV[7] (as in enter.lua)
+-- ARGV[8] seq_to: what the seq counter is raised to when Redis holds less than ARGV[7] (as in
+--                 enter.lua)
 -- ARGV[9] tick_seen: fence: the last tick the instance saw advanced
 -- ARGV[10] record_ttl_s: record ttl seconds, with KEYS[16]
--- ARGV[11] wait_buckets: the wait buckets' edges, "below:width ..." (`domain::stats::WAIT_BUCKETS`; see
---          `wait_bucket` in prelude.lua)
+-- ARGV[11] wait_buckets: the wait buckets' edges, "below:width ..." (`domain::stats::WAIT_BUCKETS`;
+--                        see `wait_bucket` in prelude.lua)
 -- ARGV[12] admissions_kept: ticks kept in KEYS[5] (`store::rules::ADMISSIONS_KEPT`)
--- ARGV[13] events_max: event log entries kept (`events.max_len`), with KEYS[17]; its ttl is ARGV[10]'s
--- ARGV[14] admitted_every: an event each time the users admitted in all pass a multiple of this (0: none)
+-- ARGV[13] events_max: event log entries kept (`events.max_len`), with KEYS[17]; its ttl is
+--                      ARGV[10]'s
+-- ARGV[14] admitted_every: an event each time the users admitted in all pass a multiple of this (0:
+--                          none)
 -- ARGV[15] slice: most users this call admits (a slice of the batch), optional: the whole batch
--- ARGV[16] continuation: the continuation of a tick started by an earlier call of this caller, as that call
---          returned it ("<tick>:<mark before>:<ms>:<admitted so far>:<mark>"), optional: a
---          new tick. Honoured only while Redis' clock is still in that tick and the tick's
---          admissions entry (KEYS[5]) still says what the earlier slice wrote, so a slice
---          never admits past the batch, never in another tick, and a caller that stops
---          mid-tick (crashed, paused) blocks nothing: the next tick starts afresh.
+-- ARGV[16] continuation: the continuation of a tick started by an earlier call of this caller, as
+--                        that call returned it
+--                        ("<tick>:<mark before>:<ms>:<admitted so far>:<mark>"), optional: a new
+--                        tick. Honoured only while Redis' clock is still in that tick and the
+--                        tick's admissions entry (KEYS[5]) still says what the earlier slice
+--                        wrote, so a slice never admits past the batch, never in another tick,
+--                        and a caller that stops mid-tick (crashed, paused) blocks nothing: the
+--                        next tick starts afresh.
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced, more, continuation}:
 -- admitted = by this call; waits = the admitted users' waits in ms, comma-separated (for the
 -- Prometheus histogram), '' when none; fenced = bits 1 the seq counter, 2 the mark, 4 the last

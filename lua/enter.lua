@@ -28,12 +28,14 @@
 -- ARGV[1] capacity: max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key_ttl_s: key ttl seconds (sliding)
 -- ARGV[3] seq_seen: fence: the highest seq this instance has seen given (0 when none)
--- ARGV[4] seq_to: what the seq counter is raised to when Redis holds less than ARGV[3] (a lost write:
---         ARGV[3] plus a margin for seqs other instances gave since this one last looked)
+-- ARGV[4] seq_to: what the seq counter is raised to when Redis holds less than ARGV[3] (a lost
+--                 write: ARGV[3] plus a margin for seqs other instances gave since this one last
+--                 looked)
 -- ARGV[5] mark_seen: fence: the highest admission mark this instance has seen
 -- ARGV[6] tick_ms: tick length ms (the record's buckets)
 -- ARGV[7] record_ttl_s: record ttl seconds
--- ARGV[8] ttl_refresh_every: TTL refresh period in seqs (`store::rules::TTL_REFRESH_EVERY`): see below
+-- ARGV[8] ttl_refresh_every: TTL refresh period in seqs (`store::rules::TTL_REFRESH_EVERY`): see
+--                            below
 -- ARGV[8+i] user: user i
 -- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua

@@ -9,7 +9,8 @@
 -- ARGV[2] version: flag version applied
 -- ARGV[3] applied_at_ms: applied at, epoch ms (the instance's clock, shown to the operator)
 -- ARGV[4] ttl_ms: lifetime of this acknowledgement, ms
--- ARGV[5] missing: "1" when the flag hash is missing and the instance keeps its last known flag, else "0"
+-- ARGV[5] missing: "1" when the flag hash is missing and the instance keeps its last known flag,
+--                  else "0"
 -- ARGV[6] state: the flag the instance applies, one line for the operator (e.g. "on 100%")
 -- ARGV[7] keep_ms: keep, ms: how long readers list an acknowledgement after it expired (silent)
 -- returns 1

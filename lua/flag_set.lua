@@ -3,7 +3,8 @@
 --
 -- KEYS[1] virtual-queue:flag   HASH enabled, percent, version, target:TYPE:id
 -- ARGV[1] set_count: number of field/value pairs to set (n)
--- ARGV[2] clear_overrides: "1": delete every target:* override in the same step (the rollback), else "0"
+-- ARGV[2] clear_overrides: "1": delete every target:* override in the same step (the rollback),
+--                          else "0"
 -- ARGV[3] version_floor: lowest acceptable new version: one above the highest version an instance
 --         acknowledged, so a flag written again after the hash was lost (FLUSHALL, restart
 --         without persistence) never reuses a version an instance already applied

@@ -6,8 +6,8 @@
 -- KEYS[3] queue:{T}:events           STREAM the event log: the batch change, as the purchase
 --                                    API's health seen by the outflow (prelude.lua's event_add)
 -- ARGV[1] key_ttl_s: the key ttl, seconds
--- ARGV[2] row: the ledger row `batch|ms|from|to|instance|reason` (encoded by `store::redis::codec`),
---         '' when the batch is unchanged
+-- ARGV[2] row: the ledger row `batch|ms|from|to|instance|reason` (encoded by
+--              `store::redis::codec`), '' when the batch is unchanged
 -- ARGV[3] ledger_max: ledger rows kept
 -- ARGV[4] events_max: event log entries kept (`events.max_len`)
 -- ARGV[5] events_ttl_s: the event log's ttl, seconds (the record's)

@@ -18,7 +18,8 @@
 -- KEYS[6+n] queue:{T}:sale           HASH the sale (optional, with the next two)
 -- KEYS[7+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
 -- KEYS[8+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
--- ARGV[1] mark_seen: fence: the highest admission mark this instance has seen (see `fence` in prelude.lua)
+-- ARGV[1] mark_seen: fence: the highest admission mark this instance has seen (see `fence` in
+--                    prelude.lua)
 -- ARGV[2] key_ttl_s: key ttl seconds (of the mark, when the fence raises it)
 -- ARGV[2+i] user: user i (heartbeats are Redis' TIME)
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua

@@ -23,8 +23,8 @@
 -- ARGV[1] generation: g, the generation of KEYS[2]
 -- ARGV[2] generation_ms: a generation's length, ms
 -- ARGV[2+2i-1] user: entry i's user
--- ARGV[2+2i] target:   entry i's target, then "=" and max to count it (e.g. LIMITED_DROP:42=10), or the
---              target alone to drop it
+-- ARGV[2+2i] target: entry i's target, then "=" and max to count it (e.g. LIMITED_DROP:42=10),
+--                    or the target alone to drop it
 -- returns, per entry in order: n, then n pairs (target, ms since counted): n = 0 when the target
 -- is counted (now or before) or dropped, else every target the user holds, none counted
 local now = now_ms()

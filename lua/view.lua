@@ -11,11 +11,12 @@
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
 -- KEYS[6] queue:{T}:sale             HASH the sale (optional)
--- ARGV[1] departed_max: the most departed seqs above the mark to return, the lowest first (0: none, the later
---         calls of one round): a bound, so a queue whose users left in their millions costs
---         no long call; the copy then knows the departed only up to the last one returned
--- ARGV[1+i] user: user i, who polled since the previous call (at most `slices::VIEW_USERS_PER_CALL`);
---         their heartbeat is Redis' TIME (now_ms)
+-- ARGV[1] departed_max: the most departed seqs above the mark to return, the lowest first (0: none,
+--                       the later calls of one round): a bound, so a queue whose users left in
+--                       their millions costs no long call; the copy then knows the departed only up
+--                       to the last one returned
+-- ARGV[1+i] user: user i, who polled since the previous call (at most
+--                 `slices::VIEW_USERS_PER_CALL`); their heartbeat is Redis' TIME (now_ms)
 -- returns {mark, batch_override_or_0, g, [sale,] gone users 1..g, then departed seqs above the
 -- mark (at most ARGV[1])}; sale (only with KEYS[6]) = 0 no sale or open, 1 paused, 2 every poll asks status.lua
 -- (closed, or not opened yet: the answer is not WAITING as the copy would say)
