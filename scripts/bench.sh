@@ -69,7 +69,8 @@
 #       script is judged before `pair`. With several directories (default: lua/) their
 #       scripts take turns, ROUNDS times each, e.g.
 #         mkdir /tmp/old && git archive HEAD~1 lua | tar -x -C /tmp/old && scripts/bench.sh lua /tmp/old/lua lua
-#       (a directory's prelude.lua, when it has one, goes in front of each script, as vq sends it)
+#       (a directory's prelude.lua, when it has one, goes in front of each script, as vq sends it;
+#       the keys and arguments are vq's declarations, examples/script_args.rs, for every directory)
 #   [BITS=18] [RUNS=9] [USERS=200] scripts/bench.sh pow
 #       what the proof of work at entry (entry.pow_bits) costs at BITS: each solve of the
 #       waiting page's worker in headless chromium (RUNS page loads, each a new user; the
