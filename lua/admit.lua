@@ -79,10 +79,10 @@
 -- freezes the pre-queue (the prelude's freeze_prequeue, as enter.lua); the first at or after
 -- `closes_at` closes the sale and records it.
 --
--- The call's steps, each a function below, in the order they run: fence_counters, tick_to_work_in,
--- sale_holds_tick (with a sale), take_slice, waits_of, drop_entry_times, count_waits,
--- announce_milestones, announce_line_gone, note_admissions, record_tick, ledger_tick,
--- keep_alive.
+-- The call's steps, each a function below, in the order they run: fence_counters,
+-- tick_to_work_in, sale_holds_tick (with a sale), take_slice, waits_of, drop_entry_times,
+-- count_waits, announce_milestones, announce_line_gone, note_admissions, record_tick,
+-- ledger_tick, keep_alive.
 --
 -- The steps are defined once, when vq's library loads, not on every call (the `-- vq:call`
 -- line below divides them from the call; src/store/redis/scripts.rs): they read the call's
