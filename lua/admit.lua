@@ -57,6 +57,10 @@
 --          admissions entry (KEYS[5]) still says what the earlier slice wrote, so a slice
 --          never admits past the batch, never in another tick, and a caller that stops
 --          mid-tick (crashed, paused) blocks nothing: the next tick starts afresh.
+-- ARGV[17] the tick of a sharded target's plan (store/redis/shards.rs), optional with the
+--          next: this shard admits only while its own clock is in that tick (else advanced 0),
+--          and at most once in it (KEYS[3], as any tick)
+-- ARGV[18] this shard's share of the plan's batch, in place of the batch in force
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced, more, continuation}:
 -- admitted = by this call; waits = the admitted users' waits in ms, comma-separated (for the
 -- Prometheus histogram), '' when none; fenced = bits 1 the seq counter, 2 the mark, 4 the last
@@ -97,6 +101,12 @@ if ARGV[9] then
     end
   end
   fenced = r1 + 2 * r2 + 4 * r4
+end
+if ARGV[17] then
+  if tonumber(ARGV[17]) ~= tick then
+    return {0, mark, tick, 0, batch, '', fenced, 0, ''}
+  end
+  batch = tonumber(ARGV[18])
 end
 local slice = tonumber(ARGV[15] or '') or batch
 -- The tick this call continues: before = the mark when it started, at = its first call's time,

@@ -172,6 +172,10 @@ impl QueueService {
 
     /// What Redis said of a user: waiting with this seq, or not waiting (`None`).
     pub(super) fn local_learn(&self, target: QueueTarget, user: &UserId, seq: Option<u64>) {
+        // A sharded target's seqs are per shard: its polls all ask Redis (the user's shard).
+        if self.settings.type_shards(target.kind) > 1 && self.store.shards_apply() {
+            return;
+        }
         if let Some(local) = &self.local {
             match seq {
                 Some(seq) => local.learn(target, user, seq),
@@ -203,7 +207,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
+        QueueTarget::new(QueueTargetType::LIMITED_DROP, 1)
     }
 
     fn synced_at(mark: u64, departed: Vec<u64>) -> LocalPolls {

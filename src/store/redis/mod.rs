@@ -41,6 +41,7 @@ mod pulse;
 mod queue;
 mod sale;
 mod scripts;
+mod shards;
 mod shared_calls;
 pub mod slices;
 mod view;

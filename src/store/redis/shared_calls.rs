@@ -112,7 +112,11 @@ async fn execute(
             "enter.lua",
             ENTER_KEYS,
             &[
-                limits.capacity(target.kind),
+                if target.shard.is_whole() {
+                    limits.capacity(target.kind)
+                } else {
+                    crate::domain::shard_cap(limits.capacity(target.kind), target.shard.index, target.shard.count)
+                },
                 limits.key_ttl_s,
                 fence.seq_seen,
                 fence.seq_to,
