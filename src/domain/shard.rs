@@ -176,7 +176,7 @@ mod tests {
     fn the_allotment_never_exceeds_the_batch_and_follows_the_waiting() {
         assert_eq!(allot(10, &[100, 100, 100]), vec![4, 3, 3]);
         assert_eq!(allot(10, &[0, 50, 0]), vec![0, 10, 0]);
-        assert_eq!(allot(10, &[1, 2, 0]), vec![3, 4, 3]);
+        assert_eq!(allot(10, &[1, 2, 0]), vec![4, 4, 2]);
         assert_eq!(allot(100, &[1000, 10, 1]), vec![99, 1, 0]);
         for batch in [0u64, 1, 7, 100] {
             for w in [[0u64, 0, 0], [5, 0, 9], [1000, 1, 1], [33, 33, 34]] {
