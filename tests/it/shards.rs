@@ -266,6 +266,9 @@ async fn the_opening_order_is_verifiable_from_the_one_seed(redis: Redis) {
     next_tick(s.queue.tick_ms).await;
     Pump::new(store.clone(), std::sync::Arc::new(s.clone()), "p".into()).tick().await.unwrap();
 
+    let sale = store.read_sale(target()).await.unwrap().expect("the sale").record;
+    assert_eq!(sale.prequeued, Some(45), "the users frozen in every shard");
+    assert!(sale.opened_at_ms.is_some(), "every shard's order written");
     let published = redis.hget(&format!("{}sale", prefix(0)), "seed").await.expect("seed revealed");
     assert_eq!(hex(&Sha256::digest(vq::domain::unhex(&published).unwrap())), commitment);
     assert_eq!(published, hex(&seed));

@@ -138,8 +138,23 @@ impl SaleOps for RedisStore {
         Ok(outcome)
     }
 
+    /// A sharded target's sale is shard 0's, with the users frozen at the opening added up
+    /// over the shards, and opened once every shard's order is written.
     async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
-        Ok(self.read_sale_and_prequeue(target).await?.0)
+        let mut parts = self.parts(target).into_iter();
+        let first = parts.next().expect("a target has a shard 0");
+        let Some(mut view) = self.read_sale_and_prequeue(first).await?.0 else { return Ok(None) };
+        for part in parts {
+            let other = self.read_sale_and_prequeue(part).await?.0.map(|v| v.record);
+            let (prequeued, opened) = other.map_or((None, None), |r| (r.prequeued, r.opened_at_ms));
+            let sale = &mut view.record;
+            sale.prequeued = match (sale.prequeued, prequeued) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            sale.opened_at_ms = sale.opened_at_ms.zip(opened).map(|(a, b)| a.max(b));
+        }
+        Ok(Some(view))
     }
 
     async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {

@@ -22,7 +22,7 @@ use redis::AsyncCommands;
 
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId, allot, user_shard};
-use crate::store::{AdmitOutcome, StoreError, TargetSnapshot, Waiting};
+use crate::store::{AdmitOutcome, SaleOps, StoreError, TargetSnapshot, Waiting};
 
 /// How long a tick's plan is kept, in ticks: long enough for a late pump to find it.
 const PLAN_KEPT_TICKS: u64 = 10;
@@ -172,6 +172,7 @@ impl RedisStore {
             };
         }
         all.admissions = ticks.into_iter().rev().collect();
+        all.sale = self.read_sale(target).await?;
         Ok(all)
     }
 
