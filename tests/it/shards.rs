@@ -266,6 +266,12 @@ async fn the_opening_order_is_verifiable_from_the_one_seed(redis: Redis) {
     next_tick(s.queue.tick_ms).await;
     Pump::new(store.clone(), std::sync::Arc::new(s.clone()), "p".into()).tick().await.unwrap();
 
+    let ledger = store.sale_ledger(target()).await.unwrap();
+    let opening = ledger.iter().find_map(|r| match r {
+        vq::domain::LedgerEntry::Opening { prequeued, .. } => Some(*prequeued),
+        _ => None,
+    });
+    assert_eq!(opening, Some(45), "one opening row for every shard: {ledger:?}");
     let sale = store.read_sale(target()).await.unwrap().expect("the sale").record;
     assert_eq!(sale.prequeued, Some(45), "the users frozen in every shard");
     assert!(sale.opened_at_ms.is_some(), "every shard's order written");
@@ -346,6 +352,8 @@ async fn the_sale_controls_reach_every_shard(redis: Redis) {
     let record = store.target_record(target()).await.unwrap().expect("a record");
     assert_eq!(record.arrivals.values().sum::<u64>(), 30);
     assert_eq!(record.admitted, admitted);
+    let ledger = store.sale_ledger(target()).await.unwrap();
+    assert_eq!(vq::domain::ledger_admitted(&ledger), admitted, "the ledger's admissions of every shard: {ledger:?}");
 }
 
 #[tokio::test]

@@ -300,8 +300,33 @@ impl SaleOps for RedisStore {
         Ok(applied == 1)
     }
 
+    /// A sharded target's ledger is shard 0's with every other shard's admission rows (each
+    /// with its shard's marks) and their users frozen at the opening added to shard 0's
+    /// opening row; newest first.
     async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
-        let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
-        Ok(rows.iter().filter_map(|r| codec::decode_ledger_row(r)).collect())
+        let mut all = Vec::new();
+        for (i, part) in self.parts(target).into_iter().enumerate() {
+            let rows: Vec<String> = self.conn().lrange(keys::of(part, "ledger"), 0, -1).await?;
+            let rows = rows.iter().filter_map(|r| codec::decode_ledger_row(r));
+            if i == 0 {
+                all.extend(rows);
+                continue;
+            }
+            for row in rows {
+                match row {
+                    LedgerEntry::Admission { .. } => all.push(row),
+                    LedgerEntry::Opening { prequeued: more, .. } => {
+                        if let Some(LedgerEntry::Opening { prequeued, .. }) =
+                            all.iter_mut().find(|r| matches!(r, LedgerEntry::Opening { .. }))
+                        {
+                            *prequeued += more;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        all.sort_by_key(|r| std::cmp::Reverse(r.at_ms()));
+        Ok(all)
     }
 }
