@@ -801,7 +801,7 @@ shards_run() { # round shards -> appends a row to $WORK/rows
   start_cluster
   nodes=$(printf 'redis://127.0.0.1:%s,' "${CLUSTER_PORTS[@]}"); nodes=${nodes%,}
   conf="$WORK/vq-shards-$n.toml"
-  printf '[[targets.types]]\nslug = "limited-drop"\nshards = %s\n' "$n" >"$conf"
+  printf '[[targets.types]]\nslug = "limited-drop"\nshards = %s\n\n[[targets.types]]\nslug = "ticketing-event"\n' "$n" >"$conf"
   vq_port=$(free_port)
   VQ_REDIS__CLUSTER_NODES="$nodes" VQ_TOKEN_SECRET="$secret" VQ_QUEUE__BATCH_SIZE="$batch" VQ_QUEUE__TICK_MS=1000 \
     RUST_LOG=warn spawn "vq-shards-$n-$round" "$vq" serve --config "$conf" --flag-on --listen "127.0.0.1:$vq_port"

@@ -64,6 +64,14 @@ impl AnyStore {
         }
     }
 
+    /// The part of `target` holding `user`: their shard on Redis, the target otherwise.
+    pub fn user_part(&self, target: QueueTarget, user: &UserId) -> QueueTarget {
+        match self {
+            AnyStore::Redis(r) => r.user_part(target, user),
+            AnyStore::Memory(_) => target,
+        }
+    }
+
     /// Whether polls can be answered by this instance from a synced view of the queue
     /// (`queue.local_polls`): only a shared store needs it; the embedded one answers in-process.
     pub fn serves_local_polls(&self) -> bool {

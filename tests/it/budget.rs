@@ -409,14 +409,18 @@ async fn every_step_of_a_buyers_life_stays_within_the_redis_budget() {
 
 /// The budget of a target spread over [`SHARDS`] shards (`targets.types.*.shards`), per
 /// unit as in [`BUDGET`]. Enter, poll, token and leave go to the user's shard with the
-/// scripts of an unsharded target; polls all ask Redis (the instance keeps no copy of a
-/// sharded target's marks). A tick costs more, shared by the batch: the plan (the pinned
+/// scripts of an unsharded target; the instance keeps a copy of each shard's mark, and its
+/// heartbeat sync is one call per shard. A tick costs more, shared by the batch: the plan (the pinned
 /// batch, each shard's mark and waiting count, the plan's `SET NX GET`) and admit.lua,
 /// evict.lua and tokens_expire.lua once per shard.
 const SHARDED_BUDGET: &[Budget] = &[
     Budget { step: Step::EnterAlone, scripts: 2.0, commands: 14.0 },
     Budget { step: Step::ReEnter, scripts: 2.0, commands: 6.0 },
     Budget { step: Step::PollStatus, scripts: 1.0, commands: 5.0 },
+    Budget { step: Step::PollLocal, scripts: 0.0, commands: 0.0 },
+    // One view.lua per shard with polls answered here, and one GET of the target's pinned
+    // batch per shard after the first.
+    Budget { step: Step::Heartbeat, scripts: 3.0, commands: 17.0 },
     // Per tick: 9 script calls and about 150 commands for 50 users.
     Budget { step: Step::Admission, scripts: 0.2, commands: 3.2 },
     Budget { step: Step::TokenIssue, scripts: 3.0, commands: 17.0 },
@@ -451,9 +455,15 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
         waiting_seq(&service, u).await;
     }
     measured.push(Measured::of(Step::EnterAlone, usage(&redis).await, alone.len() as u64));
-    let more: Vec<UserId> = (1..=120).map(|i| user(&format!("more-{i}"))).collect();
+    let more: Vec<UserId> = (1..=400).map(|i| user(&format!("more-{i}"))).collect();
+    let mut far = Vec::new();
     for u in &more {
-        waiting_seq(&service, u).await;
+        // Past two batches of its shard's mark (0), a user's polls are answered from the
+        // instance's copy of that shard.
+        let shard_seq = (waiting_seq(&service, u).await - 1) / u64::from(SHARDS) + 1;
+        if shard_seq > 2 * BATCH + 10 {
+            far.push(u.clone());
+        }
     }
 
     reset(&redis).await;
@@ -470,6 +480,17 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
         }
     }
     measured.push(Measured::of(Step::PollStatus, usage(&redis).await, 20));
+
+    service.sync_local_views().await;
+    let far = &far[..LOCAL_POLLS as usize];
+    reset(&redis).await;
+    for u in far {
+        local_poll(&service, u).await;
+    }
+    measured.push(Measured::of(Step::PollLocal, usage(&redis).await, LOCAL_POLLS));
+    reset(&redis).await;
+    service.sync_local_views().await;
+    measured.push(Measured::of(Step::Heartbeat, usage(&redis).await, 1));
 
     reset(&redis).await;
     let ticked = pump.tick().await.expect("tick");
@@ -501,7 +522,7 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
     }
     measured.push(Measured::of(Step::TokenIssue, usage(&redis).await, admitted.len() as u64));
 
-    let leaving = &more[110..120];
+    let leaving = &more[300..310];
     reset(&redis).await;
     for u in leaving {
         service.leave(target(), u).await;

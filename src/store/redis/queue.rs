@@ -34,7 +34,7 @@ impl QueueOps for RedisStore {
                 answer = self.issue(target, &user, candidate).await?;
             }
             match answer {
-                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(Self::whole_position(target, w))),
+                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w.in_whole_target(target))),
                 Answer::Admitted(token) => {
                     // Handed to the buyer only once a failover cannot lose it.
                     self.replicated(target).await?;
@@ -62,7 +62,7 @@ impl QueueOps for RedisStore {
             answer = self.issue(target, &user, candidate).await?;
         }
         match answer {
-            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(Self::whole_position(target, w))),
+            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w.in_whole_target(target))),
             Answer::Admitted(token) => {
                 // Handed to the buyer only once a failover cannot lose it.
                 self.replicated(target).await?;

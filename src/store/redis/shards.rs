@@ -22,7 +22,7 @@ use redis::AsyncCommands;
 
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId, allot, user_shard};
-use crate::store::{AdmitOutcome, SaleOps, StoreError, TargetSnapshot, Waiting};
+use crate::store::{AdmitOutcome, SaleOps, StoreError, TargetSnapshot};
 
 /// How long a tick's plan is kept, in ticks: long enough for a late pump to find it.
 const PLAN_KEPT_TICKS: u64 = 10;
@@ -35,7 +35,7 @@ impl RedisStore {
     }
 
     /// The part of `target` holding `user`: the target itself unless it is sharded.
-    pub(super) fn user_part(&self, target: QueueTarget, user: &UserId) -> QueueTarget {
+    pub fn user_part(&self, target: QueueTarget, user: &UserId) -> QueueTarget {
         match self.shard_count(target) {
             n if n > 1 => target.on_shard(user_shard(user.as_str(), n), n),
             _ => target,
@@ -48,18 +48,6 @@ impl RedisStore {
             n if n > 1 => (0..n).map(|s| target.on_shard(s, n)).collect(),
             _ => vec![target],
         }
-    }
-
-    /// A shard's answer to a waiting user, in the whole target's numbers: the shards'
-    /// sequences interleaved (shard s's k-th seq is the whole target's (k−1)·N + s + 1), the
-    /// mark and the users ahead scaled by N. Exact for the user's own shard, an estimate for
-    /// the others (docs: positions); admitted ⇔ seq ≤ mark holds as in the shard.
-    pub(super) fn whole_position(part: QueueTarget, w: Waiting) -> Waiting {
-        if part.shard.is_whole() || part.shard.count <= 1 {
-            return w;
-        }
-        let (n, s) = (u64::from(part.shard.count), u64::from(part.shard.index));
-        Waiting { seq: w.seq.saturating_sub(1) * n + s + 1, mark: w.mark * n, ahead: w.ahead * n, ..w }
     }
 
     /// The users who may wait in `target` (one shard: its share of its type's capacity).
