@@ -103,9 +103,10 @@
 #       create: three equal slot ranges), with `shards = 1` and then `shards = 3` for its type,
 #       each on a fresh cluster and a fresh release `vq serve`, under the same `vq loadgen`
 #       load (USERS new users entering at RATE/s, polling after pollAfterSeconds, BATCH
-#       admitted per 1 s tick, no purchases). Per node: Redis CPU as Redis counts it (INFO
-#       commandstats, usec of every command, CONFIG RESETSTAT before the run) and per enter;
-#       the spread (largest node over smallest); the order error from loadgen's report
+#       admitted per 1 s tick, no purchases). Per node: Redis CPU (INFO cpu, user + sys, over
+#       the run) and per enter, the spread (largest node over smallest), and the script calls'
+#       own time (INFO commandstats usec of FCALL, CONFIG RESETSTAT before the run); five
+#       costliest commands of each node on stderr; the order error from loadgen's report
 #       (Spearman's rho of entry and admission, the largest and mean displacement); steal and
 #       load.
 #
@@ -792,8 +793,11 @@ start_cluster() { # -> CLUSTER_PORTS, CLUSTER_PIDS: three primaries with equal s
   done
 }
 
-node_usec() { # port -> usec of every command since the last RESETSTAT (INFO commandstats)
-  redis-cli -p "$1" info commandstats | awk -F'[:,=]' '/^cmdstat_/ {for (i = 1; i < NF; i++) if ($i == "usec") s += $(i + 1)} END {print s + 0}'
+node_cpu() { # port -> the node's CPU seconds so far, user + system (INFO cpu)
+  redis-cli -p "$1" info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.3f", s}'
+}
+node_script_usec() { # port -> usec of the script calls since the last RESETSTAT (commandstats' fcall/evalsha)
+  redis-cli -p "$1" info commandstats | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha)/ {for (i = 1; i < NF; i++) if ($i == "usec") s += $(i + 1)} END {print s + 0}'
 }
 
 shards_run() { # round shards -> appends a row to $WORK/rows
@@ -808,29 +812,40 @@ shards_run() { # round shards -> appends a row to $WORK/rows
   vq_pid=$SPAWNED
   wait_http "http://127.0.0.1:$vq_port/healthz" 20 "$vq_pid" ||
     die "vq serve did not start: $(tail -5 "$WORK/vq-shards-$n-$round.log")"
-  for port in "${CLUSTER_PORTS[@]}"; do redis-cli -p "$port" config resetstat >/dev/null; done
+  local cpu0=()
+  for port in "${CLUSTER_PORTS[@]}"; do redis-cli -p "$port" config resetstat >/dev/null; cpu0+=("$(node_cpu "$port")"); done
   json="$WORK/shards-$n-$round.json"
   window_start
   timed "loadgen-shards-$n-$round" timeout --foreground --signal=INT --kill-after=10 $((duration + 120)) \
     env VQ_REDIS__URL=redis://127.0.0.1:1 "$vq" loadgen --url "http://127.0.0.1:$vq_port" --target limited-drop:1 \
     --users "$users" --rate "$rate" --duration "$duration" --concurrency 128 --follow-poll-after --quiet --json "$json"
-  local machine_now usecs=()
+  local machine_now usecs=() scripts=() i=0
   machine_now=$(window_end)
-  for port in "${CLUSTER_PORTS[@]}"; do usecs+=("$(node_usec "$port")"); done
+  for port in "${CLUSTER_PORTS[@]}"; do
+    usecs+=("$(awk -v a="${cpu0[i]}" -v b="$(node_cpu "$port")" 'BEGIN {printf "%.0f", (b - a) * 1e6}')")
+    scripts+=("$(node_script_usec "$port")"); i=$((i + 1))
+    # What each node spent its time on, on stderr: the five costliest commands.
+    redis-cli -p "$port" info commandstats | awk -F'[:,=]' -v n="$n" -v p="$port" '/^cmdstat_/ {
+      for (i = 1; i < NF; i++) { if ($i == "calls") c = $(i + 1); if ($i == "usec") u = $(i + 1) }
+      print u, c, substr($1, 9) }' | sort -rn | head -5 |
+      awk -v n="$n" -v p="$port" '{printf "%s shard(s), node %s: %s %d calls %.2f s\n", n, p, $3, $2, $1 / 1e6}' >&2
+  done
   stop_pid "$vq_pid"
   local pid; for pid in "${CLUSTER_PIDS[@]}"; do stop_pid "$pid"; done
   [ -s "$json" ] || die "loadgen wrote no report: $(tail -5 "$WORK/loadgen-shards-$n-$round.err")"
   [ -z "${OUT:-}" ] || cp "$json" "${OUT%.json}.shards-$n.$round.json"
-  python3 - "$json" "$n" "$machine_now" "${usecs[@]}" <<'PY' >>"$WORK/rows"
+  python3 - "$json" "$n" "$machine_now" "$(IFS=,; echo "${scripts[*]}")" "${usecs[@]}" <<'PY' >>"$WORK/rows"
 import json, sys
 r = json.load(open(sys.argv[1]))
-n, (steal, load), us = sys.argv[2], sys.argv[3].split(), sorted(float(u) for u in sys.argv[4:])
+n, (steal, load), us = sys.argv[2], sys.argv[3].split(), sorted(float(u) for u in sys.argv[5:])
+sc = sorted(float(u) for u in sys.argv[4].split(","))
 entered = r["entered"] or 1
 o = r["orderError"]
 rho = o["rankCorrelation"]
 print("\t".join([f"{n} shard{'s' if n != '1' else ''}", str(r["entered"]), str(r["admitted"]),
     *(f"{u / 1e6:.2f}" for u in us), *(f"{u / entered:.1f}" for u in us), f"{sum(us) / entered:.1f}",
-    f"{us[-1] / us[0]:.2f}" if us[0] > 0 else "-", "-" if rho is None else f"{rho:.4f}",
+    f"{us[-1] / us[0]:.2f}" if us[0] > 0 else "-", "/".join(f"{u / 1e6:.2f}" for u in sc),
+    "-" if rho is None else f"{rho:.4f}",
     str(o["maxDisplacement"]), f"{o['meanDisplacement']:.1f}", f"{r['enter']['p99Ms']:.1f}",
     f"{r['poll']['p99Ms']:.1f}", steal, load]))
 PY
@@ -841,14 +856,15 @@ shards_scenario() {
   users="${USERS:-20000}" rate="${RATE:-2000}" duration="${DURATION:-10}" batch="${BATCH:-200}"
   vq="${BENCH_VQ:-target/release/vq}"
   [ -n "${BENCH_VQ:-}" ] || build_release --quiet --bins
-  printf 'run\tentered\tadmitted\tnode s (least)\tnode s\tnode s (most)\tµs/enter (least)\tµs/enter\tµs/enter (most)\tµs/enter all\tmost/least\trho\tmax displ\tmean displ\tenter p99\tpoll p99\tsteal %%\tload\n' >"$WORK/rows"
+  printf 'run\tentered\tadmitted\tnode s (least)\tnode s\tnode s (most)\tµs/enter (least)\tµs/enter\tµs/enter (most)\tµs/enter all\tmost/least\tscripts s per node\trho\tmax displ\tmean displ\tenter p99\tpoll p99\tsteal %%\tload\n' >"$WORK/rows"
   local round
   for round in $(seq "$rounds"); do
     shards_run "$round" 1
     shards_run "$round" 3
   done
   table "$WORK/rows"
-  echo "Redis CPU per node: INFO commandstats usec (Redis' own time in commands); µs/enter = that over the users entered"
+  echo "node s: each node's CPU seconds over the run (INFO cpu, user + sys: commands, networking, the probe's TIME); µs/enter = that over the users entered;"
+  echo "scripts s per node: commandstats usec of FCALL/EVALSHA (the script calls, the commands they run included), least to most"
 }
 
 case "$scenario" in

@@ -380,3 +380,64 @@ async fn the_embedded_store_keeps_a_sharded_type_in_one_shard() {
     assert_eq!(admit.admitted, 10);
     assert_eq!(QueueTargetType::LIMITED_DROP, target().kind);
 }
+
+/// Polls answered from the instance's copy of each shard: a waiting user far back is told the
+/// position their enter gave (the whole target's numbers) without a script call, and after a
+/// tick admitted on copies one tick old every admitted user learns it at their first poll.
+#[tokio::test]
+async fn polls_answered_from_each_shards_copy_keep_positions_and_miss_no_admission() {
+    let redis = Redis::server();
+    let Redis::Server(server) = &redis else { unreachable!() };
+    crate::support::flag_on_before_start(server).await;
+    let mut s = redis.settings();
+    s.queue.tick_ms = 10_000;
+    s.queue.batch_size = 30;
+    let s = std::sync::Arc::new(s);
+    let store = open_store(&s);
+    let service = vq::service::QueueService::new(store.clone(), crate::support::secret(), s.clone());
+    service.refresh_flag().await.unwrap();
+    let mut positions = HashMap::new();
+    for u in 1..=400 {
+        match service.enter(target(), &user(u)).await.unwrap() {
+            vq::service::QueueStatus::Waiting { position, .. } => positions.insert(u, position),
+            other => panic!("user {u}: {other:?}"),
+        };
+    }
+    let distinct: HashSet<u64> = positions.values().copied().collect();
+    assert_eq!(distinct.len(), 400, "no position given twice");
+    service.sync_local_views().await;
+    let _: () = redis.query(redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    for u in 1..=400 {
+        match service.status(target(), &user(u)).await.unwrap() {
+            vq::service::QueueStatus::Waiting { position, .. } => assert_eq!(position, positions[&u], "user {u}"),
+            other => panic!("user {u}: {other:?}"),
+        }
+    }
+    let stats: String = redis.query(redis::cmd("INFO").arg("commandstats")).await;
+    let calls: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // Within two batches (60) of each shard's mark, about 180 users ask Redis; the rest not.
+    assert!(calls < 250, "{calls} of 400 polls asked Redis");
+    // One tick admits 30 across the shards; the copies are a tick old.
+    let admit = store.admit_by(target(), 30, s.queue.tick_ms, "p").await.unwrap();
+    assert_eq!(admit.admitted, 30);
+    let mut told = 0;
+    for u in 1..=400 {
+        let shard = shard_of(u);
+        let mark: u64 = redis.query(redis::cmd("GET").arg(format!("{}admitted_count", prefix(shard)))).await;
+        let seq = redis.zscore(&format!("{}waiting", prefix(shard)), user(u).as_str()).await.unwrap();
+        match service.status(target(), &user(u)).await.unwrap() {
+            vq::service::QueueStatus::Admitted(_) => {
+                assert!(seq <= mark, "user {u}");
+                told += 1;
+            }
+            vq::service::QueueStatus::Waiting { .. } => assert!(seq > mark, "user {u} admitted but told waiting"),
+            other => panic!("user {u}: {other:?}"),
+        }
+    }
+    assert_eq!(told, 30);
+}
