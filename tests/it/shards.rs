@@ -441,3 +441,40 @@ async fn polls_answered_from_each_shards_copy_keep_positions_and_miss_no_admissi
     }
     assert_eq!(told, 30);
 }
+
+/// `vq sale` reaches every shard only with the fleet's shard count: a command run with another
+/// `shards` than the serving instances' is refused, and says why.
+#[tokio::test]
+async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
+    let redis = RedisServer::spawn();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("vq.toml");
+    std::fs::write(
+        &conf,
+        "[[targets.types]]\nslug = \"limited-drop\"\nshards = 3\n\n[[targets.types]]\nslug = \"ticketing-event\"\n",
+    )
+    .unwrap();
+    let conf = conf.to_str().unwrap();
+    let _serving = crate::support::VqProcess::serve_args(&redis, &["--config", conf], &[]).await;
+    let run = |with_conf: bool| {
+        let mut c = crate::support::vq_command();
+        if with_conf {
+            c.args(["--config", conf]);
+        }
+        c.args(["sale", "pause", "limited-drop:7"])
+            .env("VQ_REDIS__URL", redis.url())
+            .env("VQ_TARGETS__RANGES", crate::support::test_ranges_env());
+        c.output().unwrap()
+    };
+    // The instance's report reaches Redis within its 2-s round.
+    crate::support::wait_until(std::time::Duration::from_secs(10), "the fleet report", async || {
+        let o = run(false);
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("shards")
+    })
+    .await;
+    let refused = run(false);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("over 3 shards on the serving instance") && err.contains("over 1 here"), "{err}");
+    let ok = run(true);
+    assert!(!String::from_utf8_lossy(&ok.stderr).contains("shards"), "{}", String::from_utf8_lossy(&ok.stderr));
+}
