@@ -478,3 +478,45 @@ async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
     let ok = run(true);
     assert!(!String::from_utf8_lossy(&ok.stderr).contains("shards"), "{}", String::from_utf8_lossy(&ok.stderr));
 }
+
+/// A shard's node gone: its users fail open (DIRECT_ADMITTED) as an unsharded target's would,
+/// or are refused with `on_store_failure = "closed"`; the users of the other shards keep
+/// queueing on their nodes.
+#[tokio::test]
+async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_others_queue() {
+    for closed in [false, true] {
+        let mut cluster = RedisCluster::spawn();
+        let mut s = cluster_settings(&cluster);
+        shard_type(&mut s);
+        s.redis.timeout_ms = 1000;
+        if closed {
+            s.queue.on_store_failure = vq::config::OnStoreFailure::Closed;
+        }
+        let app = crate::support::spawn_app(s, false).await;
+        crate::support::cluster_flag_on(&cluster).await;
+        let path = "limited-drop/7";
+        for u in 1..=6 {
+            let v = app.json(app.enter(path, user(u)).await).await;
+            assert_eq!(v["status"], "WAITING", "user {u}: {v}");
+        }
+        let gone = cluster.node_of(&format!("{}seq", prefix(2))).await;
+        cluster.kill_node(gone);
+        let mut seen = HashSet::new();
+        for u in 100..200 {
+            let shard = shard_of(u);
+            if !seen.insert(shard) {
+                continue;
+            }
+            let r = app.enter(path, user(u)).await;
+            let status = r.status().as_u16();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            match (shard, closed) {
+                (2, false) => assert_eq!(v["status"], "DIRECT_ADMITTED", "shard 2's node gone: fail open: {v}"),
+                (2, true) => assert_eq!((status, v["code"].as_str()), (503, Some("QUEUE_UNAVAILABLE")), "{v}"),
+                _ => assert_eq!(v["status"], "WAITING", "shard {shard}'s node answers: {v}"),
+            }
+        }
+        assert_eq!(seen.len(), 3);
+        app.stop().await;
+    }
+}
