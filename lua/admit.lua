@@ -62,6 +62,10 @@
 --                        wrote, so a slice never admits past the batch, never in another tick,
 --                        and a caller that stops mid-tick (crashed, paused) blocks nothing: the
 --                        next tick starts afresh.
+-- ARGV[17] plan_tick: the tick of a sharded target's plan (store/redis/shards.rs), optional
+--                   with the next: this shard admits only while its own clock is in that tick
+--                   (else advanced 0), and at most once in it (KEYS[3], as any tick)
+-- ARGV[18] plan_share: this shard's share of the plan's batch, in place of the batch in force
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced, more, continuation}:
 -- admitted = by this call; waits = the admitted users' waits in ms, comma-separated (for the
 -- Prometheus histogram), '' when none; fenced = bits 1 the seq counter, 2 the mark, 4 the last
@@ -332,6 +336,14 @@ local batch = tonumber(redis.call('GET', batchKey) or ARGV[1])
 local last = tonumber(redis.call('GET', lastTickKey) or '-1')
 local fenced
 mark, last, fenced = fence_counters(mark, last)
+-- A sharded target's plan: this shard admits only in the plan's tick, its share in place of the
+-- batch.
+if ARGV[17] then
+  if tonumber(ARGV[17]) ~= tick then
+    return {0, mark, tick, 0, batch, '', fenced, 0, ''}
+  end
+  batch = tonumber(ARGV[18])
+end
 local cont = tick_to_work_in(last)
 if cont == false or (saleKey and sale_holds_tick()) then
   return {0, mark, tick, 0, batch, '', fenced, 0, ''}

@@ -99,6 +99,17 @@
 #       (used_memory over the placed queue; at WAITING, over the users wrk entered, whose hold
 #       keys count too), steal and load.
 #       BENCH_VQ=path runs another binary (its scripts are compiled in).
+#   [USERS=20000] [RATE=2000] [DURATION=10] [BATCH=200] [ROUNDS=1] scripts/bench.sh shards
+#       one target spread over a loopback Redis Cluster of 3 primaries (redis-cli --cluster
+#       create: three equal slot ranges), with `shards = 1` and then `shards = 3` for its type,
+#       each on a fresh cluster and a fresh release `vq serve`, under the same `vq loadgen`
+#       load (USERS new users entering at RATE/s, polling after pollAfterSeconds, BATCH
+#       admitted per 1 s tick, no purchases). Per node: Redis CPU (INFO cpu, user + sys, over
+#       the run) and per enter, the spread (largest node over smallest), and the script calls'
+#       own time (INFO commandstats usec of FCALL, CONFIG RESETSTAT before the run); five
+#       costliest commands of each node on stderr; the order error from loadgen's report
+#       (Spearman's rho of entry and admission, the largest and mean displacement); steal and
+#       load.
 #
 # Installs wrk and redis-server (Debian packages) when missing; builds vq in release
 # (BENCH_VQ=path runs another binary in sale and naive; not VQ_…: vq reads those as settings).
@@ -111,7 +122,7 @@ usage() { say "$*"; exit 2; }
 export VQ_TARGETS__RANGES='["limited-drop:1-100"]'
 scenario="${1:-wrk}"
 case "$scenario" in
-  sale | naive | starved | adaptive | wrk | pair | lua | pow | scale | slices) shift ;;
+  sale | naive | starved | adaptive | wrk | pair | lua | pow | scale | slices | shards) shift ;;
   [0-9]*) scenario=wrk ;;
   *) sed -n '2,/^# Installs/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
@@ -754,7 +765,103 @@ slices_scenario() {
   echo "steal ${steal} % of the machine's CPU time during the runs; load average (1 min) at the end ${load}"
 }
 
+# ---- shards: one target over a 3-primary cluster, 1 shard vs 3 --------------------------
+CLUSTER_PORTS=() CLUSTER_PIDS=()
+start_cluster() { # -> CLUSTER_PORTS, CLUSTER_PIDS: three primaries with equal slot ranges
+  use_work_dir
+  CLUSTER_PORTS=() CLUSTER_PIDS=()
+  local port bus addrs=()
+  for _ in 1 2 3; do
+    port=$(free_port); bus=$(free_port)
+    mkdir -p "$WORK/node-$port"
+    spawn "node-$port" redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 \
+      --cluster-enabled yes --cluster-config-file nodes.conf --save "" --appendonly no --dir "$WORK/node-$port"
+    CLUSTER_PIDS+=("$SPAWNED"); CLUSTER_PORTS+=("$port"); addrs+=("127.0.0.1:$port")
+    wait_until 10 redis-cli -p "$port" ping || die "cluster node $port did not start"
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$WORK/cluster-create.log" 2>&1 ||
+    die "cluster create failed: $(tail -3 "$WORK/cluster-create.log")"
+  for port in "${CLUSTER_PORTS[@]}"; do
+    wait_until 10 sh -c "redis-cli -p $port cluster info | grep -q cluster_state:ok" || die "cluster node $port not ready"
+  done
+}
+
+node_cpu() { # port -> the node's CPU seconds so far, user + system (INFO cpu)
+  redis-cli -p "$1" info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.3f", s}'
+}
+node_script_usec() { # port -> usec of the script calls since the last RESETSTAT (commandstats' fcall/evalsha)
+  redis-cli -p "$1" info commandstats | awk -F'[:,=]' '/^cmdstat_(fcall|evalsha)/ {for (i = 1; i < NF; i++) if ($i == "usec") s += $(i + 1)} END {print s + 0}'
+}
+
+shards_run() { # round shards -> appends a row to $WORK/rows
+  local round=$1 n=$2 vq_port vq_pid json conf nodes port
+  start_cluster
+  nodes=$(printf 'redis://127.0.0.1:%s,' "${CLUSTER_PORTS[@]}"); nodes=${nodes%,}
+  conf="$WORK/vq-shards-$n.toml"
+  printf '[[targets.types]]\nslug = "limited-drop"\nshards = %s\n\n[[targets.types]]\nslug = "ticketing-event"\n' "$n" >"$conf"
+  vq_port=$(free_port)
+  VQ_REDIS__CLUSTER_NODES="$nodes" VQ_TOKEN_SECRET="$secret" VQ_QUEUE__BATCH_SIZE="$batch" VQ_QUEUE__TICK_MS=1000 \
+    RUST_LOG=warn spawn "vq-shards-$n-$round" "$vq" serve --config "$conf" --flag-on --listen "127.0.0.1:$vq_port"
+  vq_pid=$SPAWNED
+  wait_http "http://127.0.0.1:$vq_port/healthz" 20 "$vq_pid" ||
+    die "vq serve did not start: $(tail -5 "$WORK/vq-shards-$n-$round.log")"
+  local cpu0=()
+  for port in "${CLUSTER_PORTS[@]}"; do redis-cli -p "$port" config resetstat >/dev/null; cpu0+=("$(node_cpu "$port")"); done
+  json="$WORK/shards-$n-$round.json"
+  window_start
+  timed "loadgen-shards-$n-$round" timeout --foreground --signal=INT --kill-after=10 $((duration + 120)) \
+    env VQ_REDIS__URL=redis://127.0.0.1:1 "$vq" loadgen --url "http://127.0.0.1:$vq_port" --target limited-drop:1 \
+    --users "$users" --rate "$rate" --duration "$duration" --concurrency 128 --follow-poll-after --quiet --json "$json"
+  local machine_now usecs=() scripts=() i=0
+  machine_now=$(window_end)
+  for port in "${CLUSTER_PORTS[@]}"; do
+    usecs+=("$(awk -v a="${cpu0[i]}" -v b="$(node_cpu "$port")" 'BEGIN {printf "%.0f", (b - a) * 1e6}')")
+    scripts+=("$(node_script_usec "$port")"); i=$((i + 1))
+    # What each node spent its time on, on stderr: the five costliest commands.
+    redis-cli -p "$port" info commandstats | awk -F'[:,=]' -v n="$n" -v p="$port" '/^cmdstat_/ {
+      for (i = 1; i < NF; i++) { if ($i == "calls") c = $(i + 1); if ($i == "usec") u = $(i + 1) }
+      print u, c, substr($1, 9) }' | sort -rn | head -5 |
+      awk -v n="$n" -v p="$port" '{printf "%s shard(s), node %s: %s %d calls %.2f s\n", n, p, $3, $2, $1 / 1e6}' >&2
+  done
+  stop_pid "$vq_pid"
+  local pid; for pid in "${CLUSTER_PIDS[@]}"; do stop_pid "$pid"; done
+  [ -s "$json" ] || die "loadgen wrote no report: $(tail -5 "$WORK/loadgen-shards-$n-$round.err")"
+  [ -z "${OUT:-}" ] || cp "$json" "${OUT%.json}.shards-$n.$round.json"
+  python3 - "$json" "$n" "$machine_now" "$(IFS=,; echo "${scripts[*]}")" "${usecs[@]}" <<'PY' >>"$WORK/rows"
+import json, sys
+r = json.load(open(sys.argv[1]))
+n, (steal, load), us = sys.argv[2], sys.argv[3].split(), sorted(float(u) for u in sys.argv[5:])
+sc = sorted(float(u) for u in sys.argv[4].split(","))
+entered = r["entered"] or 1
+o = r["orderError"]
+rho = o["rankCorrelation"]
+print("\t".join([f"{n} shard{'s' if n != '1' else ''}", str(r["entered"]), str(r["admitted"]),
+    *(f"{u / 1e6:.2f}" for u in us), *(f"{u / entered:.1f}" for u in us), f"{sum(us) / entered:.1f}",
+    f"{us[-1] / us[0]:.2f}" if us[0] > 0 else "-", "/".join(f"{u / 1e6:.2f}" for u in sc),
+    "-" if rho is None else f"{rho:.4f}",
+    str(o["maxDisplacement"]), f"{o['meanDisplacement']:.1f}", f"{r['enter']['p99Ms']:.1f}",
+    f"{r['poll']['p99Ms']:.1f}", steal, load]))
+PY
+  cat "$WORK/loadgen-shards-$n-$round.err" >&2
+}
+
+shards_scenario() {
+  users="${USERS:-20000}" rate="${RATE:-2000}" duration="${DURATION:-10}" batch="${BATCH:-200}"
+  vq="${BENCH_VQ:-target/release/vq}"
+  [ -n "${BENCH_VQ:-}" ] || build_release --quiet --bins
+  printf 'run\tentered\tadmitted\tnode s (least)\tnode s\tnode s (most)\tµs/enter (least)\tµs/enter\tµs/enter (most)\tµs/enter all\tmost/least\tscripts s per node\trho\tmax displ\tmean displ\tenter p99\tpoll p99\tsteal %%\tload\n' >"$WORK/rows"
+  local round
+  for round in $(seq "$rounds"); do
+    shards_run "$round" 1
+    shards_run "$round" 3
+  done
+  table "$WORK/rows"
+  echo "node s: each node's CPU seconds over the run (INFO cpu, user + sys: commands, networking, the probe's TIME); µs/enter = that over the users entered;"
+  echo "scripts s per node: commandstats usec of FCALL/EVALSHA (the script calls, the commands they run included), least to most"
+}
+
 case "$scenario" in
+  shards) use_work_dir; shards_scenario ;;
   pow) pow_scenario ;;
   slices) slices_scenario ;;
   scale) scale_scenario ;;

@@ -298,6 +298,13 @@ impl Settings {
         }
     }
 
+    /// The shards each target of `kind` is spread over on Redis (`targets.types.*.shards`).
+    pub fn type_shards(&self, kind: QueueTargetType) -> u8 {
+        self.type_settings(kind)
+            .and_then(|t| t.shards)
+            .map_or(1, |n| n.clamp(1, u64::from(crate::domain::MAX_SHARDS)) as u8)
+    }
+
     /// The users who may wait per target of `kind`.
     pub fn type_max_capacity(&self, kind: QueueTargetType) -> u64 {
         self.type_settings(kind).and_then(|t| t.max_capacity).unwrap_or(self.queue.max_capacity)
@@ -318,6 +325,13 @@ impl Settings {
                 .types
                 .iter()
                 .filter_map(|t| Some((QueueTargetType::parse_any(&t.slug).ok()?, t.max_capacity?)))
+                .collect(),
+            type_shards: self
+                .target_types()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t, self.type_shards(t)))
+                .filter(|(_, n)| *n > 1)
                 .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,

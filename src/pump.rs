@@ -263,6 +263,17 @@ impl Pump {
     /// computes the same order from the same frozen set and seed, and the store writes each
     /// seq once.
     async fn open_sale(&self, target: QueueTarget) -> Result<bool, StoreError> {
+        // A sharded target's shards each order their own pre-queue with the sale's one seed
+        // (shard 0's), so the order of the whole restricted to a shard is that shard's order.
+        let mut opened = false;
+        for part in self.store.parts(target) {
+            opened |= self.open_part(part).await?;
+        }
+        Ok(opened)
+    }
+
+    /// [`Self::open_sale`] of one shard (the whole target unless it is sharded).
+    async fn open_part(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let Some(opening) = self.store.pending_opening(target).await? else { return Ok(false) };
         let order = crate::domain::opening_order(&opening.seed, &opening.users);
         let places: Vec<(u64, crate::domain::UserId)> =

@@ -175,6 +175,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             | Action::Ledger { target: t, .. }
             | Action::Report { target: t, .. } => super::target::require_declared(&store, &settings, t.get()).await?,
         }
+        // A sale's steps reach each of a sharded target's shards: only with the fleet's count.
+        let named = match &args.action {
+            Action::Schedule { target, .. } => Some(target.get()),
+            Action::Show { target: MaybeTargetArg { target: Some(t), .. } | MaybeTargetArg { target_opt: Some(t), .. }, .. } => {
+                Some(*t)
+            }
+            Action::Show { .. } => None,
+            Action::Pause { target: t }
+            | Action::Resume { target: t }
+            | Action::Close { target: t, .. }
+            | Action::Clear { target: t, .. }
+            | Action::Ledger { target: t, .. }
+            | Action::Report { target: t, .. } => Some(t.get()),
+        };
+        if let Some(t) = named {
+            super::target::require_same_shards(&store, &settings, t).await?;
+        }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at, no_prequeue, no_close } => {
                 let target = target.get();

@@ -37,6 +37,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         tracing::warn!(
             "store = memory: the queue lives in this process only. SINGLE INSTANCE ONLY: do not run several vq serve on it, and state is lost on restart"
         );
+        for t in settings.target_types().unwrap_or_default().into_iter().filter(|t| settings.type_shards(*t) > 1) {
+            tracing::warn!(
+                target_type = %t.slug(),
+                shards = settings.type_shards(t),
+                "targets.types.*.shards is a Redis setting: the embedded store keeps each target in one shard"
+            );
+        }
     }
     let settings = Arc::new(settings);
     server_runtime(settings.threads)?.block_on(async move {

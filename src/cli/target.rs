@@ -9,7 +9,7 @@ use clap::Subcommand;
 use super::{ConfigArg, runtime};
 use crate::app::open_store;
 use crate::config::Settings;
-use crate::domain::{DeclaredTargets, InstanceReport, QueueTarget, fleet_declared, fleet_types};
+use crate::domain::{DeclaredTargets, InstanceReport, QueueTarget, QueueTargetType, fleet_declared, fleet_types};
 use crate::store::prelude::*;
 use crate::store::{AnyStore, DeclareOutcome};
 
@@ -66,6 +66,31 @@ pub async fn declared(store: &AnyStore, settings: &Settings) -> anyhow::Result<D
 /// The live serving instances' reports.
 pub async fn fleet(store: &AnyStore) -> anyhow::Result<Vec<InstanceReport>> {
     store.fleet().await.map_err(|e| anyhow::anyhow!("cannot read the instances' reports: {e}"))
+}
+
+/// Fails when a serving instance spreads `target`'s type over another number of shards than
+/// this command's configuration would (`targets.types.*.shards`): the command would reach
+/// some of the target's shards only.
+pub async fn require_same_shards(store: &AnyStore, settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
+    let here = settings.type_shards(target.kind);
+    for report in fleet(store).await? {
+        let Some(types) = report.settings.get("targets.types") else { continue };
+        let Ok(types) = serde_json::from_str::<Vec<crate::config::TargetTypeSettings>>(types) else { continue };
+        let Some(def) = types.iter().find(|t| QueueTargetType::parse_any(&t.slug).ok() == Some(target.kind)) else {
+            continue;
+        };
+        let there = def.shards.unwrap_or(1);
+        if there != u64::from(here) {
+            anyhow::bail!(
+                "{} spreads each target over {there} shards on the serving instance {} and over {here} here: \
+                 run this command with the fleet's configuration (targets.types.{}.shards)",
+                target.kind.slug(),
+                report.instance,
+                target.kind.slug()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Fails unless `target`'s type is one of `targets.types` here or on a serving instance.

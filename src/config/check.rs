@@ -189,6 +189,7 @@ impl Settings {
                 ("max_active", def.max_active, 1..=1_000_000_000),
                 ("purchases_per_admission", def.purchases_per_admission, PURCHASES_PER_ADMISSION),
                 ("purchases_per_user", def.purchases_per_user, PURCHASES_PER_USER),
+                ("shards", def.shards, 1..=u64::from(crate::domain::MAX_SHARDS)),
             ] {
                 if let Some(v) = value.filter(|v| !range.contains(v)) {
                     return Err(SettingError::TypeOutOfRange {

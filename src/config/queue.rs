@@ -51,6 +51,11 @@ pub struct TargetTypeSettings {
     /// `queue.purchases_per_user`; 0 = no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purchases_per_user: Option<u64>,
+    /// Shards each target of this type is spread over (1 to 64; 1 when unset): each its own
+    /// hash tag, so a Redis Cluster places them on different nodes. Redis only: the embedded
+    /// store keeps every target in one shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u64>,
 }
 
 impl TargetTypeSettings {
@@ -65,6 +70,7 @@ impl TargetTypeSettings {
             max_active: None,
             purchases_per_admission: None,
             purchases_per_user: None,
+            shards: None,
         }
     }
 }

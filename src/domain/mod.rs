@@ -14,6 +14,7 @@ mod position;
 mod purchase;
 mod record;
 mod sale;
+mod shard;
 mod stats;
 mod target;
 
@@ -33,6 +34,7 @@ pub use sale::{
     SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, SaleState, ScheduleError, format_instant,
     parse_instant,
 };
+pub use shard::{MAX_SHARDS, Shard, allot, shard_cap, shard_tag, slot_range, tag_slot, user_shard};
 pub use stats::{
     WAIT_BUCKETS, WAIT_METRIC_EDGES_S, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket,
 };

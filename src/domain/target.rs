@@ -4,6 +4,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::Shard;
+
 /// Why a target, type or user id could not be parsed; the text is shown to API callers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
@@ -187,11 +189,24 @@ fn parse_positive(s: &str) -> Result<u64, ParseError> {
 pub struct QueueTarget {
     pub kind: QueueTargetType,
     pub id: u64,
+    /// The whole target everywhere but inside the Redis store, which names one shard of a
+    /// sharded target with it (`Shard`, `store/redis/keys.rs`).
+    pub shard: Shard,
 }
 
 impl QueueTarget {
     pub fn new(kind: QueueTargetType, id: u64) -> Self {
-        Self { kind, id }
+        Self { kind, id, shard: Shard::WHOLE }
+    }
+
+    /// Shard `index` of `count` of this target.
+    pub fn on_shard(self, index: u8, count: u8) -> Self {
+        Self { shard: Shard { index, count }, ..self }
+    }
+
+    /// The whole target, whichever shard this names.
+    pub fn whole(self) -> Self {
+        Self { shard: Shard::WHOLE, ..self }
     }
 
     /// From the two URL path segments: `limited-drop`, `42`.
@@ -207,7 +222,11 @@ impl QueueTarget {
 
 impl fmt::Display for QueueTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.kind.as_str(), self.id)
+        write!(f, "{}:{}", self.kind.as_str(), self.id)?;
+        if !self.shard.is_whole() {
+            write!(f, "#{}/{}", self.shard.index, self.shard.count)?;
+        }
+        Ok(())
     }
 }
 

@@ -207,6 +207,9 @@ impl Ctx {
         if let Ok(mut h) = self.rec.waits_ms.lock() {
             h.saturating_record(wait_ms.max(1));
         }
+        if let Ok(mut a) = self.rec.admissions.lock() {
+            a.push((self.since_start_us(entered_at), self.since_start_us(Instant::now())));
+        }
         if let Some(eta) = eta_ms
             && let Ok(mut e) = self.rec.eta_errors_ms.lock()
         {

@@ -42,8 +42,8 @@ pub use self::opening::rank_correlation;
 use self::opening::schedule_opening;
 use self::recorder::{Recorder, ShardedHistogram};
 pub use self::report::{
-    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, PowFigures, Report, TimelinePoint,
-    WaitSummary, check_bounds, client_limit,
+    Bounds, ClientFigures, EtaError, FailedBound, LatencySummary, OpeningFigures, OrderError, PowFigures, Report,
+    TimelinePoint, WaitSummary, check_bounds, client_limit,
 };
 pub use self::server::{ServerFacts, probe};
 use self::server::{batch_in_force, sample_redis};

@@ -138,6 +138,9 @@ pub(super) struct Recorder {
     pub(super) prequeued: AtomicU64,
     pub(super) prequeued_places: Mutex<Vec<(u64, u64)>>,
     pub(super) later_places: Mutex<Vec<(u64, u64)>>,
+    /// (entered, seen admitted), µs since the run's start, of every user admitted through
+    /// the queue: the order error (`report::OrderError`).
+    pub(super) admissions: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Recorder {
@@ -167,6 +170,7 @@ impl Recorder {
             prequeued: AtomicU64::new(0),
             prequeued_places: Mutex::new(Vec::new()),
             later_places: Mutex::new(Vec::new()),
+            admissions: Mutex::new(Vec::new()),
         }
     }
 }

@@ -220,12 +220,55 @@ pub struct Report {
     pub eta_error_seconds: EtaError,
     /// Growth of Redis `used_memory` per waiting user, at the sample with most users waiting.
     pub redis_bytes_per_waiting_user: Option<f64>,
+    /// Arrival order against admission order, over the users admitted through the queue.
+    pub order_error: OrderError,
     /// With `--opening-in`: the shuffle's effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opening: Option<OpeningFigures>,
     /// What the proof of work at entry cost the simulated buyers (when vq asked for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof_of_work: Option<PowFigures>,
+}
+
+/// How far admission order strayed from arrival order, over the users admitted through the
+/// queue: each user's rank by entry against their rank by the poll that saw them admitted.
+/// That poll comes up to a tick (or `pollAfterSeconds`) after the admission itself, so even
+/// a strict FIFO line shows displacements of about the users admitted in one tick; what a
+/// design adds (a sharded target's shards each keep their own order) shows above that floor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrderError {
+    pub users: u64,
+    /// Spearman's rank correlation of entry and admission (1: the same order); `None` below
+    /// 3 users.
+    pub rank_correlation: Option<f64>,
+    /// |entry rank − admission rank|: the largest and the mean, in users.
+    pub max_displacement: u64,
+    pub mean_displacement: f64,
+}
+
+impl OrderError {
+    /// From (entered, seen admitted) pairs, in any unit of time.
+    pub fn of(pairs: &[(u64, u64)]) -> Self {
+        let n = pairs.len();
+        let rank = |key: &dyn Fn(usize) -> (u64, usize)| {
+            let mut idx: Vec<usize> = (0..n).collect();
+            idx.sort_by_key(|&i| key(i));
+            let mut r = vec![0u64; n];
+            for (k, i) in idx.into_iter().enumerate() {
+                r[i] = k as u64;
+            }
+            r
+        };
+        let (a, b) = (rank(&|i| (pairs[i].0, i)), rank(&|i| (pairs[i].1, i)));
+        let d: Vec<u64> = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).collect();
+        Self {
+            users: n as u64,
+            rank_correlation: super::rank_correlation(pairs),
+            max_displacement: d.iter().copied().max().unwrap_or(0),
+            mean_displacement: if n == 0 { 0.0 } else { d.iter().sum::<u64>() as f64 / n as f64 },
+        }
+    }
 }
 
 /// The proof of work the buyers solved: what one place cost a client of this machine's cores.
@@ -332,6 +375,22 @@ pub fn check_bounds(report: &Report, bounds: &Bounds) -> Vec<FailedBound> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_order_error_is_nil_for_fifo_and_counts_ranks_moved() {
+        let fifo: Vec<(u64, u64)> = (0..10).map(|i| (i, 100 + i)).collect();
+        let e = OrderError::of(&fifo);
+        assert_eq!((e.users, e.max_displacement, e.mean_displacement), (10, 0, 0.0));
+        assert!((e.rank_correlation.unwrap() - 1.0).abs() < 1e-12);
+        // The first to arrive admitted last: moved 9 places, the others one each.
+        let mut late: Vec<(u64, u64)> = (1..10).map(|i| (i, 100 + i)).collect();
+        late.push((0, 1000));
+        let e = OrderError::of(&late);
+        assert_eq!(e.max_displacement, 9);
+        assert!((e.mean_displacement - 1.8).abs() < 1e-12);
+        assert!(e.rank_correlation.unwrap() < 1.0);
+        assert_eq!(OrderError::of(&[]).rank_correlation, None);
+    }
 
     #[test]
     fn latency_summary_reads_microseconds_as_milliseconds() {

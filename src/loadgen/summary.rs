@@ -9,7 +9,7 @@ use super::buyer::Ctx;
 use super::opening::opening_figures;
 use super::recorder::{KINDS, Kind, Recorder, ShardedHistogram};
 use super::report::{
-    ClientFigures, EtaError, LatencySummary, PowFigures, Report, TimelinePoint, WaitSummary, client_limit,
+    ClientFigures, EtaError, LatencySummary, OrderError, PowFigures, Report, TimelinePoint, WaitSummary, client_limit,
 };
 use super::sink::{SinkFigures, SinkSecond};
 
@@ -138,6 +138,7 @@ pub(super) fn build_report(
         eta_error_seconds: eta,
         redis_bytes_per_waiting_user: redis_bytes,
         opening: o.opening_in.map(|_| opening_figures(r)),
+        order_error: OrderError::of(&r.admissions.lock().map(|v| v.clone()).unwrap_or_default()),
         proof_of_work: pow_figures(r),
     }
 }

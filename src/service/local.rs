@@ -164,18 +164,24 @@ impl LocalPolls {
 
 impl QueueService {
     /// A waiting user's place from this instance's copy, when it may answer (module doc).
+    ///
+    /// A sharded target's copy is its user's shard's, in the shard's own numbers; the most a
+    /// tick may admit there is the whole target's batch (a shard may get all of it).
     pub(super) fn local_answer(&self, target: QueueTarget, user: &UserId) -> Option<Waiting> {
-        let w = self.local.as_ref()?.answer(target, user, |o| self.most_per_tick(target, o))?;
+        let part = self.store.user_part(target, user);
+        let w = self.local.as_ref()?.answer(part, user, |o| self.most_per_tick(target, o))?;
         crate::metrics::poll_answered_locally();
-        Some(w)
+        Some(w.in_whole_target(part))
     }
 
     /// What Redis said of a user: waiting with this seq, or not waiting (`None`).
     pub(super) fn local_learn(&self, target: QueueTarget, user: &UserId, seq: Option<u64>) {
         if let Some(local) = &self.local {
+            // A sharded target's copy is kept per shard, in the shard's own seqs.
+            let part = self.store.user_part(target, user);
             match seq {
-                Some(seq) => local.learn(target, user, seq),
-                None => local.forget(target, user),
+                Some(seq) => local.learn(part, user, Waiting::shard_seq(seq, part)),
+                None => local.forget(part, user),
             }
         }
     }
@@ -203,7 +209,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
+        QueueTarget::new(QueueTargetType::LIMITED_DROP, 1)
     }
 
     fn synced_at(mark: u64, departed: Vec<u64>) -> LocalPolls {

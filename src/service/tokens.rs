@@ -69,7 +69,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
+        QueueTarget::new(QueueTargetType::LIMITED_DROP, 1)
     }
 
     fn token(raw: &str, expires_at: u64) -> EntryToken {

@@ -49,6 +49,29 @@ impl AnyStore {
         }
     }
 
+    /// Whether `targets.types.*.shards` applies: the Redis store spreads a target over its
+    /// shards; the embedded store keeps every target in one.
+    pub fn shards_apply(&self) -> bool {
+        matches!(self, AnyStore::Redis(_))
+    }
+
+    /// Every part of `target` a sale's opening is ordered in: its shards, shard 0 first, on
+    /// Redis; the target itself otherwise.
+    pub fn parts(&self, target: QueueTarget) -> Vec<QueueTarget> {
+        match self {
+            AnyStore::Redis(r) => r.parts(target),
+            AnyStore::Memory(_) => vec![target],
+        }
+    }
+
+    /// The part of `target` holding `user`: their shard on Redis, the target otherwise.
+    pub fn user_part(&self, target: QueueTarget, user: &UserId) -> QueueTarget {
+        match self {
+            AnyStore::Redis(r) => r.user_part(target, user),
+            AnyStore::Memory(_) => target,
+        }
+    }
+
     /// Whether polls can be answered by this instance from a synced view of the queue
     /// (`queue.local_polls`): only a shared store needs it; the embedded one answers in-process.
     pub fn serves_local_polls(&self) -> bool {

@@ -335,6 +335,7 @@ mod tests {
         let limits = StoreLimits {
             max_capacity: 5,
             type_capacity: Vec::new(),
+            type_shards: Vec::new(),
             key_ttl_s: 1,
             token_ttl_s: 1,
             record_ttl_s: 1,

@@ -75,6 +75,9 @@ pub struct StoreLimits {
     pub max_capacity: u64,
     /// The types configured with a capacity of their own (`targets.types.*.max_capacity`).
     pub type_capacity: Vec<(QueueTargetType, u64)>,
+    /// The types whose targets are spread over more than one shard (`targets.types.*.shards`);
+    /// the Redis store only (`store/redis/shards.rs`).
+    pub type_shards: Vec<(QueueTargetType, u8)>,
     /// Sliding expiry of a target's keys.
     pub key_ttl_s: u64,
     /// Lifetime of the stored token key (= the token's own lifetime).
@@ -109,5 +112,10 @@ impl StoreLimits {
     /// The users who may wait per target of `kind`.
     pub fn capacity(&self, kind: QueueTargetType) -> u64 {
         self.type_capacity.iter().find(|(k, _)| *k == kind).map_or(self.max_capacity, |(_, c)| *c)
+    }
+
+    /// The shards a target of `kind` is spread over: 1 unless configured.
+    pub fn shards(&self, kind: QueueTargetType) -> u8 {
+        self.type_shards.iter().find(|(k, _)| *k == kind).map_or(1, |(_, n)| *n)
     }
 }

@@ -2,7 +2,7 @@
 //! every backend. Storage formats (hash fields, acknowledgement strings) are not here: each
 //! backend reads its own into these types.
 
-use crate::domain::{Observations, SaleRecord, UserId, WaitHistogram};
+use crate::domain::{Observations, QueueTarget, SaleRecord, UserId, WaitHistogram};
 
 /// What declaring a target at runtime did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,28 @@ pub struct Waiting {
     pub batch_override: Option<u64>,
     /// The target's sale is paused: nobody is admitted until it resumes.
     pub paused: bool,
+}
+
+impl Waiting {
+    /// A shard's answer in the whole target's numbers (`part` names the shard; the answer
+    /// itself for a whole target): the shards' seqs interleaved (shard s's k-th seq is the
+    /// whole target's (k − 1)·N + s + 1), the mark and the users ahead scaled by N. Exact
+    /// for the user's own shard, an estimate of the others; seq ≤ mark holds as in the shard.
+    pub fn in_whole_target(self, part: QueueTarget) -> Self {
+        if part.shard.is_whole() || part.shard.count <= 1 {
+            return self;
+        }
+        let (n, s) = (u64::from(part.shard.count), u64::from(part.shard.index));
+        Waiting { seq: self.seq.saturating_sub(1) * n + s + 1, mark: self.mark * n, ahead: self.ahead * n, ..self }
+    }
+
+    /// The shard's own seq of a seq in the whole target's numbers ([`Self::in_whole_target`]).
+    pub fn shard_seq(whole: u64, part: QueueTarget) -> u64 {
+        if part.shard.is_whole() || part.shard.count <= 1 {
+            return whole;
+        }
+        whole.saturating_sub(1) / u64::from(part.shard.count) + 1
+    }
 }
 
 /// What enter and poll tell a user about the target's sale when it keeps them out of the

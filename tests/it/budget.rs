@@ -406,3 +406,139 @@ async fn every_step_of_a_buyers_life_stays_within_the_redis_budget() {
     }
     assert!(over.is_empty(), "over the hot path's Redis budget (tests/it/budget.rs, BUDGET): {over:#?}");
 }
+
+/// The budget of a target spread over [`SHARDS`] shards (`targets.types.*.shards`), per
+/// unit as in [`BUDGET`]. Enter, poll, token and leave go to the user's shard with the
+/// scripts of an unsharded target; the instance keeps a copy of each shard's mark, and its
+/// heartbeat sync is one call per shard. A tick costs more, shared by the batch: the plan (the pinned
+/// batch, each shard's mark and waiting count, the plan's `SET NX GET`) and admit.lua,
+/// evict.lua and tokens_expire.lua once per shard.
+const SHARDED_BUDGET: &[Budget] = &[
+    Budget { step: Step::EnterAlone, scripts: 2.0, commands: 14.0 },
+    Budget { step: Step::ReEnter, scripts: 2.0, commands: 6.0 },
+    Budget { step: Step::PollStatus, scripts: 1.0, commands: 5.0 },
+    Budget { step: Step::PollLocal, scripts: 0.0, commands: 0.0 },
+    // One view.lua per shard with polls answered here, and one GET of the target's pinned
+    // batch per shard after the first.
+    Budget { step: Step::Heartbeat, scripts: 3.0, commands: 17.0 },
+    // Per tick: 9 script calls and about 150 commands for 50 users.
+    Budget { step: Step::Admission, scripts: 0.2, commands: 3.2 },
+    Budget { step: Step::TokenIssue, scripts: 3.0, commands: 17.0 },
+    Budget { step: Step::Leave, scripts: 2.0, commands: 10.0 },
+];
+
+/// The shards of the sharded budget's target.
+const SHARDS: u8 = 3;
+
+#[tokio::test]
+async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
+    let redis = RedisServer::spawn();
+    flag_on_before_start(&redis).await;
+    let mut s = settings(&redis);
+    s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").expect("shipped type").shards = Some(SHARDS.into());
+    let settings = Arc::new(s);
+    let store = open_store(&settings);
+    let service = QueueService::new(store.clone(), secret(), settings.clone());
+    service.refresh_flag().await.expect("flag");
+    let pump = Pump::new(store, settings.clone(), "budget".into());
+    warm_up(&redis, &service, &pump).await;
+    // A first user in every shard (a shard's first seq sets its keys' expiry: not an enter's
+    // cost, as in the unsharded budget).
+    for i in 1..=12 {
+        waiting_seq(&service, &user(&format!("first-{i}"))).await;
+    }
+    let mut measured = Vec::new();
+
+    reset(&redis).await;
+    let alone: Vec<UserId> = (1..=5).map(|i| user(&format!("alone-{i}"))).collect();
+    for u in &alone {
+        waiting_seq(&service, u).await;
+    }
+    measured.push(Measured::of(Step::EnterAlone, usage(&redis).await, alone.len() as u64));
+    let more: Vec<UserId> = (1..=400).map(|i| user(&format!("more-{i}"))).collect();
+    let mut far = Vec::new();
+    for u in &more {
+        // Past two batches of its shard's mark (0), a user's polls are answered from the
+        // instance's copy of that shard.
+        let shard_seq = (waiting_seq(&service, u).await - 1) / u64::from(SHARDS) + 1;
+        if shard_seq > 2 * BATCH + 10 {
+            far.push(u.clone());
+        }
+    }
+
+    reset(&redis).await;
+    for u in &more[..20] {
+        waiting_seq(&service, u).await;
+    }
+    measured.push(Measured::of(Step::ReEnter, usage(&redis).await, 20));
+
+    reset(&redis).await;
+    for u in &more[100..120] {
+        match service.status(target(), u).await {
+            Ok(QueueStatus::Waiting { .. }) => {}
+            other => panic!("{u}: {other:?}"),
+        }
+    }
+    measured.push(Measured::of(Step::PollStatus, usage(&redis).await, 20));
+
+    service.sync_local_views().await;
+    let far = &far[..LOCAL_POLLS as usize];
+    reset(&redis).await;
+    for u in far {
+        local_poll(&service, u).await;
+    }
+    measured.push(Measured::of(Step::PollLocal, usage(&redis).await, LOCAL_POLLS));
+    reset(&redis).await;
+    service.sync_local_views().await;
+    measured.push(Measured::of(Step::Heartbeat, usage(&redis).await, 1));
+
+    reset(&redis).await;
+    let ticked = pump.tick().await.expect("tick");
+    let admit = ticked[0].as_ref().expect("target tick").admit.expect("admitted");
+    assert_eq!(admit.admitted, BATCH, "one batch across the shards: {ticked:?}");
+    measured.push(Measured::of(Step::Admission, usage(&redis).await, BATCH));
+
+    // The users admitted, read from each shard (not counted): seq at or below its mark.
+    let mut c = redis.conn().await;
+    let mut admitted = Vec::new();
+    for u in alone.iter().chain(&more) {
+        let tag = vq::domain::shard_tag("LIMITED_DROP:1", vq::domain::user_shard(u.as_str(), SHARDS), SHARDS);
+        let mark: u64 =
+            redis::cmd("GET").arg(format!("queue:{{{tag}}}:admitted_count")).query_async(&mut c).await.expect("mark");
+        let seq: Option<u64> = redis::cmd("ZSCORE")
+            .arg(format!("queue:{{{tag}}}:waiting"))
+            .arg(u.as_str())
+            .query_async(&mut c)
+            .await
+            .expect("seq");
+        if seq.is_some_and(|s| s <= mark) {
+            admitted.push(u.clone());
+        }
+    }
+    let admitted = &admitted[..20];
+    reset(&redis).await;
+    for u in admitted {
+        admitted_token(&service, u).await;
+    }
+    measured.push(Measured::of(Step::TokenIssue, usage(&redis).await, admitted.len() as u64));
+
+    let leaving = &more[300..310];
+    reset(&redis).await;
+    for u in leaving {
+        service.leave(target(), u).await;
+    }
+    measured.push(Measured::of(Step::Leave, usage(&redis).await, leaving.len() as u64));
+
+    let mut over = Vec::new();
+    for m in &measured {
+        let b = SHARDED_BUDGET.iter().find(|b| b.step == m.step).expect("every step has a budget row");
+        eprintln!(
+            "sharded budget {:?}: {:.2} script calls (budget {}), {:.2} commands (budget {}); per unit: {}",
+            m.step, m.scripts, b.scripts, m.commands, b.commands, m.by_name
+        );
+        if m.evals > 0 || m.scripts > b.scripts + 0.005 || m.commands > b.commands + 0.005 {
+            over.push(format!("{:?}: {:.2} script calls, {:.2} commands per unit", m.step, m.scripts, m.commands));
+        }
+    }
+    assert!(over.is_empty(), "over the sharded budget (tests/it/budget.rs, SHARDED_BUDGET): {over:#?}");
+}

@@ -42,6 +42,7 @@ mod sale;
 mod scripts;
 mod secrets;
 mod serve_limits;
+mod shards;
 mod shedding;
 mod slices;
 mod stall;

@@ -155,6 +155,17 @@ pub(super) fn print_report(r: &Report, with_sink: bool) {
         "redis bytes per waiting user",
         r.redis_bytes_per_waiting_user.map_or_else(|| "not measured".to_owned(), |b| format!("{b:.0}")),
     );
+    let o = &r.order_error;
+    row(
+        "order error: arrival vs admission (Spearman / largest / mean displacement)",
+        format!(
+            "{} / {} / {:.1} ({} users)",
+            o.rank_correlation.map_or_else(|| "too few".to_owned(), |x| format!("{x:+.4}")),
+            o.max_displacement,
+            o.mean_displacement,
+            o.users
+        ),
+    );
     row("status counts", r.status_counts.iter().map(|(k, v)| format!("{k}: {v}")).collect::<Vec<_>>().join(", "));
     if let Some(o) = &r.opening {
         let rho = |v: Option<f64>| v.map_or_else(|| "too few".to_owned(), |x| format!("{x:+.3}"));

@@ -150,7 +150,7 @@ mod tests {
     use crate::domain::QueueTargetType;
 
     fn target() -> QueueTarget {
-        QueueTarget { kind: QueueTargetType::LIMITED_DROP, id: 1 }
+        QueueTarget::new(QueueTargetType::LIMITED_DROP, 1)
     }
 
     #[test]

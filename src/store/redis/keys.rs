@@ -1,6 +1,9 @@
 //! Key names. Operators and tests read these with redis-cli; they are a contract.
 
-use crate::domain::{EventLog, QueueTarget, UserId};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::domain::{EventLog, QueueTarget, UserId, shard_tag};
 
 pub const ACTIVE: &str = "queue:active";
 /// SET of the targets declared at runtime (`vq target add`), `LIMITED_DROP:42`; outside any
@@ -26,11 +29,30 @@ pub const FLAG_ACKS: &str = "virtual-queue:acks";
 /// configured types and declarations, the settings that must agree), `store/redis/fleet.rs`.
 pub const FLEET: &str = "virtual-queue:fleet";
 
+/// The hash tag of `target`'s keys: `TYPE:id` for the whole target and its shard 0, and for
+/// shard s ≥ 1 of a sharded target `TYPE:id#s.k` (`domain::shard_tag`: its slot in a range of
+/// its own), computed once per shard and kept.
+pub fn tag(target: QueueTarget) -> Arc<str> {
+    static TAGS: LazyLock<Mutex<HashMap<QueueTarget, Arc<str>>>> = LazyLock::new(Mutex::default);
+    let mut tags = TAGS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(t) = tags.get(&target) {
+        return t.clone();
+    }
+    let whole = target.whole().to_string();
+    let tag: Arc<str> = shard_tag(&whole, target.shard.index, target.shard.count).into();
+    // Bounded: shards of the targets this instance served; a runaway set is dropped whole.
+    if tags.len() >= 100_000 {
+        tags.clear();
+    }
+    tags.insert(target, tag.clone());
+    tag
+}
+
 pub fn of(target: QueueTarget, name: &str) -> String {
-    format!("queue:{{{target}}}:{name}")
+    format!("queue:{{{}}}:{name}", tag(target))
 }
 pub fn token(target: QueueTarget, user: &UserId) -> String {
-    format!("queue:{{{target}}}:token:{user}")
+    format!("queue:{{{}}}:token:{user}", tag(target))
 }
 /// What the token key (`token`) holds once a purchase claimed its token: this prefix and the
 /// token (`token_claim.lua`, through the prelude's `used_mark`, which tests check against it).
@@ -43,12 +65,12 @@ pub fn used_token(value: &str) -> Option<&str> {
 
 /// ZSET token -> expiry ms of every token the user bought with (`token_claim.lua`).
 pub fn used_tokens(target: QueueTarget, user: &UserId) -> String {
-    format!("queue:{{{target}}}:used:{user}")
+    format!("queue:{{{}}}:used:{user}", tag(target))
 }
 /// HASH token -> purchases claimed with it, for `purchases_per_admission` > 1
 /// (`token_claim.lua`).
 pub fn token_uses(target: QueueTarget, user: &UserId) -> String {
-    format!("queue:{{{target}}}:uses:{user}")
+    format!("queue:{{{}}}:uses:{user}", tag(target))
 }
 /// HASH user -> the targets they hold a place in (`queue.max_queues_per_user`) with the ms each
 /// was counted, "TARGET=ms TARGET=ms": the users of one bucket, one generation
@@ -68,5 +90,5 @@ pub fn event_log(log: EventLog) -> String {
     }
 }
 pub fn admission_lock(target: QueueTarget) -> String {
-    format!("queue:admission:{{{target}}}")
+    format!("queue:admission:{{{}}}", tag(target))
 }

@@ -218,6 +218,9 @@ script_args! {
         admitted_every: u64,
         slice: u64,
         continuation: &'a str,
+        // A sharded target's plan (both or neither: `None` sends nothing).
+        plan_tick: Option<u64>,
+        plan_share: Option<u64>,
     } tail []
 }
 

@@ -42,6 +42,7 @@ mod pulse;
 mod queue;
 mod sale;
 mod scripts;
+mod shards;
 mod shared_calls;
 pub mod slices;
 mod view;
@@ -131,8 +132,13 @@ impl RedisStore {
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
     /// last liveness probe: down, refusing or stalled (see `pulse.rs`).
+    /// A sharded target is silent when the node of any of its shards is: asked only by a
+    /// request that outlasted `redis.timeout_ms`, which the shard of its user holds up.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
-        self.pulse.silent(target)
+        match target {
+            Some(t) if self.shard_count(t) > 1 => self.parts(t).into_iter().any(|p| self.pulse.silent(Some(p))),
+            _ => self.pulse.silent(target),
+        }
     }
 
     /// Redis' clock minus this host's, in ms, once known.

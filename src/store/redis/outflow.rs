@@ -104,10 +104,15 @@ impl OutflowOps for RedisStore {
     }
 
     async fn active_buyers(&self, target: QueueTarget) -> Result<u64, StoreError> {
-        Ok(on_target(&ACTIVE_COUNT, target, ACTIVE_COUNT_KEYS)
-            .args(&ActiveCountArgs {})
-            .invoke_async(&mut self.conn())
-            .await?)
+        let mut n = 0;
+        for part in self.parts(target) {
+            let c: u64 = on_target(&ACTIVE_COUNT, part, ACTIVE_COUNT_KEYS)
+                .args(&ActiveCountArgs {})
+                .invoke_async(&mut self.conn())
+                .await?;
+            n += c;
+        }
+        Ok(n)
     }
 
     async fn expire_tokens(&self, target: QueueTarget) -> Result<u64, StoreError> {
@@ -115,14 +120,16 @@ impl OutflowOps for RedisStore {
         // TOKENS_EXPIRE_CALLS a tick: a larger backlog is counted over the next ticks.
         const TOKENS_EXPIRE_CALLS: u64 = 16;
         let mut expired = 0;
-        for _ in 0..TOKENS_EXPIRE_CALLS {
-            let n: u64 = on_target(&TOKENS_EXPIRE, target, TOKENS_EXPIRE_KEYS)
-                .args(&TokensExpireArgs { max: TOKENS_EXPIRE_SLICE })
-                .invoke_async(&mut self.conn())
-                .await?;
-            expired += n;
-            if n < TOKENS_EXPIRE_SLICE {
-                break;
+        for part in self.parts(target) {
+            for _ in 0..TOKENS_EXPIRE_CALLS {
+                let n: u64 = on_target(&TOKENS_EXPIRE, part, TOKENS_EXPIRE_KEYS)
+                    .args(&TokensExpireArgs { max: TOKENS_EXPIRE_SLICE })
+                    .invoke_async(&mut self.conn())
+                    .await?;
+                expired += n;
+                if n < TOKENS_EXPIRE_SLICE {
+                    break;
+                }
             }
         }
         Ok(expired)

@@ -91,7 +91,7 @@ impl Pulse {
         let silent = self.shared.silent.read().unwrap_or_else(|e| e.into_inner());
         let slots = self.shared.slots.read().unwrap_or_else(|e| e.into_inner());
         let Some(target) = target.filter(|_| !slots.is_empty()) else { return !silent.is_empty() };
-        let slot = key_slot(target.to_string().as_bytes());
+        let slot = key_slot(super::keys::tag(target).as_bytes());
         match slots.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)) {
             Some((_, _, addr)) => silent.iter().any(|s| s == addr),
             None => !silent.is_empty(),
@@ -103,7 +103,7 @@ impl Pulse {
     pub fn replicas(&self, target: QueueTarget) -> u64 {
         let replicas = self.shared.replicas.read().unwrap_or_else(|e| e.into_inner());
         let slots = self.shared.slots.read().unwrap_or_else(|e| e.into_inner());
-        let slot = key_slot(target.to_string().as_bytes());
+        let slot = key_slot(super::keys::tag(target).as_bytes());
         match slots.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)) {
             Some((_, _, addr)) => replicas.get(addr).copied().unwrap_or(0),
             None => replicas.values().copied().max().unwrap_or(0),

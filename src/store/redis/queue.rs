@@ -24,6 +24,7 @@ impl QueueOps for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
+        let target = self.user_part(target, &user);
         // A user admitted, then evicted or gone before the token was stored enters again.
         for _ in 0..2 {
             let mut answer = self.shared_call(Op::Enter, target, user.clone()).await?;
@@ -31,7 +32,7 @@ impl QueueOps for RedisStore {
                 answer = self.issue(target, &user, candidate).await?;
             }
             match answer {
-                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w)),
+                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w.in_whole_target(target))),
                 Answer::Admitted(token) => {
                     // Handed to the buyer only once a failover cannot lose it.
                     self.replicated(target).await?;
@@ -53,12 +54,13 @@ impl QueueOps for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
+        let target = self.user_part(target, &user);
         let mut answer = self.shared_call(Op::Status, target, user.clone()).await?;
         if let Answer::Issue = answer {
             answer = self.issue(target, &user, candidate).await?;
         }
         match answer {
-            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w)),
+            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w.in_whole_target(target))),
             Answer::Admitted(token) => {
                 // Handed to the buyer only once a failover cannot lose it.
                 self.replicated(target).await?;
@@ -75,6 +77,7 @@ impl QueueOps for RedisStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let target = self.user_part(target, &user);
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
             .args(&LeaveArgs {
                 user: user.as_str(),
@@ -106,6 +109,7 @@ impl QueueOps for RedisStore {
     }
 
     async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
+        let target = self.user_part(target, &user);
         let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
             .zscore(keys::of(target, "waiting"), user.as_str())
             .zscore(keys::of(target, "prequeue"), user.as_str())
@@ -138,13 +142,59 @@ impl QueueOps for RedisStore {
         tick_ms: u64,
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
+        if self.shard_count(target) > 1 {
+            return self.admit_sharded(target, default_batch, tick_ms, instance).await;
+        }
+        self.admit_part(target, default_batch, tick_ms, instance, None).await
+    }
+
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+        if self.shard_count(target) > 1 {
+            return self.evict_sharded(target, timeout_ms, max).await;
+        }
+        self.evict_part(target, timeout_ms, max).await
+    }
+
+    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+        if self.shard_count(target) > 1 {
+            return self.snapshot_sharded(target).await;
+        }
+        self.snapshot_part(target).await
+    }
+}
+
+impl RedisStore {
+    pub(super) async fn evict_part(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+        Ok(on_target(&EVICT, target, EVICT_KEYS)
+            .args(&EvictArgs {
+                timeout_ms,
+                max,
+                key_ttl_s: self.limits.key_ttl_s,
+                record_ttl_s: self.limits.record_ttl_s,
+            })
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
+    /// One target's (or one shard's) admission of a tick, in slices. `plan`: a shard's tick
+    /// and share of a sharded target's plan (`shards.rs`), admitted only while the shard's
+    /// clock is in that tick; the shards after the first keep no event log of their own.
+    pub(super) async fn admit_part(
+        &self,
+        target: QueueTarget,
+        default_batch: u64,
+        tick_ms: u64,
+        instance: &str,
+        plan: Option<(u64, u64)>,
+    ) -> Result<AdmitOutcome, StoreError> {
+        let names = if target.shard.index > 0 { &ADMIT_KEYS[..ADMIT_KEYS.len() - 1] } else { ADMIT_KEYS };
         // In slices of ADMIT_SLICE users: the first call starts the tick, each later one
         // continues it with what the one before returned, until admit.lua says it is done.
         let mut out = AdmitOutcome { advanced: false, mark: 0, tick: 0, admitted: 0, batch: default_batch };
         let mut continuation = String::new();
         loop {
             let fence = self.fences.fence(target);
-            let r: Vec<String> = on_target(&ADMIT, target, ADMIT_KEYS)
+            let r: Vec<String> = on_target(&ADMIT, target, names)
                 .args(&AdmitArgs {
                     default_batch,
                     tick_ms,
@@ -159,6 +209,8 @@ impl QueueOps for RedisStore {
                     admitted_every: self.limits.events.admitted_every,
                     slice: ADMIT_SLICE,
                     continuation: &continuation,
+                    plan_tick: plan.map(|(tick, _)| tick),
+                    plan_share: plan.map(|(_, share)| share),
                 })
                 .invoke_async(&mut self.conn())
                 .await?;
@@ -185,19 +237,7 @@ impl QueueOps for RedisStore {
         }
     }
 
-    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        Ok(on_target(&EVICT, target, EVICT_KEYS)
-            .args(&EvictArgs {
-                timeout_ms,
-                max,
-                key_ttl_s: self.limits.key_ttl_s,
-                record_ttl_s: self.limits.record_ttl_s,
-            })
-            .invoke_async(&mut self.conn())
-            .await?)
-    }
-
-    async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
+    pub(super) async fn snapshot_part(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
         let mut conn = self.conn();
         #[allow(clippy::type_complexity)]
         let (mark, seq, evicted, batch, capacity, lock, admissions, waits, oldest): (
@@ -272,8 +312,10 @@ impl TargetOps for RedisStore {
     }
 
     async fn publish_capacity(&self, target: QueueTarget) -> Result<(), StoreError> {
-        let key = keys::of(target, "capacity");
-        let _: () = self.conn().set_ex(key, self.limits.capacity(target.kind), self.limits.key_ttl_s).await?;
+        for part in self.parts(target) {
+            let key = keys::of(part, "capacity");
+            let _: () = self.conn().set_ex(key, self.capacity_of(part), self.limits.key_ttl_s).await?;
+        }
         Ok(())
     }
 
@@ -314,12 +356,17 @@ impl TargetOps for RedisStore {
 
     async fn forget_if_expired(&self, target: QueueTarget) -> Result<bool, StoreError> {
         let mut conn = self.conn();
-        let alive: bool = conn.exists(keys::of(target, "seq")).await?;
-        if alive {
-            return Ok(false);
+        let parts = self.parts(target);
+        for part in &parts {
+            let alive: bool = conn.exists(keys::of(*part, "seq")).await?;
+            if alive {
+                return Ok(false);
+            }
         }
         let _: u64 = conn.srem(keys::ACTIVE, target.to_string()).await?;
-        self.fences.forget(target);
+        for part in parts {
+            self.fences.forget(part);
+        }
         Ok(true)
     }
 

@@ -58,8 +58,8 @@ impl RedisStore {
     }
 }
 
-impl SaleOps for RedisStore {
-    async fn schedule_sale(
+impl RedisStore {
+    async fn schedule_part(
         &self,
         target: QueueTarget,
         schedule: SaleSchedule,
@@ -81,37 +81,24 @@ impl SaleOps for RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         match r.first().map(String::as_str) {
-            Some("1") => {
-                // Another slot than the target's keys on a cluster: a command of its own.
-                let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
-                self.register_event_logs(&[target]).await?;
-                Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() })
-            }
+            Some("1") => Ok(ScheduleOutcome::Scheduled { commitment: r.get(1).cloned().unwrap_or_default() }),
             Some("0") => Ok(ScheduleOutcome::AlreadyOpened { frozen_at_ms: num("sale_schedule.lua", &r, 1)? }),
             _ => Err(reply_err("sale_schedule.lua", &r)),
         }
     }
 
-    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
-        Ok(self.read_sale_and_prequeue(target).await?.0)
-    }
-
-    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+    async fn control_part(&self, target: QueueTarget, control: &SaleControl) -> Result<bool, StoreError> {
         let (action, source, message) = match &control {
             SaleControl::Pause => ("pause", SaleSource::Command, ""),
             SaleControl::Resume => ("resume", SaleSource::Command, ""),
             SaleControl::Close { message, source } => ("close", *source, message.as_str()),
-            SaleControl::Clear => return Ok(self.clear_sale(target, true).await? == ClearOutcome::Cleared),
+            SaleControl::Clear => return Ok(self.clear_part(target, true).await? == ClearOutcome::Cleared),
         };
         let r = self.sale_control(target, action, source, message, true).await?;
-        let changed = num("sale_control.lua", &r, 0)? == 1;
-        if changed {
-            self.register_event_logs(&[target]).await?;
-        }
-        Ok(changed)
+        Ok(num("sale_control.lua", &r, 0)? == 1)
     }
 
-    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+    async fn clear_part(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
         let r = self.sale_control(target, "clear", SaleSource::Command, "", force).await?;
         let outcome = match num("sale_control.lua", &r, 0)? {
             1 => ClearOutcome::Cleared,
@@ -122,11 +109,97 @@ impl SaleOps for RedisStore {
             },
             _ => return Err(reply_err("sale_control.lua", &r)),
         };
-        if !matches!(outcome, ClearOutcome::Refused { .. }) {
-            // Another slot than the target's keys on a cluster: a command of its own (also
-            // when the sale's hash had expired and only this listing was left).
-            let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
+        Ok(outcome)
+    }
+}
+
+impl SaleOps for RedisStore {
+    async fn schedule_sale(
+        &self,
+        target: QueueTarget,
+        schedule: SaleSchedule,
+        seed: [u8; 32],
+    ) -> Result<ScheduleOutcome, StoreError> {
+        let mut parts = self.parts(target).into_iter();
+        let first = parts.next().expect("a target has a shard 0");
+        let outcome = self.schedule_part(first, schedule, seed).await?;
+        if let ScheduleOutcome::Scheduled { .. } = &outcome {
+            // One seed for every shard: shard 0's, which a schedule changed before the
+            // opening keeps.
+            let fields: HashMap<String, String> = self.conn().hgetall(keys::of(first, "sale")).await?;
+            let seed = fields
+                .get("seed")
+                .and_then(|s| crate::domain::unhex(s))
+                .and_then(|s| <[u8; 32]>::try_from(s).ok())
+                .unwrap_or(seed);
+            for part in parts {
+                self.schedule_part(part, schedule, seed).await?;
+            }
+            // Another slot than the target's keys on a cluster: a command of its own.
+            let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;
+            self.register_event_logs(&[target]).await?;
         }
+        Ok(outcome)
+    }
+
+    /// A sharded target's sale is shard 0's, with the users frozen at the opening added up
+    /// over the shards, and opened once every shard's order is written.
+    async fn read_sale(&self, target: QueueTarget) -> Result<Option<SaleView>, StoreError> {
+        let mut parts = self.parts(target).into_iter();
+        let first = parts.next().expect("a target has a shard 0");
+        let Some(mut view) = self.read_sale_and_prequeue(first).await?.0 else { return Ok(None) };
+        for part in parts {
+            let other = self.read_sale_and_prequeue(part).await?.0.map(|v| v.record);
+            let (prequeued, opened) = other.map_or((None, None), |r| (r.prequeued, r.opened_at_ms));
+            let sale = &mut view.record;
+            sale.prequeued = match (sale.prequeued, prequeued) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            sale.opened_at_ms = sale.opened_at_ms.zip(opened).map(|(a, b)| a.max(b));
+        }
+        Ok(Some(view))
+    }
+
+    async fn control_sale(&self, target: QueueTarget, control: SaleControl) -> Result<bool, StoreError> {
+        // Shard 0 (the target's own, which the sale is read from) first, then the others.
+        let mut changed = false;
+        for part in self.parts(target) {
+            changed |= self.control_part(part, &control).await?;
+        }
+        if changed {
+            self.register_event_logs(&[target]).await?;
+        }
+        Ok(changed)
+    }
+
+    async fn clear_sale(&self, target: QueueTarget, force: bool) -> Result<ClearOutcome, StoreError> {
+        let parts = self.parts(target);
+        if !force && parts.len() > 1 {
+            // Refused if any shard would refuse: checked on all before any is cleared.
+            let (mut opening, mut prequeued) = (false, 0);
+            for part in &parts {
+                let (sale, n) = self.read_sale_and_prequeue(*part).await?;
+                prequeued += n;
+                opening |= sale.is_some_and(|s| {
+                    s.record.prequeued.is_some() && s.record.opened_at_ms.is_none() && !s.record.closed
+                });
+            }
+            if opening || prequeued > 0 {
+                return Ok(ClearOutcome::Refused { opening, prequeued });
+            }
+        }
+        let mut outcome = ClearOutcome::NoSale;
+        for part in parts {
+            match self.clear_part(part, force).await? {
+                ClearOutcome::Cleared => outcome = ClearOutcome::Cleared,
+                r @ ClearOutcome::Refused { .. } => return Ok(r),
+                ClearOutcome::NoSale => {}
+            }
+        }
+        // Another slot than the target's keys on a cluster: a command of its own (also when
+        // the sale's hash had expired and only this listing was left).
+        let _: u64 = self.conn().srem(keys::SALES, target.to_string()).await?;
         if outcome == ClearOutcome::Cleared {
             self.register_event_logs(&[target]).await?;
         }
@@ -134,7 +207,7 @@ impl SaleOps for RedisStore {
     }
 
     async fn target_record(&self, target: QueueTarget) -> Result<Option<TargetRecord>, StoreError> {
-        let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(target, "record")).await?;
+        let fields = self.record_fields(target).await?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -232,8 +305,33 @@ impl SaleOps for RedisStore {
         Ok(applied == 1)
     }
 
+    /// A sharded target's ledger is shard 0's with every other shard's admission rows (each
+    /// with its shard's marks) and their users frozen at the opening added to shard 0's
+    /// opening row; newest first.
     async fn sale_ledger(&self, target: QueueTarget) -> Result<Vec<LedgerEntry>, StoreError> {
-        let rows: Vec<String> = self.conn().lrange(keys::of(target, "ledger"), 0, -1).await?;
-        Ok(rows.iter().filter_map(|r| codec::decode_ledger_row(r)).collect())
+        let mut all = Vec::new();
+        for (i, part) in self.parts(target).into_iter().enumerate() {
+            let rows: Vec<String> = self.conn().lrange(keys::of(part, "ledger"), 0, -1).await?;
+            let rows = rows.iter().filter_map(|r| codec::decode_ledger_row(r));
+            if i == 0 {
+                all.extend(rows);
+                continue;
+            }
+            for row in rows {
+                match row {
+                    LedgerEntry::Admission { .. } => all.push(row),
+                    LedgerEntry::Opening { prequeued: more, .. } => {
+                        if let Some(LedgerEntry::Opening { prequeued, .. }) =
+                            all.iter_mut().find(|r| matches!(r, LedgerEntry::Opening { .. }))
+                        {
+                            *prequeued += more;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        all.sort_by_key(|r| std::cmp::Reverse(r.at_ms()));
+        Ok(all)
     }
 }

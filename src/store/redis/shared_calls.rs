@@ -134,7 +134,12 @@ async fn execute(
         Op::Enter => script.put_args(
             &mut cmd,
             &EnterArgs {
-                capacity: limits.capacity(target.kind),
+                // A shard's part of the target's capacity (the parts add up to it).
+                capacity: if target.shard.is_whole() {
+                    limits.capacity(target.kind)
+                } else {
+                    crate::domain::shard_cap(limits.capacity(target.kind), target.shard.index, target.shard.count)
+                },
                 key_ttl_s: limits.key_ttl_s,
                 seq_seen: fence.seq_seen,
                 seq_to: fence.seq_to,

@@ -3,10 +3,10 @@
 
 use redis::Value;
 
-use super::RedisStore;
 use super::layout::*;
 use super::scripts::{VIEW, VIEW_KEYS, on_target};
 use super::slices::{VIEW_DEPARTED_MAX, VIEW_USERS_PER_CALL};
+use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::StoreError;
 
@@ -85,6 +85,15 @@ impl RedisStore {
                 self.fences.observe(target, None, mark, None, 0, false);
                 let mark = mark.max(self.fences.fence(target).mark);
                 let known_to = (departed.len() >= VIEW_DEPARTED_MAX).then(|| departed.last().copied()).flatten();
+                // A shard after the first has no pin of its own: the target's is shard 0's.
+                let batch = match target.shard.index {
+                    0 => batch,
+                    _ => {
+                        let pinned: Option<u64> =
+                            redis::AsyncCommands::get(&mut self.conn(), keys::of(target.whole(), "batch_size")).await?;
+                        pinned.unwrap_or(0)
+                    }
+                };
                 sync.view = TargetView {
                     mark,
                     departed_known_to: known_to,

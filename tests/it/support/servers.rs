@@ -334,6 +334,15 @@ impl RedisCluster {
     }
 }
 
+impl RedisCluster {
+    /// Kills the node on `port` (by its PID, as started here): its slots go unserved.
+    pub fn kill_node(&mut self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).expect("a node of this cluster");
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+    }
+}
+
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for c in &mut self.children {

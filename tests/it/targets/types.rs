@@ -26,6 +26,7 @@ async fn a_type_added_in_configuration_gets_its_queue_and_its_own_gated_route() 
         max_active: None,
         purchases_per_admission: None,
         purchases_per_user: None,
+        shards: None,
     });
     s.targets.declared = vec!["flash-coupon:7".into()];
     s.gate.routes.push(vq::gate::GateRoute {
