@@ -17,6 +17,7 @@
 mod any;
 mod coalesce;
 mod durable;
+pub mod embedded;
 mod error;
 mod events;
 mod flag;
