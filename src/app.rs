@@ -21,7 +21,7 @@ use crate::http::{AppState, router};
 use crate::pump::Pump;
 use crate::service::{QueueService, now_epoch_ms};
 use crate::store::prelude::*;
-use crate::store::{AnyStore, FlagAck, MemoryStore, RedisStore};
+use crate::store::{AnyStore, FlagAck, RedisStore};
 use crate::token::Secret;
 
 /// Opens the configured store: Redis Cluster when `redis.cluster_nodes` is set, else the
@@ -39,7 +39,10 @@ pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
                     .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
             ),
         },
-        StoreKind::Memory => AnyStore::Memory(MemoryStore::new(settings.limits())),
+        StoreKind::Memory => AnyStore::Redis(
+            RedisStore::embedded(settings.limits(), crate::clock::system())
+                .context("the embedded store did not start")?,
+        ),
     })
 }
 

@@ -5,9 +5,8 @@
 
 use super::{
     AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, EventOps, FlagAck, FlagOps,
-    FleetOps, GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps,
-    RedisStore, SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim,
-    ViewSync,
+    FleetOps, GateOps, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps, RedisStore, SaleOps,
+    SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim, ViewSync,
 };
 use crate::domain::{
     AnswerClass, BuyerObservation, Event, EventId, EventKind, EventLog, FlagChange, FlagState, InstanceReport,
@@ -18,7 +17,6 @@ use crate::domain::{
 #[derive(Clone)]
 pub enum AnyStore {
     Redis(RedisStore),
-    Memory(MemoryStore),
 }
 
 impl AnyStore {
@@ -26,39 +24,37 @@ impl AnyStore {
     /// by a liveness probe that does not depend on how busy this instance is. The embedded
     /// store always answers.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
-        match self {
-            AnyStore::Redis(r) => r.silent(target),
-            AnyStore::Memory(_) => false,
-        }
+        let AnyStore::Redis(r) = self;
+        r.silent(target)
     }
 
     /// The store's clock minus this host's, in ms (0 for the embedded store, and until known).
     pub fn clock_offset_ms(&self) -> Option<i64> {
-        match self {
-            AnyStore::Redis(r) => r.clock_offset_ms(),
-            AnyStore::Memory(_) => Some(0),
-        }
+        let AnyStore::Redis(r) = self;
+        r.clock_offset_ms()
     }
 
     /// Now by the store's clock, in epoch ms: the embedded store's own clock; for Redis, this
     /// host's clock corrected by the measured offset (this host's alone until measured).
     pub fn now_ms(&self) -> u64 {
-        match self {
-            AnyStore::Redis(r) => crate::clock::now_epoch_ms().saturating_add_signed(r.clock_offset_ms().unwrap_or(0)),
-            AnyStore::Memory(m) => m.now_ms(),
-        }
+        let AnyStore::Redis(r) = self;
+        r.now_ms()
     }
 
     /// Whether polls can be answered by this instance from a synced view of the queue
     /// (`queue.local_polls`): only a shared store needs it; the embedded one answers in-process.
     pub fn serves_local_polls(&self) -> bool {
-        matches!(self, AnyStore::Redis(_))
+        let AnyStore::Redis(r) = self;
+        !r.is_embedded()
     }
 
     /// Sends the heartbeats of the polls answered here (`polled`) and reads the target's view
     /// back; `None` for a store without local polls ([`Self::serves_local_polls`]).
     pub async fn sync_poll_view(&self, target: QueueTarget, polled: &[UserId]) -> Option<Result<ViewSync, StoreError>> {
-        let AnyStore::Redis(r) = self else { return None };
+        let AnyStore::Redis(r) = self;
+        if r.is_embedded() {
+            return None;
+        }
         Some(r.sync_view(target, polled).await)
     }
 }
@@ -70,7 +66,6 @@ macro_rules! delegate {
             $(async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, StoreError> {
                 match self {
                     AnyStore::Redis(s) => s.$name($($arg),*).await,
-                    AnyStore::Memory(s) => s.$name($($arg),*).await,
                 }
             })*
         }

@@ -8,11 +8,13 @@
 //! need every part (`use crate::store::prelude::*` brings the methods into scope). What they
 //! answer is in `outcome.rs`; how they fail, in `error.rs`.
 //!
-//! [`RedisStore`] is production: every multi-key change is one Lua script from `lua/`, and
-//! the key layout is a contract (README, Redis). [`MemoryStore`] has the same semantics in one
-//! process, for trial runs of a single instance. Both pass the conformance suite in
-//! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`; [`AnyStore`]
-//! is the one chosen by configuration.
+//! [`RedisStore`] is the one store: every multi-key change is one Lua script from `lua/`, and
+//! the key layout is a contract (README, Redis). It runs on Redis (one server or a cluster) or,
+//! for trial runs of a single instance, on the embedded server in this process
+//! ([`RedisStore::embedded`], `embedded/`: a keyspace with Redis' semantics and a Lua host that
+//! runs the same scripts), so each queue rule has one home, `lua/`. The conformance suite
+//! (`tests/it/conformance.rs`) runs on both. Nothing outside this module sees a `redis::Value`;
+//! [`AnyStore`] is the one chosen by configuration.
 
 mod any;
 mod coalesce;

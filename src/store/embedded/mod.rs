@@ -81,8 +81,9 @@ fn exec(ks: &Rc<RefCell<Keyspace>>, host: Option<&mut Host>, cmd: &[Vec<u8>]) ->
         ("FCALL" | "FCALL_RO", Some(h)) => h.fcall(&cmd[1..]),
         ("FUNCTION", Some(h)) => h.function(&cmd[1..]),
         ("FCALL" | "FCALL_RO" | "FUNCTION", None) => Reply::err("ERR the embedded store has no Lua host"),
-        // No replicas: every write is as durable as it will get at once.
-        ("WAIT", _) => Reply::Int(0),
+        // No replicas: every write is as durable as it gets at once, so any count waited for is
+        // reached (the Redis store's durable writes then cost nothing here).
+        ("WAIT", _) => Reply::Int(cmd.get(1).and_then(|n| std::str::from_utf8(n).ok()?.parse().ok()).unwrap_or(0)),
         ("ROLE", _) => Reply::Array(vec![Reply::bulk("master"), Reply::Int(0), Reply::Array(Vec::new())]),
         ("INFO", _) => Reply::Bulk(
             format!("# Memory\r\nused_memory:0\r\n# Keyspace\r\nkeys:{}\r\n", ks.borrow_mut().len()).into_bytes(),

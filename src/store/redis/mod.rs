@@ -59,8 +59,19 @@ use self::fence::Fences;
 use self::pulse::Pulse;
 use self::shared_calls::{Job, Op};
 use super::coalesce::Coalescer;
+use super::embedded::Embedded;
 use super::{BUSY_WAIT_MAX, StoreError, StoreLimits};
+use crate::clock::SharedClock;
 use crate::domain::QueueTarget;
+
+/// Now by the store's clock: `clock` (the embedded server's) where there is one, else this
+/// host's corrected by the offset `pulse` measured.
+fn store_now(clock: Option<&SharedClock>, pulse: &Pulse) -> u64 {
+    match clock {
+        Some(clock) => clock.now_ms(),
+        None => crate::clock::now_epoch_ms().saturating_add_signed(pulse.clock_offset_ms().unwrap_or(0)),
+    }
+}
 
 /// Production store on one Redis server or a Redis Cluster.
 #[derive(Clone)]
@@ -80,6 +91,8 @@ pub struct RedisStore {
     holds: holds::HoldLanes,
     /// Tokens issued and purchases claimed wait for the replicas here (`durable.rs`).
     durable: Arc<Durable>,
+    /// The embedded server's clock, for the store on it (`--store memory`); `None` on Redis.
+    clock: Option<SharedClock>,
 }
 
 impl RedisStore {
@@ -120,11 +133,46 @@ impl RedisStore {
         Ok(Self::assemble(Conn::cluster(lazy(client)), waits, limits, pulse))
     }
 
+    /// The embedded store (`--store memory`): this store's glue and scripts over the embedded
+    /// server in this process (`store/embedded/`), its keys expiring by `clock` (the system's
+    /// in the binary, one that tests step). One process's queues only: two processes on it are
+    /// two separate stores. No probe (it always answers), no replicas (WAIT answers at once) and
+    /// no fences against lost writes (nothing fails over).
+    pub fn embedded(limits: StoreLimits, clock: SharedClock) -> Result<Self, StoreError> {
+        let server = Embedded::start(clock.clone())
+            .map_err(|e| StoreError::Reply { what: "embedded store", detail: e.to_string() })?;
+        let conn = Conn::embedded(server);
+        let mut store = Self::assemble(conn.clone(), conn, limits, Pulse::idle());
+        store.clock = Some(clock);
+        store.fences = Arc::new(Fences::off());
+        Ok(store)
+    }
+
+    /// Whether this is the embedded store (one process, its own server).
+    pub fn is_embedded(&self) -> bool {
+        self.clock.is_some()
+    }
+
+    /// Now by the store's clock, in epoch ms: the embedded server's clock; for Redis, this
+    /// host's clock corrected by the measured offset (this host's alone until measured).
+    pub fn now_ms(&self) -> u64 {
+        store_now(self.clock.as_ref(), &self.pulse)
+    }
+
     /// The store on its connections: `conn` for the scripts, `waits` for WAIT alone.
     fn assemble(conn: Conn, waits: Conn, limits: StoreLimits, pulse: Pulse) -> Self {
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
         let durable = Arc::new(Durable::new(waits, limits.durable));
-        Self { conn, limits, lanes: Arc::default(), pulse: Arc::new(pulse), fences, holds: Arc::default(), durable }
+        Self {
+            conn,
+            limits,
+            lanes: Arc::default(),
+            pulse: Arc::new(pulse),
+            fences,
+            holds: Arc::default(),
+            durable,
+            clock: None,
+        }
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
