@@ -1,5 +1,5 @@
 //! The embedded store's server: an in-process keyspace with Redis' semantics
-//! (`keyspace.rs`) and a Lua 5.1 host that runs vq's function library over it (`lua.rs`), on
+//! (`keyspace/`) and a Lua 5.1 host that runs vq's function library over it (`lua.rs`), on
 //! one thread of their own that serves commands in the order they come, as Redis does, so a
 //! script or a pipeline is atomic without a lock. [`Embedded`] is the handle: clones share the
 //! one server, which stops when the last handle goes.
