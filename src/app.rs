@@ -30,19 +30,13 @@ use crate::token::Secret;
 pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     Ok(match settings.store {
         StoreKind::Redis => match settings.redis_cluster_nodes() {
-            Some(nodes) => AnyStore::Redis(
-                RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
-                    .with_context(|| format!("invalid redis.cluster_nodes {}", redact_credentials(&nodes.join(","))))?,
-            ),
-            None => AnyStore::Redis(
-                RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
-                    .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
-            ),
+            Some(nodes) => RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
+                .with_context(|| format!("invalid redis.cluster_nodes {}", redact_credentials(&nodes.join(","))))?,
+            None => RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
+                .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
         },
-        StoreKind::Memory => AnyStore::Redis(
-            RedisStore::embedded(settings.limits(), crate::clock::system())
-                .context("the embedded store did not start")?,
-        ),
+        StoreKind::Memory => RedisStore::embedded(settings.limits(), crate::clock::system())
+            .context("the embedded store did not start")?,
     })
 }
 

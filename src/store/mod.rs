@@ -16,7 +16,6 @@
 //! (`tests/it/conformance.rs`) runs on both. Nothing outside this module sees a `redis::Value`;
 //! [`AnyStore`] is the one chosen by configuration.
 
-mod any;
 mod coalesce;
 mod durable;
 pub mod embedded;
@@ -33,7 +32,11 @@ mod rules;
 mod sale;
 mod targets;
 
-pub use self::any::AnyStore;
+/// The store chosen by configuration, one value the service and the pump hold: Redis (one
+/// server or a cluster) or the embedded server, both behind the same [`RedisStore`] (its
+/// constructor decides). One implementation of each operation, so each signature is written
+/// twice: in its trait and in `redis/`.
+pub type AnyStore = RedisStore;
 pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::events::EventOps;

@@ -70,10 +70,7 @@ impl Time {
         let (store, manual) = match kind {
             StoreKind::Memory => {
                 let clock = ManualClock::at_system_now();
-                (
-                    AnyStore::Redis(RedisStore::embedded(limits, Arc::new(clock.clone())).expect("embedded store")),
-                    Some(clock),
-                )
+                (RedisStore::embedded(limits, Arc::new(clock.clone())).expect("embedded store"), Some(clock))
             }
             StoreKind::Redis => (redis(), None),
         };

@@ -4,9 +4,10 @@
 //! `queue:active`, the flag and the global batch size are outside any target's slot and are
 //! never touched by a target's script.
 //!
-//! One server or a Redis Cluster: [`RedisStore`] talks through [`Conn`], which is either a
-//! `ConnectionManager` or a lazily opened cluster connection, so the scripts and the key
-//! contract are the same code in both modes. No command here may need more than one slot, and
+//! One server, a Redis Cluster or the embedded server in this process (`--store memory`,
+//! `store/embedded/`): [`RedisStore`] talks through [`Conn`], which is a `ConnectionManager`, a
+//! lazily opened cluster connection or the embedded server's handle, so the scripts and the key
+//! contract are the same code in all three modes. No command here may need more than one slot, and
 //! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
 //!
 //! Layout, by concern: this file holds [`RedisStore`] (connecting, the liveness probe); the
@@ -62,7 +63,7 @@ use super::coalesce::Coalescer;
 use super::embedded::Embedded;
 use super::{BUSY_WAIT_MAX, StoreError, StoreLimits};
 use crate::clock::SharedClock;
-use crate::domain::QueueTarget;
+use crate::domain::{QueueTarget, UserId};
 
 /// Now by the store's clock: `clock` (the embedded server's) where there is one, else this
 /// host's corrected by the offset `pulse` measured.
@@ -159,6 +160,21 @@ impl RedisStore {
         store_now(self.clock.as_ref(), &self.pulse)
     }
 
+    /// Whether polls can be answered by this instance from a synced view of the queue
+    /// (`queue.local_polls`): only a shared store needs it; the embedded one answers in-process.
+    pub fn serves_local_polls(&self) -> bool {
+        !self.is_embedded()
+    }
+
+    /// Sends the heartbeats of the polls answered here (`polled`) and reads the target's view
+    /// back; `None` for a store without local polls ([`Self::serves_local_polls`]).
+    pub async fn sync_poll_view(&self, target: QueueTarget, polled: &[UserId]) -> Option<Result<ViewSync, StoreError>> {
+        if !self.serves_local_polls() {
+            return None;
+        }
+        Some(self.sync_view(target, polled).await)
+    }
+
     /// The store on its connections: `conn` for the scripts, `waits` for WAIT alone.
     fn assemble(conn: Conn, waits: Conn, limits: StoreLimits, pulse: Pulse) -> Self {
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
@@ -176,12 +192,13 @@ impl RedisStore {
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
-    /// last liveness probe: down, refusing or stalled (see `pulse.rs`).
+    /// last liveness probe: down, refusing or stalled (see `pulse.rs`), by a probe that does
+    /// not depend on how busy this instance is. The embedded store always answers.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
         self.pulse.silent(target)
     }
 
-    /// Redis' clock minus this host's, in ms, once known.
+    /// Redis' clock minus this host's, in ms, once known (0 for the embedded store).
     pub fn clock_offset_ms(&self) -> Option<i64> {
         self.pulse.clock_offset_ms()
     }
