@@ -5,7 +5,8 @@
 # entered, in entry order (scripts/wrk/poll.lua), CONN connections, two wrk threads. One line
 # per run: req/s, P50/P95/P99 µs, vq's CPU µs per request (utime + stime of the serve process
 # over the phase), the non-2xx answers and the machine's steal over the run. Everything on
-# 127.0.0.1; each vq it starts is stopped by PID.
+# 127.0.0.1; each vq it starts is stopped by PID. The queue takes every user (max_capacity 10^8)
+# and keeps them waiting (heartbeat timeout 1 h): every answer is a place or a position.
 #   mkdir /tmp/main && git archive main | tar -x -C /tmp/main
 #   (cd /tmp/main && cargo build --release) && cp /tmp/main/target/release/vq /tmp/vq-main
 #   cargo build --release && ROUNDS=3 SECS=5 scripts/bench-embedded.sh /tmp/vq-main target/release/vq
@@ -28,7 +29,7 @@ run() { # name binary round
   local port
   port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
   VQ_STORE=memory VQ_TOKEN_SECRET=bench-secret-0123456789abcdef0123456789 VQ_TARGETS__RANGES='["limited-drop:1-100"]' \
-    VQ_QUEUE__HEARTBEAT_TIMEOUT_S=3600 VQ_QUEUE__KEY_TTL_S=7200 RUST_LOG=warn \
+    VQ_QUEUE__HEARTBEAT_TIMEOUT_S=3600 VQ_QUEUE__KEY_TTL_S=7200 VQ_QUEUE__MAX_CAPACITY=100000000 RUST_LOG=warn \
     "$bin" serve --flag-on --listen "127.0.0.1:$port" >"$work/$name.$round.log" 2>&1 &
   vpid=$!
   until curl -s -o /dev/null "http://127.0.0.1:$port/healthz"; do sleep 0.05; done
