@@ -14,6 +14,7 @@ mod lua;
 mod reply;
 
 use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::mpsc;
 
@@ -69,7 +70,17 @@ fn serve(clock: SharedClock, jobs: mpsc::Receiver<Job>) {
         }
     };
     for job in jobs {
-        let replies = job.cmds.iter().map(|c| exec(&ks, host.as_mut(), c)).collect();
+        let replies = job
+            .cmds
+            .iter()
+            .map(|c| {
+                // A bug in one command answers that command with an error; the server goes on.
+                std::panic::catch_unwind(AssertUnwindSafe(|| exec(&ks, host.as_mut(), c))).unwrap_or_else(|_| {
+                    ks.borrow_mut().freeze_time(None);
+                    Reply::err("ERR the embedded store failed on this command")
+                })
+            })
+            .collect();
         let _ = job.reply.send(replies);
     }
 }
