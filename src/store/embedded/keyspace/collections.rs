@@ -1,7 +1,7 @@
 //! The keyspace's hashes, lists, sets and streams.
 
 use super::args::{fmt_id, int, list_index, parse_int, rank_range, stream_edge};
-use super::{Args, Fail, Keyspace, STREAM_NODE, arity};
+use super::{Args, Fail, Keyspace, STREAM_NODE, arity, remove_field};
 use crate::store::embedded::reply::{Reply, SYNTAX};
 
 impl Keyspace {
@@ -73,7 +73,7 @@ impl Keyspace {
                     return Ok(Reply::Int(0));
                 }
                 let h = self.hash_mut(&a[0])?;
-                let n = a[1..].iter().filter(|f| h.remove(*f).is_some()).count();
+                let n = a[1..].iter().filter(|f| remove_field(h, f)).count();
                 self.drop_if_empty(&a[0]);
                 Ok(Reply::Int(n as i64))
             }

@@ -15,13 +15,26 @@ mod zset;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use indexmap::IndexMap;
+
 pub use self::args::g17;
 use self::zset::ZSet;
 use super::reply::{Reply, WRONGTYPE};
 use crate::clock::SharedClock;
 
-/// A hash's fields.
-type Fields = HashMap<Vec<u8>, Vec<u8>>;
+/// A hash's fields, in the order they were added: Redis keeps a small hash (up to
+/// `hash-max-listpack-entries`, 128) in that order, and `HGETALL`/`HKEYS` answer in it.
+type Fields = IndexMap<Vec<u8>, Vec<u8>>;
+
+/// Up to this many fields a hash keeps its order when one is deleted, as Redis' listpack does;
+/// past it Redis' order is its hash table's, any order, and a delete costs O(1) here.
+const LISTPACK_ENTRIES: usize = 128;
+
+/// Deletes `field` from `h`: in place up to [`LISTPACK_ENTRIES`] fields, the last moved into
+/// its place beyond.
+fn remove_field(h: &mut Fields, field: &[u8]) -> bool {
+    if h.len() <= LISTPACK_ENTRIES { h.shift_remove(field).is_some() } else { h.swap_remove(field).is_some() }
+}
 
 /// A stream entry's id.
 type StreamId = (u64, u64);
@@ -179,7 +192,7 @@ impl Keyspace {
     }
 
     fn hash_mut(&mut self, key: &[u8]) -> Result<&mut Fields, Fail> {
-        self.typed_mut(key, || Data::Hash(HashMap::new()), |d| if let Data::Hash(h) = d { Some(h) } else { None })
+        self.typed_mut(key, || Data::Hash(Fields::new()), |d| if let Data::Hash(h) = d { Some(h) } else { None })
     }
 
     fn zset(&mut self, key: &[u8]) -> Result<Option<&ZSet>, Fail> {
