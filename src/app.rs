@@ -21,7 +21,7 @@ use crate::http::{AppState, router};
 use crate::pump::Pump;
 use crate::service::{QueueService, now_epoch_ms};
 use crate::store::prelude::*;
-use crate::store::{AnyStore, FlagAck, MemoryStore, RedisStore};
+use crate::store::{AnyStore, FlagAck, RedisStore};
 use crate::token::Secret;
 
 /// Opens the configured store: Redis Cluster when `redis.cluster_nodes` is set, else the
@@ -30,16 +30,13 @@ use crate::token::Secret;
 pub fn open_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     Ok(match settings.store {
         StoreKind::Redis => match settings.redis_cluster_nodes() {
-            Some(nodes) => AnyStore::Redis(
-                RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
-                    .with_context(|| format!("invalid redis.cluster_nodes {}", redact_credentials(&nodes.join(","))))?,
-            ),
-            None => AnyStore::Redis(
-                RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
-                    .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
-            ),
+            Some(nodes) => RedisStore::connect_cluster(&nodes, settings.limits(), settings.redis_timeout())
+                .with_context(|| format!("invalid redis.cluster_nodes {}", redact_credentials(&nodes.join(","))))?,
+            None => RedisStore::connect(&settings.redis.url, settings.limits(), settings.redis_timeout())
+                .map_err(|e| invalid_redis_url(&settings.redis.url.to_string(), &e))?,
         },
-        StoreKind::Memory => AnyStore::Memory(MemoryStore::new(settings.limits())),
+        StoreKind::Memory => RedisStore::embedded(settings.limits(), crate::clock::system())
+            .context("the embedded store did not start")?,
     })
 }
 

@@ -8,21 +8,22 @@
 //! need every part (`use crate::store::prelude::*` brings the methods into scope). What they
 //! answer is in `outcome.rs`; how they fail, in `error.rs`.
 //!
-//! [`RedisStore`] is production: every multi-key change is one Lua script from `lua/`, and
-//! the key layout is a contract (README, Redis). [`MemoryStore`] has the same semantics in one
-//! process, for trial runs of a single instance. Both pass the conformance suite in
-//! `tests/it/conformance.rs`. Nothing outside this module sees a `redis::Value`; [`AnyStore`]
-//! is the one chosen by configuration.
+//! [`RedisStore`] is the one store: every multi-key change is one Lua script from `lua/`, and
+//! the key layout is a contract (README, Redis). It runs on Redis (one server or a cluster) or,
+//! for trial runs of a single instance, on the embedded server in this process
+//! ([`RedisStore::embedded`], `embedded/`: a keyspace with Redis' semantics and a Lua host that
+//! runs the same scripts), so each queue rule has one home, `lua/`. The conformance suite
+//! (`tests/it/conformance.rs`) runs on both. Nothing outside this module sees a `redis::Value`;
+//! [`AnyStore`] is the one chosen by configuration.
 
-mod any;
 mod coalesce;
 mod durable;
+pub mod embedded;
 mod error;
 mod events;
 mod flag;
 mod fleet;
 mod gate;
-mod memory;
 mod outcome;
 mod outflow;
 mod queue;
@@ -31,14 +32,17 @@ mod rules;
 mod sale;
 mod targets;
 
-pub use self::any::AnyStore;
+/// The store chosen by configuration, one value the service and the pump hold: Redis (one
+/// server or a cluster) or the embedded server, both behind the same [`RedisStore`] (its
+/// constructor decides). One implementation of each operation, so each signature is written
+/// twice: in its trait and in `redis/`.
+pub type AnyStore = RedisStore;
 pub use self::durable::{DurableWrites, ReplicaWait};
 pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::events::EventOps;
 pub use self::flag::FlagOps;
 pub use self::fleet::FleetOps;
 pub use self::gate::GateOps;
-pub use self::memory::MemoryStore;
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};

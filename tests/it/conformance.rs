@@ -22,7 +22,7 @@ use vq::clock::ManualClock;
 use vq::config::{Settings, StoreKind};
 use vq::domain::{FlagChange, QueueTarget, TargetOverride, UserId};
 use vq::store::prelude::*;
-use vq::store::{AnyStore, EnterOutcome, MemoryStore, StatusOutcome, StoreLimits};
+use vq::store::{AnyStore, EnterOutcome, RedisStore, StatusOutcome, StoreLimits};
 
 use crate::support::{RedisServer, open_store, test_settings};
 
@@ -70,7 +70,7 @@ impl Time {
         let (store, manual) = match kind {
             StoreKind::Memory => {
                 let clock = ManualClock::at_system_now();
-                (AnyStore::Memory(MemoryStore::with_clock(limits, Arc::new(clock.clone()))), Some(clock))
+                (RedisStore::embedded(limits, Arc::new(clock.clone())).expect("embedded store"), Some(clock))
             }
             StoreKind::Redis => (redis(), None),
         };

@@ -8,6 +8,7 @@ mod cluster;
 mod conformance;
 mod deploy;
 mod deploy_cluster;
+mod embedded;
 mod events;
 mod eviction;
 mod failover;

@@ -7,8 +7,8 @@ use redis::AsyncCommands;
 use vq::clock::ManualClock;
 use vq::domain::{QueueTarget, UserId};
 use vq::pump::Pump;
+use vq::store::RedisStore;
 use vq::store::prelude::*;
-use vq::store::{AnyStore, MemoryStore};
 
 use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings, tick_room};
 
@@ -17,7 +17,7 @@ use crate::support::{RedisServer, flag_on, open_store, spawn_app, test_settings,
 async fn a_pump_admits_one_batch_per_tick_of_its_stores_clock() {
     let s = Arc::new(test_settings(None));
     let clock = ManualClock::at_system_now();
-    let store = AnyStore::Memory(MemoryStore::with_clock(s.limits(), Arc::new(clock.clone())));
+    let store = RedisStore::embedded(s.limits(), Arc::new(clock.clone())).expect("embedded store");
     let t: QueueTarget = "limited-drop:1".parse().unwrap();
     for u in 1..=25 {
         store.enter(t, UserId::from(u), &"tok").await.unwrap();

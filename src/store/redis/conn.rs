@@ -1,6 +1,6 @@
-//! The connection every command goes through: one server (`ConnectionManager`) or a lazily
-//! opened cluster connection, behind one `ConnectionLike`; and whether the server runs vq's
-//! scripts as functions.
+//! The connection every command goes through: one server (`ConnectionManager`), a lazily
+//! opened cluster connection or the embedded server in this process (`store/embedded/`), behind
+//! one `ConnectionLike`; and whether the server runs vq's scripts as functions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -11,6 +11,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+use crate::store::embedded::{Embedded, Reply};
 
 /// After a failed attempt to reach the cluster, commands fail at once for this long.
 pub(super) const CLUSTER_RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -34,6 +36,8 @@ pub(super) struct Conn {
 enum Link {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
+    /// The embedded server in this process (`store/embedded/`): `--store memory`.
+    Embedded(Embedded),
 }
 
 /// The instant [`Conn::evalsha_until`] counts from.
@@ -50,6 +54,10 @@ impl Conn {
 
     pub(super) fn cluster(cluster: LazyCluster) -> Self {
         Self { link: Link::Cluster(Arc::new(cluster)), evalsha_until: Arc::default() }
+    }
+
+    pub(super) fn embedded(server: Embedded) -> Self {
+        Self { link: Link::Embedded(server), evalsha_until: Arc::default() }
     }
 
     pub(super) fn is_cluster(&self) -> bool {
@@ -128,10 +136,47 @@ fn io_error(kind: std::io::ErrorKind, msg: &'static str) -> RedisError {
     RedisError::from(std::io::Error::new(kind, msg))
 }
 
+/// A command's words, as the embedded server takes them.
+fn words(cmd: &Cmd) -> Vec<Vec<u8>> {
+    cmd.args_iter()
+        .filter_map(|a| match a {
+            redis::Arg::Simple(b) => Some(b.to_vec()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A pipeline's answers as a server sends them (`MULTI`'s `OK` and one `QUEUED` per command
+/// before `EXEC`'s array in a transaction), `count` of them from `offset`.
+async fn embedded_pipeline(
+    server: &Embedded,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let replies: Vec<Value> =
+        server.run(pipeline.cmd_iter().map(words).collect()).await.into_iter().map(Reply::into_value).collect();
+    let all = if pipeline.is_transaction() {
+        let mut all = vec![Value::Okay];
+        all.extend(replies.iter().map(|_| Value::SimpleString("QUEUED".into())));
+        all.push(Value::Array(replies));
+        all
+    } else {
+        replies
+    };
+    Ok(all.into_iter().skip(offset).take(count).collect())
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.link {
             Link::Single(c) => c.req_packed_command(cmd),
+            Link::Embedded(server) => Box::pin(async move {
+                match server.one(words(cmd)).await.into_value() {
+                    Value::ServerError(e) => Err(e.into()),
+                    v => Ok(v),
+                }
+            }),
             Link::Cluster(lazy) => Box::pin(async move {
                 let mut c = lazy.get().await?;
                 c.req_packed_command(cmd).await
@@ -147,6 +192,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.link {
             Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Embedded(server) => Box::pin(embedded_pipeline(server, pipeline, offset, count)),
             Link::Cluster(lazy) => Box::pin(async move {
                 let mut c = lazy.get().await?;
                 c.req_packed_commands(pipeline, offset, count).await
@@ -157,7 +203,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match &self.link {
             Link::Single(c) => c.get_db(),
-            Link::Cluster(_) => 0,
+            Link::Cluster(_) | Link::Embedded(_) => 0,
         }
     }
 }

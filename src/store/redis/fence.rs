@@ -57,15 +57,26 @@ pub(super) struct Fences {
     /// Past this without a reply about the target, its keys may have expired (the sliding key
     /// TTL): what was seen is forgotten rather than raised against a fresh queue.
     forget_after: Duration,
+    /// Whether writes can be lost at all: not in the embedded store, which has no failover
+    /// (and whose clock tests step, which this host's `Instant`s would not follow).
+    on: bool,
 }
 
 impl Fences {
     pub(super) fn new(key_ttl_s: u64) -> Self {
-        Self { targets: Mutex::default(), forget_after: Duration::from_secs(key_ttl_s) }
+        Self { targets: Mutex::default(), forget_after: Duration::from_secs(key_ttl_s), on: true }
+    }
+
+    /// No fences: every call sends the empty one.
+    pub(super) fn off() -> Self {
+        Self { on: false, ..Self::new(0) }
     }
 
     /// The fence to send with a call about `target`.
     pub(super) fn fence(&self, target: QueueTarget) -> Fence {
+        if !self.on {
+            return Fence::default();
+        }
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
         let Some(seen) = targets.get(&target) else { return Fence::default() };
         if seen.at.is_some_and(|at| at.elapsed() > self.forget_after) {

@@ -54,9 +54,9 @@ impl RedisStore {
         let lanes = self.holds.get_or_init(|| {
             let conn = self.conn.clone();
             let gen_ms = self.limits.key_ttl_s.max(1) * 1000;
-            let offset = self.pulse.clone();
+            let (pulse, clock) = (self.pulse.clone(), self.clock.clone());
             Coalescer::spawn(move |bucket, jobs| {
-                let now = crate::clock::now_epoch_ms().saturating_add_signed(offset.clock_offset_ms().unwrap_or(0));
+                let now = super::store_now(clock.as_ref(), &pulse);
                 execute(conn.clone(), bucket, now / gen_ms, gen_ms, jobs)
             })
         });

@@ -4,9 +4,10 @@
 //! `queue:active`, the flag and the global batch size are outside any target's slot and are
 //! never touched by a target's script.
 //!
-//! One server or a Redis Cluster: [`RedisStore`] talks through [`Conn`], which is either a
-//! `ConnectionManager` or a lazily opened cluster connection, so the scripts and the key
-//! contract are the same code in both modes. No command here may need more than one slot, and
+//! One server, a Redis Cluster or the embedded server in this process (`--store memory`,
+//! `store/embedded/`): [`RedisStore`] talks through [`Conn`], which is a `ConnectionManager`, a
+//! lazily opened cluster connection or the embedded server's handle, so the scripts and the key
+//! contract are the same code in all three modes. No command here may need more than one slot, and
 //! none may depend on seeing the whole keyspace (no KEYS, no SCAN).
 //!
 //! Layout, by concern: this file holds [`RedisStore`] (connecting, the liveness probe); the
@@ -62,8 +63,19 @@ use self::fence::Fences;
 use self::pulse::Pulse;
 use self::shared_calls::{Job, Op};
 use super::coalesce::Coalescer;
+use super::embedded::Embedded;
 use super::{BUSY_WAIT_MAX, StoreError, StoreLimits};
-use crate::domain::QueueTarget;
+use crate::clock::SharedClock;
+use crate::domain::{QueueTarget, UserId};
+
+/// Now by the store's clock: `clock` (the embedded server's) where there is one, else this
+/// host's corrected by the offset `pulse` measured.
+fn store_now(clock: Option<&SharedClock>, pulse: &Pulse) -> u64 {
+    match clock {
+        Some(clock) => clock.now_ms(),
+        None => crate::clock::now_epoch_ms().saturating_add_signed(pulse.clock_offset_ms().unwrap_or(0)),
+    }
+}
 
 /// Production store on one Redis server or a Redis Cluster.
 #[derive(Clone)]
@@ -83,6 +95,8 @@ pub struct RedisStore {
     holds: holds::HoldLanes,
     /// Tokens issued and purchases claimed wait for the replicas here (`durable.rs`).
     durable: Arc<Durable>,
+    /// The embedded server's clock, for the store on it (`--store memory`); `None` on Redis.
+    clock: Option<SharedClock>,
 }
 
 impl RedisStore {
@@ -123,17 +137,71 @@ impl RedisStore {
         Ok(Self::assemble(Conn::cluster(lazy(client)), waits, limits, pulse))
     }
 
+    /// The embedded store (`--store memory`): this store's glue and scripts over the embedded
+    /// server in this process (`store/embedded/`), its keys expiring by `clock` (the system's
+    /// in the binary, one that tests step). One process's queues only: two processes on it are
+    /// two separate stores. No probe (it always answers), no replicas (WAIT answers at once) and
+    /// no fences against lost writes (nothing fails over).
+    pub fn embedded(limits: StoreLimits, clock: SharedClock) -> Result<Self, StoreError> {
+        let server = Embedded::start(clock.clone())
+            .map_err(|e| StoreError::Reply { what: "embedded store", detail: e.to_string() })?;
+        let conn = Conn::embedded(server);
+        // One process, one keyspace: `targets.types.*.shards` is a Redis setting (a target's
+        // shards are there to spread it over nodes), so every target here is one shard.
+        let limits = StoreLimits { type_shards: Vec::new(), ..limits };
+        let mut store = Self::assemble(conn.clone(), conn, limits, Pulse::idle());
+        store.clock = Some(clock);
+        store.fences = Arc::new(Fences::off());
+        Ok(store)
+    }
+
+    /// Whether this is the embedded store (one process, its own server).
+    pub fn is_embedded(&self) -> bool {
+        self.clock.is_some()
+    }
+
+    /// Now by the store's clock, in epoch ms: the embedded server's clock; for Redis, this
+    /// host's clock corrected by the measured offset (this host's alone until measured).
+    pub fn now_ms(&self) -> u64 {
+        store_now(self.clock.as_ref(), &self.pulse)
+    }
+
+    /// Whether polls can be answered by this instance from a synced view of the queue
+    /// (`queue.local_polls`): only a shared store needs it; the embedded one answers in-process.
+    pub fn serves_local_polls(&self) -> bool {
+        !self.is_embedded()
+    }
+
+    /// Sends the heartbeats of the polls answered here (`polled`) and reads the target's view
+    /// back; `None` for a store without local polls ([`Self::serves_local_polls`]).
+    pub async fn sync_poll_view(&self, target: QueueTarget, polled: &[UserId]) -> Option<Result<ViewSync, StoreError>> {
+        if !self.serves_local_polls() {
+            return None;
+        }
+        Some(self.sync_view(target, polled).await)
+    }
+
     /// The store on its connections: `conn` for the scripts, `waits` for WAIT alone.
     fn assemble(conn: Conn, waits: Conn, limits: StoreLimits, pulse: Pulse) -> Self {
         let fences = Arc::new(Fences::new(limits.key_ttl_s));
         let durable = Arc::new(Durable::new(waits, limits.durable));
-        Self { conn, limits, lanes: Arc::default(), pulse: Arc::new(pulse), fences, holds: Arc::default(), durable }
+        Self {
+            conn,
+            limits,
+            lanes: Arc::default(),
+            pulse: Arc::new(pulse),
+            fences,
+            holds: Arc::default(),
+            durable,
+            clock: None,
+        }
     }
 
     /// Whether the Redis node holding `target`'s keys (any node, without a target) failed its
-    /// last liveness probe: down, refusing or stalled (see `pulse.rs`).
-    /// A sharded target is silent when the node of any of its shards is: asked only by a
-    /// request that outlasted `redis.timeout_ms`, which the shard of its user holds up.
+    /// last liveness probe: down, refusing or stalled (see `pulse.rs`), by a probe that does
+    /// not depend on how busy this instance is. The embedded store always answers. A sharded
+    /// target is silent when the node of any of its shards is: asked only by a request that
+    /// outlasted `redis.timeout_ms`, which the shard of its user holds up.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
         match target {
             Some(t) if self.shard_count(t) > 1 => self.parts(t).into_iter().any(|p| self.pulse.silent(Some(p))),
@@ -141,7 +209,7 @@ impl RedisStore {
         }
     }
 
-    /// Redis' clock minus this host's, in ms, once known.
+    /// Redis' clock minus this host's, in ms, once known (0 for the embedded store).
     pub fn clock_offset_ms(&self) -> Option<i64> {
         self.pulse.clock_offset_ms()
     }

@@ -81,6 +81,12 @@ impl Pulse {
         Ok(Self { shared })
     }
 
+    /// No probe: the embedded server in this process, which always answers, has no replicas
+    /// and keeps this host's time.
+    pub fn idle() -> Self {
+        Self { shared: Arc::new(Shared { offset_ms: AtomicI64::new(0), ..Shared::default() }) }
+    }
+
     /// Whether the node holding `target`'s keys (any node, without a target, or when the slot
     /// map is not known) failed its last probe: Redis is down, refusing or stalled, as opposed
     /// to this instance being slow to read its answers.

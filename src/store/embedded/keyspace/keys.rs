@@ -1,0 +1,261 @@
+//! The keyspace's commands on any key (expiry, existence, renaming), the server's own (`PING`,
+//! `TIME`) and strings.
+
+use super::args::int;
+use super::{Args, Data, Entry, Fail, Keyspace, arity, wrongtype};
+use crate::store::embedded::reply::{NOT_INTEGER, Reply, SYNTAX};
+
+impl Keyspace {
+    /// Server, generic key and string commands.
+    pub(super) fn key_command(&mut self, name: &str, a: Args) -> Result<Reply, Fail> {
+        match name {
+            // Server.
+            "PING" => Ok(match a {
+                [] => Reply::Status("PONG".into()),
+                [m] => Reply::Bulk(m.clone()),
+                _ => return Err(Fail::Arity),
+            }),
+            "TIME" => {
+                arity(a, 0, 0)?;
+                let now = self.now_ms();
+                Ok(Reply::bulks([
+                    (now / 1000).to_string().into_bytes(),
+                    ((now % 1000) * 1000).to_string().into_bytes(),
+                ]))
+            }
+            "DBSIZE" => Ok(Reply::Int(self.len() as i64)),
+            "FLUSHALL" | "FLUSHDB" => {
+                self.keys.clear();
+                Ok(Reply::ok())
+            }
+            // Generic keys.
+            "DEL" | "UNLINK" => {
+                arity(a, 1, usize::MAX)?;
+                let mut n = 0;
+                for k in a {
+                    if self.exists(k) {
+                        self.keys.remove(k);
+                        n += 1;
+                    }
+                }
+                Ok(Reply::Int(n))
+            }
+            "EXISTS" => {
+                arity(a, 1, usize::MAX)?;
+                Ok(Reply::Int(a.iter().filter(|k| self.exists(k)).count() as i64))
+            }
+            "TYPE" => {
+                arity(a, 1, 1)?;
+                let t = match self.live(&a[0]).map(|e| &e.data) {
+                    None => "none",
+                    Some(Data::Str(_)) => "string",
+                    Some(Data::Hash(_)) => "hash",
+                    Some(Data::ZSet(_)) => "zset",
+                    Some(Data::List(_)) => "list",
+                    Some(Data::Set(_)) => "set",
+                    Some(Data::Stream(_)) => "stream",
+                };
+                Ok(Reply::Status(t.into()))
+            }
+            "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => self.expire(name, a),
+            "TTL" | "PTTL" | "EXPIRETIME" | "PEXPIRETIME" => {
+                arity(a, 1, 1)?;
+                let now = self.now_ms();
+                let Some(e) = self.live(&a[0]) else { return Ok(Reply::Int(-2)) };
+                let Some(at) = e.expires_at else { return Ok(Reply::Int(-1)) };
+                let left = at.saturating_sub(now) as i64;
+                Ok(Reply::Int(match name {
+                    "TTL" => (left + 500) / 1000,
+                    "PTTL" => left,
+                    "EXPIRETIME" => (at / 1000) as i64,
+                    _ => at as i64,
+                }))
+            }
+            "PERSIST" => {
+                arity(a, 1, 1)?;
+                Ok(Reply::Int(match self.live(&a[0]) {
+                    Some(e) if e.expires_at.is_some() => {
+                        e.expires_at = None;
+                        1
+                    }
+                    _ => 0,
+                }))
+            }
+            "RENAME" => {
+                arity(a, 2, 2)?;
+                if !self.exists(&a[0]) {
+                    return Err(Fail::Reply(Reply::err("ERR no such key")));
+                }
+                let e = self.keys.remove(&a[0]).expect("checked above");
+                self.keys.insert(a[1].clone(), e);
+                Ok(Reply::ok())
+            }
+            // Strings.
+            "GET" => {
+                arity(a, 1, 1)?;
+                Ok(match self.live(&a[0]) {
+                    None => Reply::Nil,
+                    Some(Entry { data: Data::Str(s), .. }) => Reply::Bulk(s.clone()),
+                    Some(_) => return Err(wrongtype()),
+                })
+            }
+            "MGET" => {
+                arity(a, 1, usize::MAX)?;
+                let mut out = Vec::with_capacity(a.len());
+                for k in a {
+                    out.push(match self.live(k) {
+                        Some(Entry { data: Data::Str(s), .. }) => Reply::Bulk(s.clone()),
+                        _ => Reply::Nil,
+                    });
+                }
+                Ok(Reply::Array(out))
+            }
+            "SET" => self.set_string(a),
+            "SETEX" | "PSETEX" => {
+                arity(a, 3, 3)?;
+                let t = int(&a[1])?;
+                if t <= 0 {
+                    return Err(Fail::Reply(Reply::Error(format!(
+                        "ERR invalid expire time in '{}' command",
+                        name.to_lowercase()
+                    ))));
+                }
+                let ms = if name == "SETEX" { t.saturating_mul(1000) } else { t } as u64;
+                let at = self.now_ms().saturating_add(ms);
+                self.keys.insert(a[0].clone(), Entry { data: Data::Str(a[2].clone()), expires_at: Some(at) });
+                Ok(Reply::ok())
+            }
+            "INCR" | "DECR" | "INCRBY" | "DECRBY" => {
+                let by = match name {
+                    "INCR" => {
+                        arity(a, 1, 1)?;
+                        1
+                    }
+                    "DECR" => {
+                        arity(a, 1, 1)?;
+                        -1
+                    }
+                    "INCRBY" => {
+                        arity(a, 2, 2)?;
+                        int(&a[1])?
+                    }
+                    _ => {
+                        arity(a, 2, 2)?;
+                        int(&a[1])?.checked_neg().ok_or_else(|| Fail::Reply(Reply::err(NOT_INTEGER)))?
+                    }
+                };
+                let current = match self.live(&a[0]) {
+                    None => 0,
+                    Some(Entry { data: Data::Str(s), .. }) => int(s)?,
+                    Some(_) => return Err(wrongtype()),
+                };
+                let next = current
+                    .checked_add(by)
+                    .ok_or_else(|| Fail::Reply(Reply::err("ERR increment or decrement would overflow")))?;
+                let bytes = next.to_string().into_bytes();
+                match self.live(&a[0]) {
+                    Some(e) => e.data = Data::Str(bytes),
+                    None => {
+                        self.keys.insert(a[0].clone(), Entry { data: Data::Str(bytes), expires_at: None });
+                    }
+                }
+                Ok(Reply::Int(next))
+            }
+            _ => Err(Fail::Unknown),
+        }
+    }
+
+    fn expire(&mut self, name: &str, a: Args) -> Result<Reply, Fail> {
+        arity(a, 2, 3)?;
+        let t = int(&a[1])?;
+        let now = self.now_ms() as i64;
+        let at = match name {
+            "EXPIRE" => now.saturating_add(t.saturating_mul(1000)),
+            "PEXPIRE" => now.saturating_add(t),
+            "EXPIREAT" => t.saturating_mul(1000),
+            _ => t,
+        };
+        let opt = a.get(2).map(|o| String::from_utf8_lossy(o).to_ascii_uppercase());
+        let Some(e) = self.live(&a[0]) else { return Ok(Reply::Int(0)) };
+        let current = e.expires_at.map(|c| c as i64);
+        let allowed = match opt.as_deref() {
+            None => true,
+            Some("NX") => current.is_none(),
+            Some("XX") => current.is_some(),
+            // No expiry counts as an infinite one.
+            Some("GT") => current.is_some_and(|c| at > c),
+            Some("LT") => current.is_none_or(|c| at < c),
+            Some(o) => return Err(Fail::Reply(Reply::Error(format!("ERR Unsupported option {o}")))),
+        };
+        if !allowed {
+            return Ok(Reply::Int(0));
+        }
+        if at <= now {
+            self.keys.remove(&a[0]);
+        } else {
+            e.expires_at = Some(at as u64);
+        }
+        Ok(Reply::Int(1))
+    }
+
+    fn set_string(&mut self, a: Args) -> Result<Reply, Fail> {
+        arity(a, 2, usize::MAX)?;
+        let now = self.now_ms();
+        let (mut nx, mut xx, mut get, mut keepttl) = (false, false, false, false);
+        let mut expires_at = None;
+        let mut i = 2;
+        while i < a.len() {
+            let opt = String::from_utf8_lossy(&a[i]).to_ascii_uppercase();
+            match opt.as_str() {
+                "NX" => nx = true,
+                "XX" => xx = true,
+                "GET" => get = true,
+                "KEEPTTL" => keepttl = true,
+                "EX" | "PX" | "EXAT" | "PXAT" => {
+                    let Some(v) = a.get(i + 1) else { return Err(Fail::Reply(Reply::err(SYNTAX))) };
+                    if expires_at.is_some() {
+                        return Err(Fail::Reply(Reply::err(SYNTAX)));
+                    }
+                    let t = int(v)?;
+                    if t <= 0 {
+                        return Err(Fail::Reply(Reply::err("ERR invalid expire time in 'set' command")));
+                    }
+                    let t = t as u64;
+                    expires_at = Some(match opt.as_str() {
+                        "EX" => now.saturating_add(t.saturating_mul(1000)),
+                        "PX" => now.saturating_add(t),
+                        "EXAT" => t.saturating_mul(1000),
+                        _ => t,
+                    });
+                    i += 1;
+                }
+                _ => return Err(Fail::Reply(Reply::err(SYNTAX))),
+            }
+            i += 1;
+        }
+        if (nx && xx) || (keepttl && expires_at.is_some()) {
+            return Err(Fail::Reply(Reply::err(SYNTAX)));
+        }
+        let old = match self.live(&a[0]) {
+            None => None,
+            Some(Entry { data: Data::Str(s), expires_at }) => Some((Some(s.clone()), *expires_at)),
+            Some(e) if get => {
+                let _ = e;
+                return Err(wrongtype());
+            }
+            Some(e) => Some((None, e.expires_at)),
+        };
+        let previous =
+            if get { old.as_ref().and_then(|(v, _)| v.clone()).map_or(Reply::Nil, Reply::Bulk) } else { Reply::ok() };
+        if (nx && old.is_some()) || (xx && old.is_none()) {
+            return Ok(if get { previous } else { Reply::Nil });
+        }
+        let ttl = if keepttl { old.and_then(|(_, t)| t) } else { expires_at };
+        if ttl.is_some_and(|at| at <= now) {
+            self.keys.remove(&a[0]);
+        } else {
+            self.keys.insert(a[0].clone(), Entry { data: Data::Str(a[1].clone()), expires_at: ttl });
+        }
+        Ok(previous)
+    }
+}
