@@ -4,10 +4,10 @@
 //! that hold for both.
 
 use super::{
-    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, EventOps, FlagAck, FlagOps,
-    FleetOps, GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening, QueueOps,
-    RedisStore, SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot, TokenClaim,
-    ViewSync,
+    AdmitOutcome, BatchChange, Candidate, ClearOutcome, DeclareOutcome, EnterOutcome, EventOps, Evicted, FlagAck,
+    FlagOps, FleetOps, GateOps, MemoryStore, OutflowClaim, OutflowOps, OutflowState, PaceSlot, PendingOpening,
+    QueueOps, RedisStore, SaleOps, SaleView, ScheduleOutcome, StatusOutcome, StoreError, TargetOps, TargetSnapshot,
+    TokenClaim, ViewSync,
 };
 use crate::domain::{
     AnswerClass, BuyerObservation, Event, EventId, EventKind, EventLog, FlagChange, FlagState, InstanceReport,
@@ -87,7 +87,7 @@ delegate!(QueueOps {
     fn try_lock_admission(&self, t: QueueTarget, holder: &str, ttl_ms: u64) -> bool;
     fn admit(&self, t: QueueTarget, batch: u64, tick_ms: u64) -> AdmitOutcome;
     fn admit_by(&self, t: QueueTarget, batch: u64, tick_ms: u64, instance: &str) -> AdmitOutcome;
-    fn evict(&self, t: QueueTarget, timeout_ms: u64, max: u64) -> u64;
+    fn evict(&self, t: QueueTarget, timeout_ms: u64, max: u64) -> Evicted;
     fn snapshot(&self, t: QueueTarget) -> TargetSnapshot;
 });
 

@@ -5,7 +5,7 @@ use super::{MemoryStore, Place, sale};
 use crate::domain::{EventKind, LedgerEntry, QueueTarget, UserId};
 use crate::store::rules::{ADMISSIONS_KEPT, TTL_REFRESH_EVERY};
 use crate::store::{
-    AdmitOutcome, Candidate, EnterOutcome, QueueOps, StatusOutcome, StoreError, TargetSnapshot, Waiting,
+    AdmitOutcome, Candidate, EnterOutcome, Evicted, QueueOps, StatusOutcome, StoreError, TargetSnapshot, Waiting,
 };
 
 impl QueueOps for MemoryStore {
@@ -244,12 +244,12 @@ impl QueueOps for MemoryStore {
         Ok(AdmitOutcome { advanced: true, mark, tick, admitted, batch })
     }
 
-    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<Evicted, StoreError> {
         let now = self.now_ms();
         let cutoff = now.saturating_sub(timeout_ms);
         let mut inner = self.lock();
         let Some(t) = inner.existing(target, now) else {
-            return Ok(0);
+            return Ok(Evicted::default());
         };
         let q = &mut t.queue;
         let mut stale: Vec<(u64, UserId)> =
@@ -266,7 +266,7 @@ impl QueueOps for MemoryStore {
         if !stale.is_empty() {
             inner.record(target, now).evicted += stale.len() as u64;
         }
-        Ok(stale.len() as u64)
+        Ok(Evicted { users: stale.len() as u64, more: stale.len() as u64 == max })
     }
 
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {

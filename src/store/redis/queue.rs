@@ -14,7 +14,9 @@ use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, nu
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
-use crate::store::{AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, StatusOutcome, StoreError, TargetSnapshot};
+use crate::store::{
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot,
+};
 use crate::store::{QueueOps, TargetOps};
 
 impl QueueOps for RedisStore {
@@ -185,8 +187,8 @@ impl QueueOps for RedisStore {
         }
     }
 
-    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        Ok(on_target(&EVICT, target, EVICT_KEYS)
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<Evicted, StoreError> {
+        let (users, more): (u64, u64) = on_target(&EVICT, target, EVICT_KEYS)
             .args(&EvictArgs {
                 timeout_ms,
                 max,
@@ -194,7 +196,8 @@ impl QueueOps for RedisStore {
                 record_ttl_s: self.limits.record_ttl_s,
             })
             .invoke_async(&mut self.conn())
-            .await?)
+            .await?;
+        Ok(Evicted { users, more: more == 1 })
     }
 
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
