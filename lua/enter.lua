@@ -9,7 +9,7 @@
 -- calls live there.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
--- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user, of users without a seq (pre-queued)
 -- KEYS[3] queue:{T}:seq              STRING counter
 -- KEYS[4] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[5] queue:{T}:batch_size       STRING runtime batch size (optional)
@@ -19,11 +19,12 @@
 -- KEYS[7] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
 -- KEYS[8] queue:{T}:record           HASH the sale's record: a:<tick> arrivals (new seqs and
 --                                    pre-queued users) per tick of ARGV[6] (see prelude.lua)
--- KEYS[8+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
--- KEYS[9+n] queue:{T}:sale           HASH the sale (optional, with the next two; without them
+-- KEYS[9] queue:{T}:beats            STRING the heartbeats of users with a seq (prelude.lua's beat_tag)
+-- KEYS[9+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- KEYS[10+n] queue:{T}:sale          HASH the sale (optional, with the next two; without them
 --                                    the target is always open)
--- KEYS[10+n] queue:{T}:prequeue      ZSET pre-queued users, arrival ms -> user, until the opening
--- KEYS[11+n] queue:{T}:opening       ZSET the pre-queue frozen at the opening, until the pump has
+-- KEYS[11+n] queue:{T}:prequeue      ZSET pre-queued users, arrival ms -> user, until the opening
+-- KEYS[12+n] queue:{T}:opening       ZSET the pre-queue frozen at the opening, until the pump has
 --                                    given it its order (sale_place.lua)
 -- ARGV[1] capacity: max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key_ttl_s: key ttl seconds (sliding)
@@ -71,7 +72,7 @@ local last, seqRaised, markRaised
 last, seqRaised = fence(KEYS[3], tonumber(st[3] or '0'), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[2]))
 mark, markRaised = fence(KEYS[4], mark, tonumber(ARGV[5]), tonumber(ARGV[5]), tonumber(ARGV[2]))
 st[3] = tostring(last)
-local saleKey, preKey, openKey = KEYS[9 + n], KEYS[10 + n], KEYS[11 + n]
+local saleKey, preKey, openKey = KEYS[10 + n], KEYS[11 + n], KEYS[12 + n]
 local phase, sale = sale_phase(saleKey, now)
 if phase == P_OPENING then
   st[3] = tostring(freeze_prequeue(saleKey, sale, KEYS[3], preKey, openKey, tonumber(st[3] or '0'), now, tonumber(ARGV[2])))
@@ -87,13 +88,13 @@ if phase == P_PRE_QUEUE then
   prequeued = redis.call('ZCARD', preKey)
 end
 local preAdds = {}
-local toks = tokens_of(seqs, n, 8)
+local toks = tokens_of(seqs, n, 9)
 local ahead = ahead_counter(KEYS[7], mark)
 -- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
 -- Per user i: out[3i], out[3i+1], out[3i+2] = code, a, b (see above); a user twice in one
 -- call gets the first answer twice.
-local out, first, beats, fresh = {mark, batch}, {}, {}, {}
+local out, first, beats, seqBeats, fresh = {mark, batch}, {}, {}, {}, {}
 for i = 1, n do
   local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
@@ -104,7 +105,7 @@ for i = 1, n do
     local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
     if code then
       if beat then
-        beats[#beats + 1], beats[#beats + 2] = now, user
+        seqBeats[#seqBeats + 1] = a
       end
       out[o], out[o + 1], out[o + 2] = code, a, b
     elseif phase == P_SCHEDULED then
@@ -151,7 +152,7 @@ if nfresh > 0 then
     local user = ARGV[U + i]
     out[3 * i + 1] = seq
     adds[2 * j - 1], adds[2 * j] = seq, user
-    beats[#beats + 1], beats[#beats + 2] = now, user
+    seqBeats[#seqBeats + 1] = seq
     refresh = refresh or seq % every == 1
   end
   redis.call('ZADD', KEYS[1], unpack(adds))
@@ -159,7 +160,7 @@ if nfresh > 0 then
   redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)
   if refresh then
     local ttl = tonumber(ARGV[2])
-    for _, k in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]}) do
+    for _, k in ipairs({KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[9]}) do
       redis.call('EXPIRE', k, ttl)
     end
   end
@@ -173,6 +174,9 @@ if nfresh > 0 then
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))
+end
+if #seqBeats > 0 then
+  beats_set(KEYS[9], seqBeats, beat_tag(now))
 end
 if #preAdds > 0 then
   -- The seq key marks the target alive for the pump (forget_if_expired), also before any seq.

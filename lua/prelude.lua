@@ -181,6 +181,28 @@ local function known_answer(seq, tok, mark, phase, ahead)
   return nil
 end
 
+-- Waiting users' heartbeats (`queue:{T}:beats`, a STRING): one unsigned 32-bit field per seq,
+-- at byte 4*seq (BITFIELD u32 #seq), holding the time of the user's last poll in slots of
+-- BEAT.ms of Redis' clock (modulo 2^32 - 1, plus one: the tags wrap after about 16 months). 0 is
+-- no heartbeat to keep: a seq not given yet, departed or evicted. Four bytes per seq where a
+-- ZSET entry took ~95, and a poll's heartbeat is an O(1) write, not a move within a skiplist of
+-- every waiting user. Users without a seq (pre-queued, frozen at the opening) keep theirs in
+-- `queue:{T}:heartbeat`, a ZSET by time.
+local BEAT = {ms = 10, wrap = 4294967295, type = 'u32', bytes = 4}
+local function beat_tag(ms)
+  return math.floor(ms / BEAT.ms) % BEAT.wrap + 1
+end
+-- Sets the heartbeat of each seq in `seqs` to `tag` (0 forgets them), one BITFIELD per 1500.
+local function beats_set(key, seqs, tag)
+  for from = 1, #seqs, 1500 do
+    local part = {}
+    for i = from, math.min(from + 1499, #seqs) do
+      part[#part + 1], part[#part + 2], part[#part + 3], part[#part + 4] = 'SET', BEAT.type, '#' .. seqs[i], tag
+    end
+    redis.call('BITFIELD', key, unpack(part))
+  end
+end
+
 -- Fences: after a failover that lost the last writes, Redis may hold a counter (the seq
 -- counter, the admission mark, the last tick) below a value an instance has already seen and
 -- told buyers about. The instance sends the highest value it has seen (`seen`); a counter below

@@ -9,7 +9,7 @@
 -- `aheadCount` stays exact. Once the opening is done, every call is a no-op.
 --
 -- KEYS[1] queue:{T}:waiting       ZSET seq -> user
--- KEYS[2] queue:{T}:heartbeat     ZSET last poll ms -> user
+-- KEYS[2] queue:{T}:heartbeat     ZSET last poll ms -> user: a placed user's moves to KEYS[10]
 -- KEYS[3] queue:{T}:departed      ZSET seqs of users who left or were evicted
 -- KEYS[4] queue:{T}:entry_times   ZSET entry times (see enter.lua): one member per chunk
 -- KEYS[5] queue:{T}:sale          HASH the sale: frozen, opened_at, seed, commitment
@@ -17,6 +17,7 @@
 -- KEYS[7] queue:{T}:ledger        LIST ledger rows, newest first
 -- KEYS[8] queue:{T}:record        HASH the sale's record: the opening (seed, commitment) as an event
 -- KEYS[9] queue:{T}:events        STREAM the event log: the opening (prelude.lua's event_add)
+-- KEYS[10] queue:{T}:beats        STRING the heartbeats of users with a seq (prelude.lua's beat_tag)
 -- ARGV[1] last: 1 for the last chunk, else 0
 -- ARGV[2] opens_at_ms: entry time ms of the pre-queued users (the opening time)
 -- ARGV[3] key_ttl_s: key ttl seconds
@@ -31,7 +32,7 @@ if not frozen or opened then
   return 0
 end
 local ttl = tonumber(ARGV[3])
-local adds, gone = {}, {}
+local adds, gone, moved, beatArgs = {}, {}, {}, {}
 -- Three ZMSCOREs for the chunk rather than three ZSCOREs per user.
 local users, seqs = {}, {}
 for i = 7, #ARGV, 2 do
@@ -45,6 +46,11 @@ if #users > 0 then
     if not placed[i] and not departed[i] then
       if beats[i] then
         adds[#adds + 1], adds[#adds + 2] = seqs[i], users[i]
+        -- The heartbeat moves with its time: placing a user gives them no extra grace.
+        moved[#moved + 1] = users[i]
+        local k = #beatArgs
+        beatArgs[k + 1], beatArgs[k + 2], beatArgs[k + 3] = 'SET', BEAT.type, '#' .. seqs[i]
+        beatArgs[k + 4] = beat_tag(tonumber(beats[i]))
       else
         gone[#gone + 1], gone[#gone + 2] = seqs[i], seqs[i]
       end
@@ -54,6 +60,9 @@ end
 if #adds > 0 then
   redis.call('ZADD', KEYS[1], unpack(adds))
   redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('BITFIELD', KEYS[10], unpack(beatArgs))
+  redis.call('EXPIRE', KEYS[10], ttl)
+  redis.call('ZREM', KEYS[2], unpack(moved))
 end
 if #gone > 0 then
   redis.call('ZADD', KEYS[3], unpack(gone))

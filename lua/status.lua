@@ -10,14 +10,16 @@
 -- calls live there.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
--- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user, of users without a seq (pre-queued)
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
--- KEYS[5+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
--- KEYS[6+n] queue:{T}:sale           HASH the sale (optional, with the next two)
--- KEYS[7+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
--- KEYS[8+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
+-- KEYS[6] queue:{T}:beats            STRING the heartbeats of users with a seq (prelude.lua's
+--                                    beat_tag)
+-- KEYS[6+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- KEYS[7+n] queue:{T}:sale           HASH the sale (optional, with the next two)
+-- KEYS[8+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
+-- KEYS[9+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
 -- ARGV[1] mark_seen: fence: the highest admission mark this instance has seen (see `fence` in
 --                    prelude.lua)
 -- ARGV[2] key_ttl_s: key ttl seconds (of the mark, when the fence raises it)
@@ -42,7 +44,7 @@ local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark, markRaised = fence(KEYS[3], tonumber(st[1] or '0'), tonumber(ARGV[1]), tonumber(ARGV[1]), tonumber(ARGV[2]))
 local batch = tonumber(st[2] or '0')
 local now = now_ms()
-local saleKey, preKey, openKey = KEYS[6 + n], KEYS[7 + n], KEYS[8 + n]
+local saleKey, preKey, openKey = KEYS[7 + n], KEYS[8 + n], KEYS[9 + n]
 local phase, sale = sale_phase(saleKey, now)
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
@@ -50,10 +52,10 @@ local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
   pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, 3, 2 + n))
 end
-local toks = tokens_of(seqs, n, 5)
+local toks = tokens_of(seqs, n, 6)
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
-local out, first, beats = {mark, batch}, {}, {}
+local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
 for i = 1, n do
   local user = ARGV[2 + i]
   local o, j = 3 * i, first[user]
@@ -68,7 +70,9 @@ for i = 1, n do
         code, beat = PRE_QUEUE, true
       end
     end
-    if beat then
+    if beat and code == WAITING then
+      seqBeats[#seqBeats + 1] = a
+    elseif beat then
       beats[#beats + 1], beats[#beats + 2] = now, user
     end
     out[o], out[o + 1], out[o + 2] = code, a, b
@@ -77,6 +81,7 @@ end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))
 end
+beats_set(KEYS[6], seqBeats, beat_tag(now))
 if saleKey then
   sale_tail(out, phase, sale)
 end

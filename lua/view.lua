@@ -6,7 +6,7 @@
 -- instead of one status.lua call per poll.
 --
 -- KEYS[1] queue:{T}:waiting          ZSET seq -> user
--- KEYS[2] queue:{T}:heartbeat        ZSET last poll ms -> user
+-- KEYS[2] queue:{T}:beats            STRING the heartbeats of users with a seq (prelude.lua's beat_tag)
 -- KEYS[3] queue:{T}:admitted_count   STRING admission mark
 -- KEYS[4] queue:{T}:batch_size       STRING runtime batch size (optional)
 -- KEYS[5] queue:{T}:departed         ZSET seq -> seq of users who left or were evicted
@@ -39,22 +39,19 @@ if KEYS[6] then
   head = 4
 end
 if n > 0 then
-  local now = now_ms()
   local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
   local beats = {}
   for i = 1, n do
     if seqs[i] then
-      beats[#beats + 1], beats[#beats + 2] = now, ARGV[1 + i]
+      beats[#beats + 1] = seqs[i]
     else
       out[#out + 1] = ARGV[1 + i]
     end
   end
   out[3] = #out - head
-  if #beats > 0 then
-    -- XX: a user evicted or admitted between the check and here cannot be re-added (the
-    -- script is atomic; XX states the intent).
-    redis.call('ZADD', KEYS[2], 'XX', unpack(beats))
-  end
+  -- Only users still waiting: one evicted or admitted meanwhile is not given a heartbeat back
+  -- (the script is atomic).
+  beats_set(KEYS[2], beats, beat_tag(now_ms()))
 end
 local most = tonumber(ARGV[1])
 if most > 0 then

@@ -3,7 +3,8 @@
 
 Usage: measure-slices.py PORT [N] [CALLS] -- against a scratch redis-server on 127.0.0.1:PORT,
 which it FLUSHes (scripts/bench.sh slices starts one). Fills limited-drop:1 with N users
-(waiting and heartbeat ZSETs), then runs CALLS calls of each script as vq sends it
+(the waiting ZSET and their heartbeats in the beats string, prelude.lua's beat_tag), then runs
+CALLS calls of each script as vq sends it
 (lua/prelude.lua, a newline, the script) with the slice vq uses (read from the Rust sources,
 where the bounds live), on users picked at random, and prints Redis' own time per call (INFO
 commandstats usec_per_call) and per user.
@@ -20,7 +21,8 @@ def bound(path, name):
 
 
 SLICES = "src/store/redis/slices.rs"
-VIEW, ADMIT, READ = (bound(SLICES, n) for n in ("VIEW_USERS_PER_CALL", "ADMIT_SLICE", "OPENING_READ_SLICE"))
+VIEW, ADMIT, READ, SWEEP = (bound(SLICES, n) for n in ("VIEW_USERS_PER_CALL", "ADMIT_SLICE", "OPENING_READ_SLICE",
+                                                       "SWEEP_SEQS"))
 EVICT, CHUNK = bound("src/pump.rs", "EVICT_SLICE"), bound("src/pump.rs", "OPENING_CHUNK")
 
 port = int(sys.argv[1])
@@ -85,16 +87,28 @@ def stat(command):
 
 
 def beats(users, ms):
+    """Heartbeats of users without a seq (the pre-queue's ZSET)."""
     for i in range(0, len(users), 1000):
         cmd("ZADD", P + "heartbeat", *[x for u in users[i:i + 1000] for x in (ms, u)])
+
+
+def beat_tag(ms):
+    """prelude.lua's beat_tag, asked of the prelude itself."""
+    return cmd("EVAL", PRELUDE + "\nreturn beat_tag(tonumber(ARGV[1]))", 0, ms)
+
+
+def set_raw(key, value):
+    sock.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key.encode(), len(value)) + value + b"\r\n")
+    read()
 
 
 cmd("FLUSHALL")
 now = int(cmd("TIME")[0]) * 1000
 for first in range(1, n + 1, 1000):
     ids = range(first, min(first + 1000, n + 1))
-    pipe(["ZADD", P + "waiting"] + [x for u in ids for x in (u, u)],
-         ["ZADD", P + "heartbeat"] + [x for u in ids for x in (now, u)])
+    cmd("ZADD", P + "waiting", *[x for u in ids for x in (u, u)])
+# Every user's heartbeat now: a u32 per seq from byte 4 (seq 0 is never given).
+set_raw(P + "beats", bytes(4) + beat_tag(now).to_bytes(4, "big") * n)
 cmd("SET", P + "seq", n)
 rows = []
 
@@ -106,15 +120,31 @@ for _ in range(calls):
     cmd("EVALSHA", sha, len(keys), *keys, 0, *random.sample(range(1, n + 1), per))
 rows.append(("view.lua", per, stat("evalsha")))
 
-# Eviction: EVICT_SLICE stale users a call.
-per = EVICT
-beats(random.sample(range(1, n + 1), calls * per), 1000)
+# Eviction: a sweep reads SWEEP_SEQS seqs a call and evicts the stale among them (at most
+# EVICT_SLICE): first a sweep that finds nobody stale, then one through a queue where
+# calls * EVICT_SLICE users, at random, stopped polling an hour ago.
 sha, keys = script("evict.lua")
-keys = keys[:4]
+keys = keys[:7]
 cmd("CONFIG", "RESETSTAT")
-for _ in range(calls):
-    cmd("EVALSHA", sha, len(keys), *keys, 60000, per, 3600)
-rows.append(("evict.lua", per, stat("evalsha")))
+made = 0
+while made < calls:
+    made += 1
+    if cmd("EVALSHA", sha, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)[1] != 1:
+        break
+rows.append(("evict.lua, nobody stale", SWEEP, stat("evalsha")))
+old = beat_tag(now - 3_600_000)
+stale = random.sample(range(1, n + 1), calls * EVICT)
+for i in range(0, len(stale), 1000):
+    cmd("BITFIELD", P + "beats", *[x for s in stale[i:i + 1000] for x in ("SET", "u32", f"#{s}", old)])
+cmd("DEL", P + "sweep")
+cmd("CONFIG", "RESETSTAT")
+made, evicted = 0, 0
+while made < calls:
+    r = cmd("EVALSHA", sha, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)
+    made, evicted = made + 1, evicted + r[0]
+    if r[1] != 1:
+        break
+rows.append((f"evict.lua, {evicted / made:.0f} stale users a call", SWEEP, stat("evalsha")))
 
 # Admission: one tick's batch in ADMIT_SLICE slices, each call continuing the tick.
 per = ADMIT
@@ -150,7 +180,7 @@ for c in range(calls):
 rows.append(("ZRANGE (the opening's read)", per, stat("zrange")))
 
 print(f"{n} users waiting in one target, {calls} calls each, users at random")
-print("| call | users a call | µs a call | µs a user |")
+print("| call | users (or seqs read) a call | µs a call | µs a user |")
 print("| --- | --- | --- | --- |")
 for name, per, us in rows:
     print(f"| {name} | {per} | {us:.0f} | {us / per:.2f} |")

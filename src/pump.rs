@@ -290,19 +290,20 @@ impl Pump {
         Ok(true)
     }
 
-    /// Slices of [`EVICT_SLICE`] until one finds fewer stale users, the target's bound is
-    /// reached or `deadline` passes (every locked target gets at least one slice).
+    /// Slices of at most [`EVICT_SLICE`] users until one says no stale user is left, the
+    /// target's bound is reached or `deadline` passes (every locked target gets at least one
+    /// slice).
     async fn evict_target(&self, tick: &mut TargetTick, deadline: Instant) -> Result<(), StoreError> {
         let q = &self.settings.queue;
         loop {
             let slice = EVICT_SLICE.min(q.max_evict_per_tick - tick.evicted);
             let evicted = self.store.evict(tick.target, q.heartbeat_timeout_s * 1000, slice).await?;
             tick.evict_calls += 1;
-            tick.evicted += evicted;
-            if evicted > 0 {
-                crate::metrics::evicted(tick.target, evicted);
+            tick.evicted += evicted.users;
+            if evicted.users > 0 {
+                crate::metrics::evicted(tick.target, evicted.users);
             }
-            if evicted < slice || tick.evicted >= q.max_evict_per_tick || Instant::now() >= deadline {
+            if !evicted.more || tick.evicted >= q.max_evict_per_tick || Instant::now() >= deadline {
                 return Ok(());
             }
         }

@@ -297,3 +297,12 @@ pub enum OutflowClaim {
     /// An operator pinned the target's batch (`vq batch set --target`): nothing to decide.
     Pinned,
 }
+
+/// What one eviction call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Users evicted by the call.
+    pub users: u64,
+    /// Whether a next call may find more stale users.
+    pub more: bool,
+}

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use super::{AdmitOutcome, EnterOutcome, StatusOutcome, StoreError, TargetSnapshot};
+use super::{AdmitOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot};
 use crate::domain::{QueueTarget, UserId};
 
 /// Queue state of one target, in domain words. Every method is one atomic step.
@@ -78,13 +78,15 @@ pub trait QueueOps: Send + Sync + 'static {
         self.admit(target, default_batch, tick_ms)
     }
 
-    /// Removes up to `max` users whose last poll is older than `timeout_ms`.
+    /// Removes up to `max` users whose last poll is at least `timeout_ms` old, and says
+    /// whether a next call may find more (the Redis store sweeps the waiting users' heartbeats
+    /// a bounded slice a call, so a call that evicts nobody may still have seqs left to read).
     fn evict(
         &self,
         target: QueueTarget,
         timeout_ms: u64,
         max: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Evicted, StoreError>> + Send;
 
     fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;
 }

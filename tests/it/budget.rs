@@ -83,9 +83,12 @@ const BUDGET: &[Budget] = &[
     Budget { step: Step::PollStatus, scripts: 1.0, commands: 5.0 },
     Budget { step: Step::Heartbeat, scripts: 1.0, commands: 5.0 },
     // Per tick: the targets' sets, the lock, admit.lua, tokens_expire.lua and evict.lua (3
-    // script calls, about 50 commands), shared by the batch; a little room for the waits
-    // falling into more than one bucket.
-    Budget { step: Step::Admission, scripts: 0.06, commands: 1.1 },
+    // script calls, about 55 commands), shared by the batch; a little room for the waits
+    // falling into more than one bucket. evict.lua's share: the stale users of the heartbeat
+    // ZSET and the sweep's state (MGET), and, once per quarter of the timeout, a sweep's start
+    // (the first waiting seq, the beats' expiry, one GETRANGE, the sweep's new state): 6
+    // commands in this tick, where one ZRANGEBYSCORE of the heartbeat ZSET was.
+    Budget { step: Step::Admission, scripts: 0.06, commands: 1.2 },
     // status.lua, issue.lua, user_hold.lua dropping the target (HMGET, HDEL; shared with
     // whatever else its bucket has queued).
     Budget { step: Step::TokenIssue, scripts: 3.0, commands: 17.0 },
@@ -421,8 +424,9 @@ const SHARDED_BUDGET: &[Budget] = &[
     // One view.lua per shard with polls answered here, and one GET of the target's pinned
     // batch per shard after the first.
     Budget { step: Step::Heartbeat, scripts: 3.0, commands: 17.0 },
-    // Per tick: 9 script calls and about 150 commands for 50 users.
-    Budget { step: Step::Admission, scripts: 0.2, commands: 3.2 },
+    // Per tick: 9 script calls and about 170 commands for 50 users (evict.lua per shard as in
+    // BUDGET: the sweep's state, and at a sweep's start its first seq, expiry, read and state).
+    Budget { step: Step::Admission, scripts: 0.2, commands: 3.4 },
     Budget { step: Step::TokenIssue, scripts: 3.0, commands: 17.0 },
     Budget { step: Step::Leave, scripts: 2.0, commands: 10.0 },
 ];

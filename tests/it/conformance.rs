@@ -219,9 +219,9 @@ async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
         }
         time.pass(300).await;
         s.status(t(), UserId::from(4), &"tok").await.unwrap();
-        assert_eq!(s.evict(t(), 200, 2).await.unwrap(), 2, "bounded per call");
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 0, "user 4 polled recently");
+        assert_eq!(s.evict(t(), 200, 2).await.unwrap().users, 2, "bounded per call");
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1);
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 0, "user 4 polled recently");
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         // An evicted user re-enters at the back with a new seq.
         assert_eq!(seq(s.enter(t(), UserId::from(1), &"tok").await.unwrap()), 5);
@@ -308,7 +308,7 @@ async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
         for u in [1, 4, 5] {
             s.status(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1, "user 3 stopped polling");
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1, "user 3 stopped polling");
         assert_eq!(ahead(5).await, 2, "1 and 4");
         time.next_tick(tick_ms).await;
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);

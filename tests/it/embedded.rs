@@ -146,6 +146,37 @@ async fn strings_and_set_options_answer_as_redis_does() {
     .await;
 }
 
+/// The waiting users' heartbeats are 32-bit fields of a string (`BITFIELD u32 #seq`, read back
+/// in slices with `GETRANGE`): both answer as Redis does, past the end of the string included.
+#[tokio::test]
+async fn bitfields_and_byte_ranges_answer_as_redis_does() {
+    let mut b = Both::start().await;
+    b.all(&[
+        &["BITFIELD", "b", "GET", "u32", "#3"],
+        &["EXISTS", "b"],
+        &["BITFIELD", "b", "SET", "u32", "#3", "4294967295", "SET", "u32", "#1", "258"],
+        &["GETRANGE", "b", "0", "-1"],
+        &["BITFIELD", "b", "GET", "u32", "#1", "GET", "u32", "#3", "GET", "u32", "#9", "GET", "u8", "5"],
+        &["BITFIELD", "b", "SET", "u32", "#1", "0", "SET", "u16", "7", "65535"],
+        &["GETRANGE", "b", "0", "-1"],
+        &["GETRANGE", "b", "4", "11"],
+        &["GETRANGE", "b", "12", "100"],
+        &["GETRANGE", "b", "-3", "-1"],
+        &["GETRANGE", "b", "5", "2"],
+        &["GETRANGE", "nope", "0", "10"],
+        &["BITFIELD", "z", "SET", "u32", "#0", "0"],
+        &["GETRANGE", "z", "0", "-1"],
+        &["BITFIELD", "b", "GET", "u64", "0"],
+        &["BITFIELD", "b", "BOGUS", "u8", "0"],
+        &["BITFIELD", "b", "GET", "u8"],
+        &["SET", "s", "x"],
+        &["HSET", "h", "f", "v"],
+        &["BITFIELD", "h", "GET", "u8", "0"],
+        &["GETRANGE", "h", "0", "1"],
+    ])
+    .await;
+}
+
 #[tokio::test]
 async fn expiry_options_and_edges_answer_as_redis_does() {
     let mut b = Both::start().await;

@@ -87,29 +87,26 @@ async fn redis_ms(c: &mut MultiplexedConnection) -> u64 {
     s * 1000 + us / 1000
 }
 
-/// Redis' clock in ms, once it reads later than `after`: a window that starts here shares no
-/// millisecond with one that ended at `after`, so a heartbeat lies in at most one of them.
+/// Redis' clock in ms, once its heartbeat slot is later than that of `after`: a window that
+/// starts here shares no slot with one that ended at `after`, so a heartbeat lies in at most
+/// one of them.
 async fn redis_ms_after(c: &mut MultiplexedConnection, after: u64) -> u64 {
+    let last = crate::support::beat_tag(c, after).await;
     loop {
         let now = redis_ms(c).await;
-        if now > after {
+        if crate::support::beat_tag(c, now).await != last {
             return now;
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
 
-/// The heartbeats, each user with whether its time lies in `[from, to]`.
-async fn beats_within(c: &mut MultiplexedConnection, from: u64, to: u64) -> Vec<(String, bool)> {
-    let beats: Vec<(String, u64)> = redis::cmd("ZRANGE")
-        .arg(format!("{P}heartbeat"))
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(c)
-        .await
-        .unwrap();
-    beats.into_iter().map(|(u, t)| (u, (from..=to).contains(&t))).collect()
+/// The heartbeats of `seqs`, each with whether its time lies in `[from, to]` (to the beats'
+/// resolution: `redis_ms_after` starts windows in slots of their own).
+async fn beats_within(c: &mut MultiplexedConnection, seqs: &[u64], from: u64, to: u64) -> Vec<(u64, bool)> {
+    let (from, to) = (crate::support::beat_tag(c, from).await, crate::support::beat_tag(c, to).await);
+    let tags = crate::support::beat_tags(c, P, seqs).await;
+    seqs.iter().zip(tags).map(|(s, t)| (*s, (from..=to).contains(&t))).collect()
 }
 
 /// A reply: mark, batch, the users' answers, then the seq counter (enter.lua; 0 from
@@ -161,8 +158,9 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     assert_eq!(got, answers(1, 7, &want, 4, 0), "the departed seq 2 is not ahead of anyone");
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "only user 6 took a seq");
-    let beats = beats_within(&mut c, second_from, second_to).await;
-    let want = [("1".to_owned(), false), ("3".to_owned(), true), ("6".to_owned(), true)];
+    // Seqs: user 1 → 1 (admitted), user 2 → 2 (left), user 3 → 3, user 6 → 4.
+    let beats = beats_within(&mut c, &[1, 2, 3, 4], second_from, second_to).await;
+    let want = [(1, false), (2, false), (3, true), (4, true)];
     assert_eq!(beats, want, "heartbeats (Redis' time) of the waiting above the mark, refreshed by this call");
     let times: Vec<String> = cmd(&["ZRANGE", &format!("{P}entry_times"), "0", "-1"]).query_async(&mut c).await.unwrap();
     let entered = |entry: &str, seqs: &str, from: u64, to: u64| {
@@ -185,11 +183,13 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     let poll_to = redis_ms(&mut c).await;
     let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
     assert_eq!(got, answers(1, 7, &want, 0, 0));
-    let beats = beats_within(&mut c, poll_from, poll_to).await;
-    let want = [("1".to_owned(), false), ("3".to_owned(), true), ("6".to_owned(), true)];
+    let beats = beats_within(&mut c, &[1, 2, 3, 4], poll_from, poll_to).await;
+    let want = [(1, false), (2, false), (3, true), (4, true)];
     assert_eq!(beats, want, "a poll refreshes the waiting above the mark");
-    let beats = beats_within(&mut c, first_from, first_to).await;
-    assert_eq!(beats[0], ("1".to_owned(), true), "user 1 (admitted) kept the heartbeat of the first enter");
+    let beats = beats_within(&mut c, &[1, 2], first_from, first_to).await;
+    assert_eq!(beats, [(1, true), (2, true)], "users 1 (admitted) and 2 (left) kept the heartbeat of the first enter");
+    let none: u64 = cmd(&["EXISTS", &format!("{P}heartbeat")]).query_async(&mut c).await.unwrap();
+    assert_eq!(none, 0, "users with a seq keep no entry in the heartbeat ZSET");
 }
 
 /// After a failover that lost writes, Redis holds a seq counter and a mark below what an

@@ -389,3 +389,25 @@ pub async fn function_libraries(c: &mut redis::aio::MultiplexedConnection) -> Ve
         })
         .collect()
 }
+
+/// The waiting users' heartbeats as `queue:{T}:beats` holds them (`prelude.lua`'s beat tags, 0
+/// for none), for the given seqs of the target whose keys start with `prefix`.
+pub async fn beat_tags(c: &mut redis::aio::MultiplexedConnection, prefix: &str, seqs: &[u64]) -> Vec<u64> {
+    let mut cmd = redis::cmd("BITFIELD");
+    cmd.arg(format!("{prefix}beats"));
+    for s in seqs {
+        cmd.arg("GET").arg("u32").arg(format!("#{s}"));
+    }
+    cmd.query_async(c).await.expect("bitfield get")
+}
+
+/// The tag `prelude.lua` writes for a poll at `ms` of Redis' clock, asked of the prelude itself.
+pub async fn beat_tag(c: &mut redis::aio::MultiplexedConnection, ms: u64) -> u64 {
+    redis::cmd("EVAL")
+        .arg(lua_as_sent("return beat_tag(tonumber(ARGV[1]))"))
+        .arg(0)
+        .arg(ms)
+        .query_async(c)
+        .await
+        .expect("beat_tag")
+}

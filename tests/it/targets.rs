@@ -29,7 +29,8 @@ async fn keyspace(redis: &RedisServer) -> BTreeSet<String> {
     for k in keys.into_iter().filter(|k| !instances.contains(&k.as_str())) {
         let kind: String = redis::cmd("TYPE").arg(&k).query_async(&mut c).await.unwrap();
         let value = match kind.as_str() {
-            "string" => c.get::<_, String>(&k).await.unwrap(),
+            // The waiting users' heartbeats (`…:beats`) are binary.
+            "string" => format!("{:?}", c.get::<_, Vec<u8>>(&k).await.unwrap()),
             "hash" => format!("{:?}", c.hgetall::<_, std::collections::BTreeMap<String, String>>(&k).await.unwrap()),
             "set" => format!("{:?}", c.smembers::<_, BTreeSet<String>>(&k).await.unwrap()),
             other => other.to_owned(),

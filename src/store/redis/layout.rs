@@ -19,6 +19,7 @@ use redis::{Cmd, ToRedisArgs};
 
 use super::keys;
 use super::scripts::{Invocation, WAIT_BUCKET_EDGES};
+use super::slices::SWEEP_SEQS;
 use crate::domain::{QueueTarget, UserId};
 use crate::store::rules::{ADMISSIONS_KEPT, FLAG_ACK_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS, TTL_REFRESH_EVERY};
 
@@ -27,8 +28,8 @@ pub use super::codec::SALE_FIELDS;
 /// The target keys of each script, in KEYS order (`keys::of(target, name)`); per-user keys
 /// and the sale's keys follow where the script's header says.
 pub const ENTER_KEYS: &[&str] =
-    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record"];
-pub const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed"];
+    &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record", "beats"];
+pub const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "beats"];
 pub const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
 pub const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 pub const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
@@ -54,15 +55,16 @@ pub const ADMIT_KEYS: &[&str] = &[
     "record",
     "events",
 ];
-pub const EVICT_KEYS: &[&str] = &["waiting", "heartbeat", "evicted", "departed", "prequeue", "record"];
+pub const EVICT_KEYS: &[&str] =
+    &["waiting", "heartbeat", "evicted", "departed", "beats", "sweep", "seq", "prequeue", "record"];
 pub const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
-pub const VIEW_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "sale"];
+pub const VIEW_KEYS: &[&str] = &["waiting", "beats", "admitted_count", "batch_size", "departed", "sale"];
 pub const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
 pub const SALE_SCHEDULE_KEYS: &[&str] = &["sale", "ledger", "record", "events"];
 pub const SALE_CONTROL_KEYS: &[&str] = &["sale", "ledger", "prequeue", "opening", "record", "events", "bought"];
 pub const SALE_READ_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub const SALE_PLACE_KEYS: &[&str] =
-    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events"];
+    &["waiting", "heartbeat", "departed", "entry_times", "sale", "opening", "ledger", "record", "events", "beats"];
 
 /// The KEYS of the scripts whose keys are not only a target's named keys, in KEYS order, as
 /// their calls build them (checked against each header's `-- KEYS[i] <pattern>` lines).
@@ -253,6 +255,7 @@ script_args! {
         max: u64,
         key_ttl_s: u64,
         record_ttl_s: u64,
+        sweep_seqs = SWEEP_SEQS,
     } tail []
 }
 

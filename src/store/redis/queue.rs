@@ -14,7 +14,9 @@ use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, nu
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
 use crate::domain::{QueueTarget, UserId, WaitHistogram};
-use crate::store::{AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, StatusOutcome, StoreError, TargetSnapshot};
+use crate::store::{
+    AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot,
+};
 use crate::store::{QueueOps, TargetOps};
 
 impl QueueOps for RedisStore {
@@ -148,7 +150,7 @@ impl QueueOps for RedisStore {
         self.admit_part(target, default_batch, tick_ms, instance, None).await
     }
 
-    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
+    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<Evicted, StoreError> {
         if self.shard_count(target) > 1 {
             return self.evict_sharded(target, timeout_ms, max).await;
         }
@@ -164,8 +166,13 @@ impl QueueOps for RedisStore {
 }
 
 impl RedisStore {
-    pub(super) async fn evict_part(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<u64, StoreError> {
-        Ok(on_target(&EVICT, target, EVICT_KEYS)
+    pub(super) async fn evict_part(
+        &self,
+        target: QueueTarget,
+        timeout_ms: u64,
+        max: u64,
+    ) -> Result<Evicted, StoreError> {
+        let (users, more): (u64, u64) = on_target(&EVICT, target, EVICT_KEYS)
             .args(&EvictArgs {
                 timeout_ms,
                 max,
@@ -173,7 +180,8 @@ impl RedisStore {
                 record_ttl_s: self.limits.record_ttl_s,
             })
             .invoke_async(&mut self.conn())
-            .await?)
+            .await?;
+        Ok(Evicted { users, more: more == 1 })
     }
 
     /// One target's (or one shard's) admission of a tick, in slices. `plan`: a shard's tick

@@ -22,7 +22,7 @@ use redis::AsyncCommands;
 
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId, allot, user_shard};
-use crate::store::{AdmitOutcome, SaleOps, StoreError, TargetSnapshot};
+use crate::store::{AdmitOutcome, Evicted, SaleOps, StoreError, TargetSnapshot};
 
 /// How long a tick's plan is kept, in ticks: long enough for a late pump to find it.
 const PLAN_KEPT_TICKS: u64 = 10;
@@ -114,12 +114,14 @@ impl RedisStore {
         target: QueueTarget,
         timeout_ms: u64,
         max: u64,
-    ) -> Result<u64, StoreError> {
-        let mut n = 0;
+    ) -> Result<Evicted, StoreError> {
+        let mut all = Evicted::default();
         for part in self.parts(target) {
-            n += self.evict_part(part, timeout_ms, max).await?;
+            let e = self.evict_part(part, timeout_ms, max).await?;
+            all.users += e.users;
+            all.more |= e.more;
         }
-        Ok(n)
+        Ok(all)
     }
 
     /// The figures of every shard added up: counters summed, the admissions per tick summed

@@ -12,9 +12,14 @@
 /// calls in its tick.
 pub const ADMIT_SLICE: u64 = 500;
 
-/// Most users whose heartbeats one `view.lua` call writes (~6.7 µs a user: a heartbeat
-/// moves its user within a million-member ZSET).
+/// Most users whose heartbeats one `view.lua` call writes (each a 16-bit field of the
+/// target's beats, found by the user's seq).
 pub const VIEW_USERS_PER_CALL: usize = 150;
+
+/// Most seqs one `evict.lua` call's sweep reads (four bytes of the beats each, one `GETRANGE`):
+/// a sweep walks every waiting seq once per quarter of the heartbeat timeout, so a million
+/// waiting take about 490 calls a sweep.
+pub const SWEEP_SEQS: u64 = 2048;
 
 /// Most departed seqs above the mark one `view.lua` call returns: an instance's copy knows the
 /// departed up to the last of them, and polls of users behind it go to `status.lua`.

@@ -49,7 +49,7 @@ async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
         assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
         time.pass(300).await;
         s.status(t(), UserId::from(2), &"tok").await.unwrap();
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap(), 1);
+        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1);
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.evicted, snap.tokens_issued, snap.waiting, snap.admitted_total), (1, 0, 1, 1));

@@ -48,7 +48,7 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
         time.pass(5).await;
-        assert_eq!(s.evict(t(), 0, 100).await.unwrap(), 2, "users 2 and 3 stopped polling");
+        assert_eq!(s.evict(t(), 0, 100).await.unwrap().users, 2, "users 2 and 3 stopped polling");
 
         let r = s.target_record(t()).await.unwrap().expect("a record");
         assert_eq!(r.arrivals.values().sum::<u64>(), 4, "user 1 entering again is no arrival");

@@ -111,6 +111,17 @@ impl Keyspace {
                 Ok(Reply::Array(out))
             }
             "SET" => self.set_string(a),
+            "GETRANGE" => {
+                arity(a, 3, 3)?;
+                let (start, end) = (int(&a[1])?, int(&a[2])?);
+                let s = match self.live(&a[0]) {
+                    None => return Ok(Reply::Bulk(Vec::new())),
+                    Some(Entry { data: Data::Str(s), .. }) => s,
+                    Some(_) => return Err(wrongtype()),
+                };
+                Ok(Reply::Bulk(byte_range(s, start, end).to_vec()))
+            }
+            "BITFIELD" => self.bitfield(a),
             "SETEX" | "PSETEX" => {
                 arity(a, 3, 3)?;
                 let t = int(&a[1])?;
@@ -163,6 +174,88 @@ impl Keyspace {
             }
             _ => Err(Fail::Unknown),
         }
+    }
+
+    /// `BITFIELD key [GET type offset] [SET type offset value] ...` with unsigned types
+    /// (`u1`..`u63`) and offsets in bits or, with `#`, in multiples of the type's width: what
+    /// vq's scripts send (the waiting users' heartbeats). Bits count from the most significant
+    /// bit of the first byte; a SET past the end grows the string with zero bytes and answers
+    /// the old value; a GET past the end reads zeros.
+    fn bitfield(&mut self, a: Args) -> Result<Reply, Fail> {
+        arity(a, 1, usize::MAX)?;
+        let mut ops = Vec::new();
+        let mut rest = &a[1..];
+        while let Some(op) = rest.first() {
+            let op = String::from_utf8_lossy(op).to_ascii_uppercase();
+            let n = match op.as_str() {
+                "GET" => 3,
+                "SET" => 4,
+                _ => return Err(Fail::Reply(Reply::err(SYNTAX))),
+            };
+            if rest.len() < n {
+                return Err(Fail::Reply(Reply::err(SYNTAX)));
+            }
+            let bits = match rest[1].split_first() {
+                Some((b'u', w)) => {
+                    std::str::from_utf8(w).ok().and_then(|w| w.parse::<u32>().ok()).filter(|w| (1..=63).contains(w))
+                }
+                _ => None,
+            }
+            .ok_or_else(|| {
+                Fail::Reply(Reply::err(
+                    "ERR Invalid bitfield type. Use something like i16 u8. Note that u64 is not supported but i64 is.",
+                ))
+            })?;
+            let offset = match rest[2].strip_prefix(b"#") {
+                Some(k) => int(k).ok().filter(|k| *k >= 0).map(|k| k as u64 * u64::from(bits)),
+                None => int(&rest[2]).ok().filter(|k| *k >= 0).map(|k| k as u64),
+            }
+            .ok_or_else(|| Fail::Reply(Reply::err("ERR bit offset is not an integer or out of range")))?;
+            let value = if n == 4 { Some(int(&rest[3])?) } else { None };
+            ops.push((bits, offset, value));
+            rest = &rest[n..];
+        }
+        let s = match self.live(&a[0]) {
+            None => None,
+            Some(Entry { data: Data::Str(s), .. }) => Some(s.clone()),
+            Some(_) => return Err(wrongtype()),
+        };
+        let mut bytes = s.clone().unwrap_or_default();
+        let mut out = Vec::with_capacity(ops.len());
+        for (bits, offset, value) in ops {
+            let read = |b: &[u8]| -> u64 {
+                (0..u64::from(bits)).fold(0, |acc, i| {
+                    let at = offset + i;
+                    let byte = b.get((at / 8) as usize).copied().unwrap_or(0);
+                    (acc << 1) | u64::from((byte >> (7 - at % 8)) & 1)
+                })
+            };
+            let old = read(&bytes);
+            if let Some(v) = value {
+                let v = (v as u64) & ((1u64 << bits) - 1);
+                let end = ((offset + u64::from(bits)).div_ceil(8)) as usize;
+                if bytes.len() < end {
+                    bytes.resize(end, 0);
+                }
+                for i in 0..u64::from(bits) {
+                    let at = offset + i;
+                    let bit = (v >> (u64::from(bits) - 1 - i)) & 1;
+                    let mask = 1u8 << (7 - at % 8);
+                    let byte = &mut bytes[(at / 8) as usize];
+                    *byte = if bit == 1 { *byte | mask } else { *byte & !mask };
+                }
+            }
+            out.push(Reply::Int(old as i64));
+        }
+        if s.as_ref() != Some(&bytes) && (s.is_some() || !bytes.is_empty()) {
+            match self.live(&a[0]) {
+                Some(e) => e.data = Data::Str(bytes),
+                None => {
+                    self.keys.insert(a[0].clone(), Entry { data: Data::Str(bytes), expires_at: None });
+                }
+            }
+        }
+        Ok(Reply::Array(out))
     }
 
     fn expire(&mut self, name: &str, a: Args) -> Result<Reply, Fail> {
@@ -258,4 +351,19 @@ impl Keyspace {
         }
         Ok(previous)
     }
+}
+
+/// The bytes of `s` from `start` to `end` inclusive, counted from the end when negative, as
+/// GETRANGE answers them.
+fn byte_range(s: &[u8], start: i64, end: i64) -> &[u8] {
+    let len = s.len() as i64;
+    if len == 0 || (start < 0 && end < 0 && start > end) {
+        return &[];
+    }
+    let start = if start < 0 { (len + start).max(0) } else { start };
+    let end = if end < 0 { (len + end).max(0) } else { end.min(len - 1) };
+    if start > end || start >= len {
+        return &[];
+    }
+    &s[start as usize..=end as usize]
 }
