@@ -85,6 +85,16 @@ async fn a_type_added_in_configuration_gets_its_queue_and_its_own_gated_route() 
     assert_eq!(resp.status(), 403);
     assert!(app.json(resp).await["detail"].as_str().unwrap().contains("FLASH_COUPON"));
 
+    // The gate counts its refusals in the record once a tick, off the request path: the three
+    // above land before the keyspace is compared.
+    crate::support::wait_until(Duration::from_secs(10), "the refusals counted", async || {
+        let mut c = redis.conn().await;
+        let no_token: Option<u64> = c.hget("queue:{FLASH_COUPON:7}:record", "rf:no_valid_token").await.unwrap();
+        let used: Option<u64> = c.hget("queue:{FLASH_COUPON:7}:record", "rf:token_used").await.unwrap();
+        let drop: Option<u64> = c.hget("queue:{LIMITED_DROP:7}:record", "rf:no_valid_token").await.unwrap();
+        no_token.is_some() && used.is_some() && drop.is_some()
+    })
+    .await;
     // A well-formed type nobody configured: 404 like an undeclared target, nothing written;
     // a malformed one: 400.
     let before = keyspace(&redis).await;
