@@ -10,6 +10,8 @@
 --
 -- KEYS[1] queue:{T}:waiting       ZSET seq -> user
 -- KEYS[2] queue:{T}:heartbeat     ZSET last poll ms -> user: a placed user's moves to KEYS[10]
+--                                 with its time; the last chunk unlinks it (every pre-queued
+--                                 user is placed or departed by then)
 -- KEYS[3] queue:{T}:departed      ZSET seqs of users who left or were evicted
 -- KEYS[4] queue:{T}:entry_times   ZSET entry times (see enter.lua): one member per chunk
 -- KEYS[5] queue:{T}:sale          HASH the sale: frozen, opened_at, seed, commitment
@@ -32,7 +34,7 @@ if not frozen or opened then
   return 0
 end
 local ttl = tonumber(ARGV[3])
-local adds, gone, moved, beatArgs = {}, {}, {}, {}
+local adds, gone, beatArgs = {}, {}, {}
 -- Three ZMSCOREs for the chunk rather than three ZSCOREs per user.
 local users, seqs = {}, {}
 for i = 7, #ARGV, 2 do
@@ -47,7 +49,6 @@ if #users > 0 then
       if beats[i] then
         adds[#adds + 1], adds[#adds + 2] = seqs[i], users[i]
         -- The heartbeat moves with its time: placing a user gives them no extra grace.
-        moved[#moved + 1] = users[i]
         local k = #beatArgs
         beatArgs[k + 1], beatArgs[k + 2], beatArgs[k + 3] = 'SET', BEAT.type, '#' .. seqs[i]
         beatArgs[k + 4] = beat_tag(tonumber(beats[i]))
@@ -62,7 +63,6 @@ if #adds > 0 then
   redis.call('EXPIRE', KEYS[1], ttl)
   redis.call('BITFIELD', KEYS[10], unpack(beatArgs))
   redis.call('EXPIRE', KEYS[10], ttl)
-  redis.call('ZREM', KEYS[2], unpack(moved))
 end
 if #gone > 0 then
   redis.call('ZADD', KEYS[3], unpack(gone))
@@ -76,7 +76,7 @@ end
 if ARGV[1] == '1' then
   local now = now_ms()
   redis.call('HSET', KEYS[5], 'opened_at', now)
-  redis.call('UNLINK', KEYS[6])
+  redis.call('UNLINK', KEYS[6], KEYS[2])
   local log = event_log(KEYS[9], ARGV[6], tonumber(ARGV[5]))
   sale_event(KEYS[7], ARGV[4], ttl, KEYS[8], tonumber(ARGV[5]), ledger_row('open', now, frozen, commitment or '', seed or ''), log)
 end

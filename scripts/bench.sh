@@ -663,8 +663,9 @@ EOF
   # reads of the queue are not counted (it empties the log after them).
   slowlog_take() { rcli --json slowlog get 1000000 >>"$WORK/slowlog.jsonl"; rcli slowlog reset >/dev/null; }
   # Of the calls Redis logged (over 1 ms): "over-2-ms over-1-ms largest-ms its-command
-  # the-commands-over-2-ms-by-count" (a script by its file: vq sends lua/prelude.lua, a newline
-  # and the script; another build's changed scripts show as their sha's first 8 digits).
+  # the-commands-over-2-ms-by-count" (a script by its function's name, or by its file where it
+  # went as EVALSHA: lua/prelude.lua, a newline and the script; another build's changed scripts
+  # show as their sha's first 8 digits).
   slow() {
     slowlog_take
     python3 - "$WORK/slowlog.jsonl" <<'EOF'
@@ -677,6 +678,8 @@ def what(e):
     args = e[3]
     if args[0].lower() == "evalsha" and len(args) > 1:
         return names.get(args[1], args[1][:8])
+    if args[0].lower() == "fcall" and len(args) > 1:
+        return args[1]
     return args[0].lower()
 if not log:
     print(0, 0, "-", "-", "-")

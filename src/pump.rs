@@ -72,9 +72,11 @@ where
     }
 }
 
-/// Pre-queued users placed per `sale_place.lua` call at a sale's opening: about 1 ms of Redis
-/// time into a queue of a million (~3.5 µs a user, see `store::redis::slices`).
-pub const OPENING_CHUNK: usize = 300;
+/// Pre-queued users placed per `sale_place.lua` call at a sale's opening: about a millisecond
+/// of Redis time at a million pre-queued, where each of its three lookups per user (placed,
+/// departed, heartbeat) finds its member in a million-member set (measured with
+/// `scripts/bench.sh scale`: a chunk of 300 took over 2 ms there).
+pub const OPENING_CHUNK: usize = 150;
 
 #[derive(Clone)]
 pub struct Pump {
