@@ -727,6 +727,12 @@ EOF
     window_start
     mem0=$(used_memory)
     open_with 1 "$n"
+    # The opening's last call unlinks the pre-queue's sets: Redis frees them off its main
+    # thread, so the memory is read once nothing is pending.
+    for _ in $(seq 100); do
+      [ "$(rcli info memory | awk -F: '/^lazyfree_pending_objects:/ {print $2+0}')" = 0 ] && break
+      sleep 0.1
+    done
     mem1=$(used_memory)
     slowlog_take
     rcli --raw zrange 'queue:{LIMITED_DROP:1}:waiting' 0 -1 >"$WORK/users.txt"
