@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Outflow, Settings};
-use crate::domain::{DeclaredTargets, QueueTarget, smooth_no_show};
+use crate::domain::{DeclaredTargets, Ms, QueueTarget, Users, smooth_no_show};
 use crate::service::OutflowBatches;
 use crate::store::prelude::*;
 use crate::store::{AdmitOutcome, AnyStore, BatchChange, OutflowClaim, OutflowState, StoreError};
@@ -242,10 +242,10 @@ impl Pump {
             // Never more than max_active at once.
             None => self.settings.type_max_active(target.kind).saturating_sub(self.store.active_buyers(target).await?),
         };
-        let mut admit = self.store.admit_by(target, batch, q.tick_ms, &self.instance_id).await?;
+        let mut admit = self.store.admit_by(target, Users(batch), Ms(q.tick_ms), &self.instance_id).await?;
         // A tick a sale held back may be its opening: write the order, then admit this tick.
         if !admit.advanced && self.open_sale(target).await? {
-            admit = self.store.admit_by(target, batch, q.tick_ms, &self.instance_id).await?;
+            admit = self.store.admit_by(target, Users(batch), Ms(q.tick_ms), &self.instance_id).await?;
         }
         tick.admit = Some(admit);
         if admit.admitted > 0 {
@@ -299,7 +299,7 @@ impl Pump {
         let q = &self.settings.queue;
         loop {
             let slice = EVICT_SLICE.min(q.max_evict_per_tick - tick.evicted);
-            let evicted = self.store.evict(tick.target, q.heartbeat_timeout_s * 1000, slice).await?;
+            let evicted = self.store.evict(tick.target, Ms(q.heartbeat_timeout_s * 1000), Users(slice)).await?;
             tick.evict_calls += 1;
             tick.evicted += evicted.users;
             if evicted.users > 0 {

@@ -17,6 +17,7 @@ mod sale;
 mod shard;
 mod stats;
 mod target;
+mod units;
 
 pub use declared::{DeclaredTargets, TargetRange};
 pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
@@ -39,3 +40,4 @@ pub use stats::{
     WAIT_BUCKETS, WAIT_METRIC_EDGES_S, WaitHistogram, admission_rate_over, admission_rate_per_sec, wait_bucket,
 };
 pub use target::{MAX_USER_ID_LEN, ParseError, QueueTarget, QueueTargetType, USER_ID_RULE, UserId, is_user_id_byte};
+pub use units::{Ms, Ticks, Users};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::QueueService;
-use crate::domain::{PurchaseLimits, PurchaseRefusal, QueueTarget, UserId};
+use crate::domain::{Ms, PurchaseLimits, PurchaseRefusal, QueueTarget, Ticks, UserId, Users};
 use crate::store::prelude::*;
 use crate::store::{StoreError, StoreErrorKind, TokenClaim};
 use crate::token::{self, TokenError};
@@ -244,7 +244,13 @@ impl QueueService {
         };
         for _ in 0..PACE_ATTEMPTS {
             let asked = tokio::time::Instant::now();
-            match self.bounded(target, self.store.pace_purchase(target, batch, tick_ms, gate.pace_max_ticks)).await {
+            match self
+                .bounded(
+                    target,
+                    self.store.pace_purchase(target, Users(batch), Ms(tick_ms), Ticks(gate.pace_max_ticks)),
+                )
+                .await
+            {
                 Ok(Some(slot)) => {
                     // Both ends err on the safe side: the start counts from the answer, the
                     // end from the question (Redis' clock read in between).

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use super::{PaceSlot, StoreError, TokenClaim};
-use crate::domain::{PurchaseLimits, QueueTarget, UserId};
+use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 
 /// What the gate checks per purchase. Every method is one atomic step.
 pub trait GateOps: Send + Sync + 'static {
@@ -62,8 +62,8 @@ pub trait GateOps: Send + Sync + 'static {
     fn pace_purchase(
         &self,
         target: QueueTarget,
-        default_budget: u64,
-        tick_ms: u64,
-        ahead: u64,
+        default_budget: Users,
+        tick: Ms,
+        ahead: Ticks,
     ) -> impl Future<Output = Result<Option<PaceSlot>, StoreError>> + Send;
 }

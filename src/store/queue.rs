@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use super::{AdmitOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot};
-use crate::domain::{QueueTarget, UserId};
+use crate::domain::{Ms, QueueTarget, UserId, Users};
 
 /// Queue state of one target, in domain words. Every method is one atomic step.
 pub trait QueueOps: Send + Sync + 'static {
@@ -58,34 +58,34 @@ pub trait QueueOps: Send + Sync + 'static {
         ttl_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Advances the mark by one batch of live users, at most once per tick of the store's clock.
+    /// Advances the mark by one batch of live users, at most once per `tick` of the store's clock.
     fn admit(
         &self,
         target: QueueTarget,
-        default_batch: u64,
-        tick_ms: u64,
+        default_batch: Users,
+        tick: Ms,
     ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send;
 
     /// [`Self::admit`], naming the instance that runs the step in the admission ledger.
     fn admit_by(
         &self,
         target: QueueTarget,
-        default_batch: u64,
-        tick_ms: u64,
+        default_batch: Users,
+        tick: Ms,
         instance: &str,
     ) -> impl Future<Output = Result<AdmitOutcome, StoreError>> + Send {
         let _ = instance;
-        self.admit(target, default_batch, tick_ms)
+        self.admit(target, default_batch, tick)
     }
 
-    /// Removes up to `max` users whose last poll is at least `timeout_ms` old, and says
+    /// Removes up to `max` users whose last poll is at least `timeout` old, and says
     /// whether a next call may find more (the Redis store sweeps the waiting users' heartbeats
     /// a bounded slice a call, so a call that evicts nobody may still have seqs left to read).
     fn evict(
         &self,
         target: QueueTarget,
-        timeout_ms: u64,
-        max: u64,
+        timeout: Ms,
+        max: Users,
     ) -> impl Future<Output = Result<Evicted, StoreError>> + Send;
 
     fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;

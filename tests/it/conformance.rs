@@ -25,6 +25,7 @@ use vq::store::prelude::*;
 use vq::store::{AnyStore, EnterOutcome, RedisStore, StatusOutcome, StoreLimits};
 
 use crate::support::{RedisServer, open_store, test_settings};
+use vq::domain::{Ms, Users};
 
 fn t() -> QueueTarget {
     "limited-drop:42".parse().expect("target")
@@ -167,10 +168,10 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
         }
         assert!(s.leave(t(), UserId::from(2)).await.unwrap());
         time.next_tick(tick_ms).await;
-        let a = s.admit(t(), 2, tick_ms).await.unwrap();
+        let a = s.admit(t(), Users(2), Ms(tick_ms)).await.unwrap();
         assert!(a.advanced);
         assert_eq!((a.admitted, a.mark), (2, 3), "users 1 and 3: the leaver used no slot");
-        let again = s.admit(t(), 2, tick_ms).await.unwrap();
+        let again = s.admit(t(), Users(2), Ms(tick_ms)).await.unwrap();
         assert!(!again.advanced, "a second call in the same tick admits nobody");
         assert_eq!(again.mark, 3);
         // User 4 has nobody waiting ahead now, but is not admitted before the next tick.
@@ -179,10 +180,10 @@ async fn admit_counts_only_users_still_waiting_and_runs_once_per_tick() {
             o => panic!("{o:?}"),
         }
         time.next_tick(tick_ms).await;
-        let b = s.admit(t(), 2, tick_ms).await.unwrap();
+        let b = s.admit(t(), Users(2), Ms(tick_ms)).await.unwrap();
         assert_eq!((b.admitted, b.mark), (2, 5));
         time.next_tick(tick_ms).await;
-        let c = s.admit(t(), 2, tick_ms).await.unwrap();
+        let c = s.admit(t(), Users(2), Ms(tick_ms)).await.unwrap();
         assert_eq!((c.admitted, c.mark), (0, 5), "never above the last seq");
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!(snap.admitted_total, 4);
@@ -198,7 +199,7 @@ async fn admitted_user_gets_one_token_and_leaves_the_queue() {
         s.enter(t(), UserId::from(1), &"first").await.unwrap();
         s.enter(t(), UserId::from(2), &"first").await.unwrap();
         time.next_tick(tick_ms).await;
-        s.admit(t(), 1, tick_ms).await.unwrap();
+        s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
         assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         assert_eq!(s.status(t(), UserId::from(1), &"other").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         assert_eq!(s.enter(t(), UserId::from(1), &"other").await.unwrap(), EnterOutcome::Admitted("issued".into()));
@@ -219,14 +220,14 @@ async fn users_who_stop_polling_are_evicted_in_bounded_steps() {
         }
         time.pass(300).await;
         s.status(t(), UserId::from(4), &"tok").await.unwrap();
-        assert_eq!(s.evict(t(), 200, 2).await.unwrap().users, 2, "bounded per call");
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1);
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 0, "user 4 polled recently");
+        assert_eq!(s.evict(t(), Ms(200), Users(2)).await.unwrap().users, 2, "bounded per call");
+        assert_eq!(s.evict(t(), Ms(200), Users(10)).await.unwrap().users, 1);
+        assert_eq!(s.evict(t(), Ms(200), Users(10)).await.unwrap().users, 0, "user 4 polled recently");
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         // An evicted user re-enters at the back with a new seq.
         assert_eq!(seq(s.enter(t(), UserId::from(1), &"tok").await.unwrap()), 5);
         time.next_tick(tick_ms).await;
-        let a = s.admit(t(), 10, tick_ms).await.unwrap();
+        let a = s.admit(t(), Users(10), Ms(tick_ms)).await.unwrap();
         assert_eq!(a.admitted, 2, "evicted users use no admission slot");
         assert_eq!(s.snapshot(t()).await.unwrap().evicted, 3);
     })
@@ -267,7 +268,7 @@ async fn flag_and_batch_size_round_trip() {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         time.next_tick(tick_ms).await;
-        let a = s.admit(t(), 100, tick_ms).await.unwrap();
+        let a = s.admit(t(), Users(100), Ms(tick_ms)).await.unwrap();
         assert_eq!((a.admitted, a.batch), (1, 1), "the target's runtime batch size wins");
     })
     .await;
@@ -308,17 +309,17 @@ async fn ahead_counts_only_users_still_waiting_between_the_mark_and_the_user() {
         for u in [1, 4, 5] {
             s.status(t(), UserId::from(u), &"tok").await.unwrap();
         }
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1, "user 3 stopped polling");
+        assert_eq!(s.evict(t(), Ms(200), Users(10)).await.unwrap().users, 1, "user 3 stopped polling");
         assert_eq!(ahead(5).await, 2, "1 and 4");
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
+        assert_eq!(s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap().mark, 1);
         assert_eq!(ahead(5).await, 1, "only 4: 1 is admitted");
         match s.enter(t(), UserId::from(6), &"tok").await.unwrap() {
             EnterOutcome::Waiting(w) => assert_eq!((w.seq, w.ahead), (6, 2), "4 and 5 wait before a newcomer"),
             o => panic!("{o:?}"),
         }
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 4, "the next live user, past the departed");
+        assert_eq!(s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap().mark, 4, "the next live user, past the departed");
         assert_eq!(ahead(5).await, 0);
         assert_eq!(ahead(6).await, 1);
         match s.enter(t(), UserId::from(7), &"tok").await.unwrap() {

@@ -19,6 +19,7 @@ use vq::store::prelude::*;
 use vq::store::{AnyStore, ClearOutcome, EnterOutcome, ScheduleOutcome, StatusOutcome};
 
 use crate::support::{RedisCluster, RedisServer, cluster_settings, next_tick, open_store, test_settings, tick_room};
+use vq::domain::{Ms, Users};
 
 const SHARDS: u8 = 3;
 
@@ -156,8 +157,8 @@ async fn two_pumps_admit_at_most_the_batch_per_tick(redis: Redis) {
         next_tick(s.queue.tick_ms).await;
         tick_room(s.queue.tick_ms, 200).await;
         let (x, y) = tokio::join!(
-            a.admit_by(target(), batch, s.queue.tick_ms, "a"),
-            b.admit_by(target(), batch, s.queue.tick_ms, "b")
+            a.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "a"),
+            b.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "b")
         );
         admitted += x.unwrap().admitted + y.unwrap().admitted;
     }
@@ -199,7 +200,7 @@ async fn one_place_and_one_token_per_user(redis: Redis) {
         assert!(positions.insert(x.seq), "user {u}: no position given twice");
     }
     next_tick(s.queue.tick_ms).await;
-    let admit = a.admit_by(target(), 20, s.queue.tick_ms, "a").await.unwrap();
+    let admit = a.admit_by(target(), Users(20), Ms(s.queue.tick_ms), "a").await.unwrap();
     assert_eq!(admit.admitted, 12);
     for u in 1..=12 {
         let StatusOutcome::Admitted(t) = a.status(target(), user(u), &"token-a").await.unwrap() else { panic!() };
@@ -376,7 +377,7 @@ async fn the_embedded_store_keeps_a_sharded_type_in_one_shard() {
         let EnterOutcome::Waiting(w) = o else { panic!("user {u}: {o:?}") };
         assert_eq!(w.seq, i as u64 + 1, "one line, numbered 1, 2, 3 …");
     }
-    let admit = store.admit_by(target(), 10, s.queue.tick_ms, "p").await.unwrap();
+    let admit = store.admit_by(target(), Users(10), Ms(s.queue.tick_ms), "p").await.unwrap();
     assert_eq!(admit.admitted, 10);
     assert_eq!(QueueTargetType::LIMITED_DROP, target().kind);
 }
@@ -423,7 +424,7 @@ async fn polls_answered_from_each_shards_copy_keep_positions_and_miss_no_admissi
     // Within two batches (60) of each shard's mark, about 180 users ask Redis; the rest not.
     assert!(calls < 250, "{calls} of 400 polls asked Redis");
     // One tick admits 30 across the shards; the copies are a tick old.
-    let admit = store.admit_by(target(), 30, s.queue.tick_ms, "p").await.unwrap();
+    let admit = store.admit_by(target(), Users(30), Ms(s.queue.tick_ms), "p").await.unwrap();
     assert_eq!(admit.admitted, 30);
     let mut told = 0;
     for u in 1..=400 {

@@ -13,6 +13,7 @@ use vq::store::slices::{ADMIT_SLICE, TOKENS_EXPIRE_SLICE, VIEW_DEPARTED_MAX, VIE
 use vq::store::{AnyStore, RedisStore};
 
 use crate::support::{RedisServer, lua_as_sent, next_tick, open_store, test_settings, tick_room};
+use vq::domain::{Ms, Users};
 
 const P: &str = "queue:{LIMITED_DROP:1}:";
 
@@ -75,11 +76,11 @@ async fn a_batch_of_several_slices_is_admitted_exactly_once_per_tick_across_inst
     let mut c = redis.conn().await;
     tick_room(s.queue.tick_ms, s.queue.tick_ms / 2).await;
     reset_stats(&mut c).await;
-    let first = a.admit_by(target(), batch, s.queue.tick_ms, "a").await.unwrap();
+    let first = a.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "a").await.unwrap();
     assert!(first.advanced);
     assert_eq!((first.admitted, first.mark), (batch, batch), "the whole batch, in its tick");
     assert_eq!(calls(&mut c, "fcall").await, 3, "two full slices and a half one");
-    let second = b.admit_by(target(), batch, s.queue.tick_ms, "b").await.unwrap();
+    let second = b.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "b").await.unwrap();
     assert!(!second.advanced, "another instance cannot start the tick again");
     assert_eq!(second.admitted, 0);
 
@@ -95,7 +96,7 @@ async fn a_batch_of_several_slices_is_admitted_exactly_once_per_tick_across_inst
     assert_eq!((admitted, in_tick), (batch, batch));
 
     next_tick(s.queue.tick_ms).await;
-    let third = b.admit_by(target(), batch, s.queue.tick_ms, "b").await.unwrap();
+    let third = b.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "b").await.unwrap();
     assert_eq!((third.admitted, third.mark), (batch, 2 * batch), "the next tick, another batch");
 }
 

@@ -6,7 +6,7 @@ use super::RedisStore;
 use super::keys;
 use super::layout::*;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
-use crate::domain::{PurchaseLimits, QueueTarget, UserId};
+use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
 use crate::store::{PaceSlot, StoreError, TokenClaim};
 
@@ -124,10 +124,11 @@ impl GateOps for RedisStore {
     async fn pace_purchase(
         &self,
         target: QueueTarget,
-        default_budget: u64,
-        tick_ms: u64,
-        ahead: u64,
+        default_budget: Users,
+        tick: Ms,
+        ahead: Ticks,
     ) -> Result<Option<PaceSlot>, StoreError> {
+        let (default_budget, tick_ms, ahead) = (default_budget.get(), tick.get(), ahead.get());
         let r: Vec<u64> = on_target(&GATE_PACE, target, GATE_PACE_KEYS)
             .args(&GatePaceArgs { tick_ms, default_budget, ahead })
             .invoke_async(&mut self.conn())

@@ -13,7 +13,7 @@ use super::layout::*;
 use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, num, on_target};
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
-use crate::domain::{QueueTarget, UserId, WaitHistogram};
+use crate::domain::{Ms, QueueTarget, UserId, Users, WaitHistogram};
 use crate::store::{
     AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot,
 };
@@ -133,24 +133,26 @@ impl QueueOps for RedisStore {
         Ok(ok.is_some())
     }
 
-    async fn admit(&self, target: QueueTarget, default_batch: u64, tick_ms: u64) -> Result<AdmitOutcome, StoreError> {
-        self.admit_by(target, default_batch, tick_ms, "").await
+    async fn admit(&self, target: QueueTarget, default_batch: Users, tick: Ms) -> Result<AdmitOutcome, StoreError> {
+        self.admit_by(target, default_batch, tick, "").await
     }
 
     async fn admit_by(
         &self,
         target: QueueTarget,
-        default_batch: u64,
-        tick_ms: u64,
+        default_batch: Users,
+        tick: Ms,
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
+        let (default_batch, tick_ms) = (default_batch.get(), tick.get());
         if self.shard_count(target) > 1 {
             return self.admit_sharded(target, default_batch, tick_ms, instance).await;
         }
         self.admit_part(target, default_batch, tick_ms, instance, None).await
     }
 
-    async fn evict(&self, target: QueueTarget, timeout_ms: u64, max: u64) -> Result<Evicted, StoreError> {
+    async fn evict(&self, target: QueueTarget, timeout: Ms, max: Users) -> Result<Evicted, StoreError> {
+        let (timeout_ms, max) = (timeout.get(), max.get());
         if self.shard_count(target) > 1 {
             return self.evict_sharded(target, timeout_ms, max).await;
         }

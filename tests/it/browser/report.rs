@@ -6,6 +6,7 @@ use vq::store::prelude::*;
 
 use super::*;
 use crate::support::{next_tick, open_store, vq_command};
+use vq::domain::{Ms, Users};
 
 fn target() -> QueueTarget {
     "LIMITED_DROP:42".parse().unwrap()
@@ -38,7 +39,7 @@ async fn the_html_report_renders_alone_and_its_charts_draw_the_reports_figures()
             store.enter(target(), UserId::from(user), &"tok").await.unwrap();
         }
         next_tick(s.queue.tick_ms).await;
-        store.admit(target(), 3, s.queue.tick_ms).await.unwrap();
+        store.admit(target(), Users(3), Ms(s.queue.tick_ms)).await.unwrap();
     }
     assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
     let tick = vq::service::now_epoch_ms() / s.queue.tick_ms;

@@ -3,6 +3,7 @@
 use vq::store::TokenClaim;
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 /// Redis forgets a target through its keys' TTL, which `admit.lua` refreshes only while
 /// someone waits: the pump ticking over an empty queue does not keep it alive.
@@ -22,7 +23,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         // Eight ticks of one admission each: 2 s, twice the key TTL, with someone waiting.
         for _ in 1..=8 {
             time.next_tick(tick_ms).await;
-            let a = s.admit(t(), 1, tick_ms).await.unwrap();
+            let a = s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
             assert_eq!(a.admitted, 1);
             for u in 1..=8 {
                 s.status(t(), UserId::from(u), &"tok").await.unwrap();
@@ -34,7 +35,7 @@ async fn a_target_is_kept_while_anyone_waits_and_forgotten_a_key_ttl_after() {
         let forgotten = time
             .eventually(async || {
                 time.next_tick(tick_ms).await;
-                s.admit(t(), 1, tick_ms).await.unwrap();
+                s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
                 s.forget_if_expired(t()).await.unwrap()
             })
             .await;
@@ -70,7 +71,7 @@ async fn forgetting_a_target_keeps_its_tokens_used_marks_and_batch_size() {
         s.set_batch_size(Some(t()), Some(3)).await.unwrap();
         s.enter(t(), UserId::from(1), &"tok1").await.unwrap();
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 10, tick_ms).await.unwrap().batch, 3);
+        assert_eq!(s.admit(t(), Users(10), Ms(tick_ms)).await.unwrap().batch, 3);
         assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
         assert!(matches!(
             s.claim_token(t(), UserId::from(2), "B", 300, Default::default()).await.unwrap(),
@@ -112,7 +113,7 @@ async fn a_user_whose_token_expired_enters_again_at_the_back() {
             s.enter(t(), UserId::from(1), &"tok").await.unwrap();
             s.enter(t(), UserId::from(2), &"tok").await.unwrap();
             time.next_tick(tick_ms).await;
-            s.admit(t(), 1, tick_ms).await.unwrap();
+            s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
             assert_eq!(s.status(t(), UserId::from(1), &"tok1").await.unwrap(), StatusOutcome::Admitted("tok1".into()));
             let expired = time
                 .eventually(async || s.status(t(), UserId::from(1), &"x").await.unwrap() == StatusOutcome::NotInQueue);

@@ -3,6 +3,7 @@
 use vq::store::TokenClaim;
 
 use super::*;
+use vq::domain::{Ms, Ticks, Users};
 
 /// The claim/release cycle around one purchase, with the token the queue issued.
 #[tokio::test]
@@ -12,7 +13,7 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
         let u = UserId::from(1);
         s.enter(t(), u.clone(), &"tok").await.unwrap();
         time.next_tick(tick_ms).await;
-        s.admit(t(), 1, tick_ms).await.unwrap();
+        s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
         assert_eq!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted("tok".into()));
         assert!(!s.token_used(t(), u.clone(), "tok").await.unwrap());
         let claim = s.claim_token(t(), u.clone(), "tok", 300, Default::default()).await.unwrap();
@@ -58,7 +59,7 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
                 s.enter(t(), UserId::from(u), &"x").await.unwrap();
             }
             time.next_tick(tick_ms).await;
-            s.admit(t(), 3, tick_ms).await.unwrap();
+            s.admit(t(), Users(3), Ms(tick_ms)).await.unwrap();
             for u in 1..=3 {
                 assert!(matches!(s.status(t(), UserId::from(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
             }
@@ -106,21 +107,21 @@ async fn pace_purchase_fills_the_current_tick_then_the_next_then_refuses() {
         let tick_ms = 1000;
         time.next_tick(tick_ms).await;
         for _ in 0..2 {
-            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room now");
+            let slot = s.pace_purchase(t(), Users(2), Ms(tick_ms), Ticks(1)).await.unwrap().expect("room now");
             assert_eq!(slot.starts_in_ms, 0, "{slot:?}");
             assert!(slot.ends_in_ms > 0 && slot.ends_in_ms <= tick_ms, "{slot:?}");
         }
         for _ in 0..2 {
-            let slot = s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap().expect("room next tick");
+            let slot = s.pace_purchase(t(), Users(2), Ms(tick_ms), Ticks(1)).await.unwrap().expect("room next tick");
             assert!(slot.starts_in_ms > 0 && slot.starts_in_ms <= tick_ms, "{slot:?}");
             assert_eq!(slot.ends_in_ms - slot.starts_in_ms, tick_ms, "{slot:?}");
         }
-        assert_eq!(s.pace_purchase(t(), 2, tick_ms, 1).await.unwrap(), None, "both ticks full");
+        assert_eq!(s.pace_purchase(t(), Users(2), Ms(tick_ms), Ticks(1)).await.unwrap(), None, "both ticks full");
         // The target's runtime batch size is its budget.
         let other: QueueTarget = "ticketing-event:7".parse().unwrap();
         s.set_batch_size(Some(other), Some(1)).await.unwrap();
-        assert!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap().is_some());
-        assert_eq!(s.pace_purchase(other, 100, tick_ms, 0).await.unwrap(), None);
+        assert!(s.pace_purchase(other, Users(100), Ms(tick_ms), Ticks(0)).await.unwrap().is_some());
+        assert_eq!(s.pace_purchase(other, Users(100), Ms(tick_ms), Ticks(0)).await.unwrap(), None);
     })
     .await;
 }
@@ -142,7 +143,7 @@ async fn a_challenge_is_spent_once_and_active_buyers_are_counted() {
             s.enter(t(), UserId::from(u), &"tok").await.unwrap();
         }
         time.next_tick(time.tick_ms).await;
-        s.admit(t(), 2, time.tick_ms).await.unwrap();
+        s.admit(t(), Users(2), Ms(time.tick_ms)).await.unwrap();
         assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "admitted, not yet told");
         s.status(t(), UserId::from(1), &"t1").await.unwrap();
         assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "one told, holding an unused token");

@@ -5,6 +5,7 @@ use vq::domain::FlagChange;
 use vq::store::FlagAck;
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 #[tokio::test]
 async fn flag_acknowledgements_are_listed_by_instance_and_stay_listed_silent_once_expired() {
@@ -62,7 +63,7 @@ async fn batch_sizes_are_set_and_cleared_globally_and_per_target() {
             o => panic!("{o:?}"),
         }
         time.next_tick(tick_ms).await;
-        let a = s.admit(t(), 4, tick_ms).await.unwrap();
+        let a = s.admit(t(), Users(4), Ms(tick_ms)).await.unwrap();
         assert_eq!((a.batch, a.admitted), (4, 1));
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.batch_override, snap.admissions.first().copied()), (None, Some((a.tick, 1))));

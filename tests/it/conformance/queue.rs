@@ -1,6 +1,7 @@
 //! The queue's operations beyond the basics in the parent module: eviction, wait statistics.
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 /// Ids as shops have them go through every step as sent, and `7` and `007` are two users.
 #[tokio::test]
@@ -17,7 +18,7 @@ async fn opaque_ids_are_kept_as_sent_through_every_step() {
             assert!(s.hold_queue(u.clone(), t(), 5).await.unwrap().is_empty(), "{u}");
         }
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 3, tick_ms).await.unwrap().admitted, 3);
+        assert_eq!(s.admit(t(), Users(3), Ms(tick_ms)).await.unwrap().admitted, 3);
         for (i, u) in ids.iter().enumerate() {
             let token = format!("token-of-{u}");
             match s.status(t(), u.clone(), &token.as_str()).await.unwrap() {
@@ -46,10 +47,10 @@ async fn an_admitted_user_who_stops_polling_is_evicted_without_a_token() {
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         s.enter(t(), UserId::from(2), &"tok").await.unwrap();
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().mark, 1);
+        assert_eq!(s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap().mark, 1);
         time.pass(300).await;
         s.status(t(), UserId::from(2), &"tok").await.unwrap();
-        assert_eq!(s.evict(t(), 200, 10).await.unwrap().users, 1);
+        assert_eq!(s.evict(t(), Ms(200), Users(10)).await.unwrap().users, 1);
         assert_eq!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::NotInQueue);
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.evicted, snap.tokens_issued, snap.waiting, snap.admitted_total), (1, 0, 1, 1));
@@ -65,7 +66,7 @@ async fn waits_are_bucketed_by_the_domain_rule() {
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         time.pass(1100).await;
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 1, tick_ms).await.unwrap().admitted, 1);
+        assert_eq!(s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap().admitted, 1);
         let waits = s.snapshot(t()).await.unwrap().waits;
         assert_eq!(waits.count, 1);
         assert!(waits.sum_ms >= 1100, "{waits:?}");
@@ -102,7 +103,7 @@ async fn a_users_queues_are_counted_up_to_the_limit_and_places_are_known() {
         s.enter(t(), other.clone(), &"tok").await.unwrap();
         assert!(s.holds_place(t(), u.clone()).await.unwrap());
         time.next_tick(tick_ms).await;
-        s.admit(t(), 1, tick_ms).await.unwrap();
+        s.admit(t(), Users(1), Ms(tick_ms)).await.unwrap();
         assert!(s.holds_place(t(), u.clone()).await.unwrap(), "admitted, not yet told");
         assert!(matches!(s.status(t(), u.clone(), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
         assert!(!s.holds_place(t(), u.clone()).await.unwrap(), "the token collected");

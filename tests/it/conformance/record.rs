@@ -7,6 +7,7 @@ use vq::domain::{AnswerClass, LedgerEntry, SaleControl, SaleSchedule, SaleSource
 use vq::store::{ClearOutcome, RedisStore, ScheduleOutcome};
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 /// Runs `check` on a Redis store and on the embedded one, each keeping records `record_ttl_s`.
 async fn with_both_records(record_ttl_s: u64, check: impl AsyncFn(AnyStore, Time)) {
@@ -34,7 +35,7 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         }
         s.enter(t(), UserId::from(1), &"tok").await.unwrap();
         time.next_tick(250).await;
-        let a = s.admit(t(), 2, 250).await.unwrap();
+        let a = s.admit(t(), Users(2), Ms(250)).await.unwrap();
         assert_eq!(a.admitted, 2);
         assert!(matches!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
         assert!(s.leave(t(), UserId::from(4)).await.unwrap());
@@ -48,7 +49,7 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
         time.pass(5).await;
-        assert_eq!(s.evict(t(), 0, 100).await.unwrap().users, 2, "users 2 and 3 stopped polling");
+        assert_eq!(s.evict(t(), Ms(0), Users(100)).await.unwrap().users, 2, "users 2 and 3 stopped polling");
 
         let r = s.target_record(t()).await.unwrap().expect("a record");
         assert_eq!(r.arrivals.values().sum::<u64>(), 4, "user 1 entering again is no arrival");

@@ -4,6 +4,7 @@
 //! stepped: the steps wait on its clock ([`Time::of_redis`]).
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 /// Calls made at once reach Redis coalesced into shared script calls (a user may even be in
 /// one call twice): every answer must still be the one the user would get alone.
@@ -38,7 +39,7 @@ async fn concurrent_enters_and_polls_answer_each_user_as_if_alone() {
 
     let tick_ms = 500;
     time.next_tick(tick_ms).await;
-    assert_eq!(s.admit(t(), 50, tick_ms).await.unwrap().mark, 50);
+    assert_eq!(s.admit(t(), Users(50), Ms(tick_ms)).await.unwrap().mark, 50);
     let mut tasks = Vec::new();
     for u in users.clone() {
         for round in 0..2 {
@@ -103,7 +104,7 @@ async fn eviction_with_a_large_bound_removes_every_stale_user() {
     time.pass(300).await;
     let (mut evicted, mut calls) = (0, 0);
     loop {
-        let e = s.evict(t(), 200, 20_000).await.unwrap();
+        let e = s.evict(t(), Ms(200), Users(20_000)).await.unwrap();
         assert!(e.users <= 1000, "{e:?}");
         evicted += e.users;
         calls += 1;
@@ -127,7 +128,7 @@ async fn a_large_batch_is_admitted_in_one_tick() {
     let (_redis, s) = redis_store_with_9000_waiting().await;
     let time = Time::of_redis(&s);
     time.next_tick(500).await;
-    let a = s.admit(t(), 20_000, 500).await.unwrap();
+    let a = s.admit(t(), Users(20_000), Ms(500)).await.unwrap();
     assert_eq!((a.admitted, a.mark), (9000, 9000));
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!((snap.waiting, snap.waits.count), (0, 9000));
@@ -155,7 +156,7 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     let _: u64 =
         redis::cmd("ZADD").arg("queue:{LIMITED_DROP:42}:waiting").arg(6).arg(66).query_async(&mut c).await.unwrap();
     time.next_tick(500).await;
-    assert_eq!(s.admit(t(), 3, 500).await.unwrap().admitted, 3);
+    assert_eq!(s.admit(t(), Users(3), Ms(500)).await.unwrap().admitted, 3);
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!(snap.waits.count, 3);
     assert!(snap.waits.sum_ms >= 3 * 700, "users 1-3 entered 700 ms before 4-5: {:?}", snap.waits);
@@ -164,7 +165,7 @@ async fn waits_come_from_each_call_entry_time_and_are_dropped_behind_the_mark() 
     };
     assert_eq!(entry_times(&mut c).await, 2, "users 4 and 5 keep theirs");
     time.next_tick(500).await;
-    let a = s.admit(t(), 10, 500).await.unwrap();
+    let a = s.admit(t(), Users(10), Ms(500)).await.unwrap();
     assert_eq!((a.admitted, a.mark), (3, 6));
     let snap = s.snapshot(t()).await.unwrap();
     assert_eq!(snap.waits.count, 5, "seq 6 has no entry time");

@@ -2,6 +2,7 @@
 //! clear and the ledger, and a close before anyone entered.
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 /// The sale's schedule in ms from now.
 fn sale_in(now: u64, opens_in: u64, prequeue_from: Option<i64>) -> vq::domain::SaleSchedule {
@@ -95,10 +96,10 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
             other => panic!("{other:?}"),
         }
         time.next_tick(tick).await;
-        let a = s.admit(t(), 3, tick).await.unwrap();
+        let a = s.admit(t(), Users(3), Ms(tick)).await.unwrap();
         assert_eq!((a.advanced, a.admitted), (false, 0), "paused");
         assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
-        let a = s.admit(t(), 3, tick).await.unwrap();
+        let a = s.admit(t(), Users(3), Ms(tick)).await.unwrap();
         assert_eq!(a.admitted, 3);
         let close = SaleControl::Close { message: "Sold out".into(), source: SaleSource::Command };
         assert!(s.control_sale(t(), close).await.unwrap());
@@ -114,7 +115,7 @@ async fn pause_close_clear_and_the_ledger_agree_on_both_stores() {
         );
         assert_eq!(s.status(t(), UserId::from(1), &"issued").await.unwrap(), StatusOutcome::Admitted("issued".into()));
         time.next_tick(tick).await;
-        assert_eq!(s.admit(t(), 3, tick).await.unwrap().admitted, 0, "closed");
+        assert_eq!(s.admit(t(), Users(3), Ms(tick)).await.unwrap().admitted, 0, "closed");
         let ledger = s.sale_ledger(t()).await.unwrap();
         let kinds: Vec<&str> = ledger
             .iter()
@@ -180,7 +181,7 @@ async fn a_pause_without_a_schedule_holds_admission_but_makes_no_sale_phase_on_b
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "a pause alone is no pre-queue");
         assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
         time.next_tick(tick_ms).await;
-        assert!(!s.admit(t(), 5, tick_ms).await.unwrap().advanced, "paused: nobody is admitted");
+        assert!(!s.admit(t(), Users(5), Ms(tick_ms)).await.unwrap().advanced, "paused: nobody is admitted");
         assert!(s.sale_targets().await.unwrap().is_empty(), "never scheduled");
         assert!(s.control_sale(t(), SaleControl::Resume).await.unwrap());
         assert!(!waiting(s.enter(t(), UserId::from(2), &"tok").await.unwrap()).paused);
@@ -188,7 +189,7 @@ async fn a_pause_without_a_schedule_holds_admission_but_makes_no_sale_phase_on_b
         assert!(!view.record.paused && view.record.resumed_at_ms.is_some(), "{view:?}");
         assert_eq!(view.record.state_at(view.now_ms), vq::domain::SaleState::Open);
         time.next_tick(tick_ms).await;
-        assert_eq!(s.admit(t(), 5, tick_ms).await.unwrap().admitted, 2);
+        assert_eq!(s.admit(t(), Users(5), Ms(tick_ms)).await.unwrap().admitted, 2);
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::Cleared, "the record is cleared");
         assert!(s.read_sale(t()).await.unwrap().is_none());
         assert_eq!(s.clear_sale(t(), false).await.unwrap(), ClearOutcome::NoSale);

@@ -2,6 +2,7 @@
 //! under lock loss and racing pumps, and pre-queued users who stop polling are evicted.
 
 use super::*;
+use vq::domain::{Ms, Users};
 
 #[tokio::test]
 async fn the_opening_order_is_the_hmac_of_the_published_seed_and_later_users_come_after() {
@@ -293,7 +294,7 @@ async fn pre_queued_users_who_stop_polling_are_evicted_before_and_after_the_open
         for u in [1, 2, 50] {
             app.poll(T, u).await;
         }
-        store.evict(target(), 1000, 1000).await.unwrap();
+        store.evict(target(), Ms(1000), Users(1000)).await.unwrap();
         let alive: Vec<Option<f64>> =
             redis::cmd("ZMSCORE").arg(format!("{P}heartbeat")).arg(3).arg(4).query_async(&mut c).await.unwrap();
         if alive.iter().all(Option::is_none) {

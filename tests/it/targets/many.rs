@@ -62,7 +62,14 @@ async fn a_buyer_waits_in_at_most_max_queues_per_user_queues() {
     assert_eq!(app.json(app.enter("limited-drop/60", 11).await).await["status"], "WAITING");
     assert_eq!(app.enter("limited-drop/61", 11).await.status(), 409);
     crate::support::next_tick(s.queue.tick_ms).await;
-    vq::store::QueueOps::admit(&open_store(&s), "limited-drop:60".parse().unwrap(), 10, s.queue.tick_ms).await.unwrap();
+    vq::store::QueueOps::admit(
+        &open_store(&s),
+        "limited-drop:60".parse().unwrap(),
+        vq::domain::Users(10),
+        vq::domain::Ms(s.queue.tick_ms),
+    )
+    .await
+    .unwrap();
     assert_eq!(app.enter("limited-drop/61", 11).await.status(), 409, "admitted, not yet told: still a place");
     assert_eq!(app.json(app.poll("limited-drop/60", 11).await).await["status"], "ADMITTED");
     assert_eq!(app.json(app.enter("limited-drop/61", 11).await).await["status"], "WAITING", "told: the place is free");
