@@ -105,6 +105,13 @@ pub(super) fn token_claim_keys(target: QueueTarget, user: &UserId) -> [String; 4
     ]
 }
 
+/// `issue.lua`: the target's keys of [`ISSUE_KEYS`], then the user's token key.
+pub(super) fn issue_keys(target: QueueTarget, user: &UserId) -> Vec<String> {
+    let mut out: Vec<String> = ISSUE_KEYS.iter().map(|k| keys::of(target, k)).collect();
+    out.push(keys::token(target, user));
+    out
+}
+
 /// `user_hold.lua`: the bucket's generations before, at and after `generation`.
 pub(super) fn user_hold_keys(bucket: u32, generation: u64) -> [String; 3] {
     [generation.saturating_sub(1), generation, generation + 1].map(|g| keys::user_holds(bucket, g))
@@ -559,8 +566,9 @@ mod tests {
                 .replace("<g>", "10")
         };
         let owned = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
-        let cases: [(&str, Vec<String>); 9] = [
+        let cases: [(&str, Vec<String>); 10] = [
             ("events_lease.lua", events_lease_keys("w").to_vec()),
+            ("issue.lua", issue_keys(target, &user)),
             ("flag_ack.lua", owned(&FLAG_ACK_KEYS)),
             ("flag_acks.lua", owned(&FLAG_ACK_KEYS)),
             ("flag_set.lua", owned(&FLAG_SET_KEYS)),

@@ -24,7 +24,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 use super::conn::Conn;
 use super::keys;
 pub(super) use super::layout::{
-    ACTIVE_COUNT_KEYS, ADMIT_KEYS, ENTER_KEYS, EVICT_KEYS, GATE_PACE_KEYS, ISSUE_KEYS, LEAVE_KEYS, OUTFLOW_SET_KEYS,
+    ACTIVE_COUNT_KEYS, ADMIT_KEYS, ENTER_KEYS, EVICT_KEYS, GATE_PACE_KEYS, LEAVE_KEYS, OUTFLOW_SET_KEYS,
     SALE_CONTROL_KEYS, SALE_KEYS, SALE_PLACE_KEYS, SALE_READ_KEYS, SALE_SCHEDULE_KEYS, STATUS_KEYS, TOKENS_EXPIRE_KEYS,
     VIEW_KEYS,
 };
@@ -408,6 +408,7 @@ pub(super) fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::redis::layout::ISSUE_KEYS;
 
     /// `local NAME = n` lines of the prelude.
     fn lua_constants() -> Vec<(String, u64)> {

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use super::conn::Conn;
 use super::fence::Fences;
 use super::layout::*;
-use super::scripts::{Code, ENTER, ENTER_KEYS, Function, ISSUE, ISSUE_KEYS, SALE_KEYS, STATUS, STATUS_KEYS, on_target};
+use super::scripts::{Code, ENTER, ENTER_KEYS, Function, ISSUE, SALE_KEYS, STATUS, STATUS_KEYS};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId};
 use crate::store::coalesce::Coalescer;
@@ -43,8 +43,8 @@ impl RedisStore {
         user: &UserId,
         candidate: &dyn Candidate,
     ) -> Result<Answer, StoreError> {
-        let reply: Value = on_target(&ISSUE, target, ISSUE_KEYS)
-            .key(keys::token(target, user))
+        let reply: Value = ISSUE
+            .key(&issue_keys(target, user)[..])
             .args(&IssueArgs {
                 user: user.as_str(),
                 token: &candidate.token(),
