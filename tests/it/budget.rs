@@ -205,6 +205,24 @@ async fn admitted_token(service: &QueueService, u: &UserId) -> String {
     }
 }
 
+/// [`LOCAL_POLLS`] polls answered from the instance's copy, then the sync that sends their
+/// heartbeats: [`Step::PollLocal`] and [`Step::Heartbeat`].
+async fn local_polls_and_their_sync(
+    redis: &RedisServer,
+    service: &QueueService,
+    far: &[UserId],
+    measured: &mut Vec<Measured>,
+) {
+    reset(redis).await;
+    for u in far {
+        local_poll(service, u).await;
+    }
+    measured.push(Measured::of(Step::PollLocal, usage(redis).await, LOCAL_POLLS));
+    reset(redis).await;
+    service.sync_local_views().await;
+    measured.push(Measured::of(Step::Heartbeat, usage(redis).await, 1));
+}
+
 /// Polls answered from the instance's copy must not reach Redis.
 async fn local_poll(service: &QueueService, u: &UserId) {
     match service.status(target(), u).await {
@@ -329,15 +347,7 @@ async fn every_step_of_a_buyers_life_stays_within_the_redis_budget() {
 
     // Polls far back: the copy (after one sync, which gives the instance its first copy).
     service.sync_local_views().await;
-    let far = &far[..LOCAL_POLLS as usize];
-    reset(&redis).await;
-    for u in far {
-        local_poll(&service, u).await;
-    }
-    measured.push(Measured::of(Step::PollLocal, usage(&redis).await, LOCAL_POLLS));
-    reset(&redis).await;
-    service.sync_local_views().await;
-    measured.push(Measured::of(Step::Heartbeat, usage(&redis).await, 1));
+    local_polls_and_their_sync(&redis, &service, &far[..LOCAL_POLLS as usize], &mut measured).await;
 
     // One tick admits the first batch.
     reset(&redis).await;
@@ -486,15 +496,7 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
     measured.push(Measured::of(Step::PollStatus, usage(&redis).await, 20));
 
     service.sync_local_views().await;
-    let far = &far[..LOCAL_POLLS as usize];
-    reset(&redis).await;
-    for u in far {
-        local_poll(&service, u).await;
-    }
-    measured.push(Measured::of(Step::PollLocal, usage(&redis).await, LOCAL_POLLS));
-    reset(&redis).await;
-    service.sync_local_views().await;
-    measured.push(Measured::of(Step::Heartbeat, usage(&redis).await, 1));
+    local_polls_and_their_sync(&redis, &service, &far[..LOCAL_POLLS as usize], &mut measured).await;
 
     reset(&redis).await;
     let ticked = pump.tick().await.expect("tick");

@@ -523,13 +523,7 @@ mod tests {
 
     #[test]
     fn every_script_declares_its_arguments_as_its_header_names_them() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
-        let mut files: Vec<String> = std::fs::read_dir(dir)
-            .expect("lua/")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .filter(|f| f.ends_with(".lua") && f != "prelude.lua")
-            .collect();
-        files.sort();
+        let files = super::super::scripts::tests::script_files();
         let declared: Vec<&str> = ALL.iter().map(|(f, _, _)| *f).collect();
         assert_eq!(declared, files, "one declaration per script of lua/, in order");
         for (file, names, tail) in ALL {

@@ -406,7 +406,7 @@ pub(super) fn num(what: &'static str, reply: &[String], i: usize) -> Result<u64,
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::store::redis::layout::ISSUE_KEYS;
 
@@ -460,8 +460,8 @@ mod tests {
         assert_eq!(split_at_call("return 1"), (None, "return 1"));
     }
 
-    #[test]
-    fn every_script_in_lua_is_a_function_of_the_library() {
+    /// The scripts of `lua/` (the prelude aside), sorted.
+    pub(in crate::store::redis) fn script_files() -> Vec<String> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
         let mut files: Vec<String> = std::fs::read_dir(dir)
             .expect("lua/")
@@ -469,6 +469,12 @@ mod tests {
             .filter(|f| f.ends_with(".lua") && f != "prelude.lua")
             .collect();
         files.sort();
+        files
+    }
+
+    #[test]
+    fn every_script_in_lua_is_a_function_of_the_library() {
+        let files = script_files();
         let defs: Vec<&str> = DEFS.iter().map(|d| d.file).collect();
         assert_eq!(defs, files, "DEFS lists every script of lua/, in order");
         for d in DEFS {
