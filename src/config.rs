@@ -305,6 +305,32 @@ impl Settings {
             .map_or(1, |n| n.clamp(1, u64::from(crate::domain::MAX_SHARDS)) as u8)
     }
 
+    /// The lanes every target of `kind` has besides the public one (`targets.types.*.lanes`);
+    /// names that do not parse are left out (the configuration's check refuses them).
+    pub fn type_lanes(&self, kind: QueueTargetType) -> Vec<crate::domain::Lane> {
+        self.type_settings(kind)
+            .map(|t| {
+                t.lanes
+                    .iter()
+                    .filter_map(|l| {
+                        Some(crate::domain::Lane {
+                            name: l.name.parse().ok()?,
+                            share: u32::try_from(l.share).ok()?,
+                            opens_before_s: l.opens_before_s,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The key the shop signs lane claims of `kind`'s targets with (`lane_secret_env`'s
+    /// variable), when set and not empty.
+    pub fn type_lane_secret(&self, kind: QueueTargetType) -> Option<Vec<u8>> {
+        let env = self.type_settings(kind)?.lane_secret_env.as_ref()?;
+        std::env::var(env).ok().filter(|v| !v.is_empty()).map(String::into_bytes)
+    }
+
     /// The users who may wait per target of `kind`.
     pub fn type_max_capacity(&self, kind: QueueTargetType) -> u64 {
         self.type_settings(kind).and_then(|t| t.max_capacity).unwrap_or(self.queue.max_capacity)
@@ -332,6 +358,13 @@ impl Settings {
                 .into_iter()
                 .map(|t| (t, self.type_shards(t)))
                 .filter(|(_, n)| *n > 1)
+                .collect(),
+            type_lanes: self
+                .target_types()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t, self.type_lanes(t)))
+                .filter(|(_, l)| !l.is_empty())
                 .collect(),
             key_ttl_s: self.queue.key_ttl_s,
             token_ttl_s: self.token.ttl_s,

@@ -13,6 +13,7 @@ pub mod domain;
 pub mod events;
 pub mod gate;
 pub mod http;
+pub mod lane;
 pub mod loadgen;
 pub mod metrics;
 pub mod pow;

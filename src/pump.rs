@@ -324,6 +324,10 @@ impl Pump {
                 () = cancel.cancelled() => break,
                 () = tokio::time::sleep(Duration::from_millis(wait)) => {}
             }
+            // The lanes added at runtime (`vq lane add`): a tick shares its batch over them.
+            if let Err(e) = self.store.refresh_lanes().await {
+                tracing::debug!(error = %e, "cannot read the lanes: keeping the last set read");
+            }
             match self.tick().await {
                 Ok(results) => {
                     for r in results {

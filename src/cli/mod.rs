@@ -6,6 +6,7 @@ mod config_error;
 mod events;
 mod flag;
 mod fleet;
+mod lane;
 mod loadgen;
 mod pow;
 mod pump;
@@ -53,6 +54,8 @@ enum Command {
     Sale(sale::Args),
     /// Declare the targets queues answer for: add, list, remove
     Target(target::Args),
+    /// A target's lanes (presales, members first): add, list, remove, access codes
+    Lane(lane::Args),
     /// The serving instances side by side: declarations, settings, drift (--check)
     Fleet(fleet::Args),
     /// The event logs as JSON lines: sale changes, outflow, milestones (--follow, --since)
@@ -180,6 +183,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Loadgen(a) => loadgen::run(a),
         Command::Sale(a) => sale::run(a),
         Command::Target(a) => target::run(a),
+        Command::Lane(a) => lane::run(a),
         Command::Fleet(a) => fleet::run(a),
         Command::Events(a) => events::run(a),
     };

@@ -117,6 +117,8 @@ pub async fn in_use(store: &AnyStore, target: QueueTarget) -> anyhow::Result<boo
 
 /// Fails (changing nothing) unless `target` is declared, naming a near miss if there is one.
 pub async fn require_declared(store: &AnyStore, settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
+    // Every command naming a target acts on all its parts: the lanes added at runtime too.
+    store.refresh_lanes().await.map_err(|e| anyhow::anyhow!("cannot read the lanes: {e}"))?;
     let declared = declared(store, settings).await?;
     if declared.contains(target) || in_use(store, target).await? {
         return Ok(());

@@ -67,6 +67,8 @@ pub enum SettingError {
     UpstreamHostNotAHost(String),
     #[error("targets: {0}")]
     Target(#[from] crate::domain::ParseError),
+    #[error("targets.types.{slug}.lanes: {why}")]
+    Lanes { slug: String, why: String },
     #[error(
         "targets.types: no type is configured: a queue needs at least one ([[targets.types]] slug = \"limited-drop\")"
     )]
@@ -201,6 +203,9 @@ impl Settings {
                 }
             }
         }
+        for (t, def) in types.iter().zip(&self.targets.types) {
+            check_lanes(&t.slug(), def)?;
+        }
         if types.is_empty() {
             return Err(SettingError::NoTypes);
         }
@@ -281,4 +286,39 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// A type's lanes: well-formed names, each once, shares of 1 to 99 adding up to 99 at most (the
+/// public lane keeps at least 1 %), at most `MAX_LANES`, and a claim key's variable named
+/// outside `VQ_`.
+fn check_lanes(slug: &str, def: &super::queue::TargetTypeSettings) -> Result<(), SettingError> {
+    let err = |why: String| SettingError::Lanes { slug: slug.to_owned(), why };
+    if def.lanes.len() > crate::domain::MAX_LANES {
+        return Err(err(format!("at most {} lanes, got {}", crate::domain::MAX_LANES, def.lanes.len())));
+    }
+    let mut names = Vec::new();
+    for l in &def.lanes {
+        let name: crate::domain::LaneName =
+            l.name.parse().map_err(|e: crate::domain::BadLaneName| err(e.to_string()))?;
+        if names.contains(&name) {
+            return Err(err(format!("`{}` is named twice", l.name)));
+        }
+        names.push(name);
+        if !(1..=99).contains(&l.share) {
+            return Err(err(format!(
+                "`{}`: share must be between 1 and 99 (percent of each batch), got {}",
+                l.name, l.share
+            )));
+        }
+    }
+    let total: u64 = def.lanes.iter().map(|l| l.share).sum();
+    if total > 99 {
+        return Err(err(format!("the shares add up to {total}; at most 99, so the public lane keeps a share")));
+    }
+    if let Some(env) = def.lane_secret_env.as_ref().filter(|e| e.starts_with("VQ_") || e.is_empty()) {
+        return Err(err(format!(
+            "lane_secret_env `{env}` must name a variable outside VQ_ (which vq reads as configuration keys)"
+        )));
+    }
+    Ok(())
 }

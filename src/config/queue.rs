@@ -56,6 +56,29 @@ pub struct TargetTypeSettings {
     /// store keeps every target in one shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<u64>,
+    /// Lanes of every target of this type besides the public one (`[[targets.types.lanes]]`):
+    /// a presale, members first. `vq lane add` adds lanes to one target at runtime.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneSettings>,
+    /// The environment variable holding the key the shop signs lane claims with
+    /// (`X-VQ-Lane`, HMAC-SHA256); unset: lanes are joined with access codes only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_secret_env: Option<String>,
+}
+
+/// One lane of a type's targets (`[[targets.types.lanes]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneSettings {
+    /// `members`: 1 to 14 of a-z, 0-9 and `-`.
+    pub name: String,
+    /// Percent of each batch while the lane has users waiting (1 to 99); the public lane has
+    /// what the lanes leave (the lanes' shares add up to 99 at most).
+    pub share: u64,
+    /// The lane opens this many seconds before the sale's opening (a presale at 09:00 for a
+    /// sale opening at 10:00: 3600); 0 (the default) opens it with the public.
+    #[serde(default)]
+    pub opens_before_s: u64,
 }
 
 impl TargetTypeSettings {
@@ -71,6 +94,8 @@ impl TargetTypeSettings {
             purchases_per_admission: None,
             purchases_per_user: None,
             shards: None,
+            lanes: Vec::new(),
+            lane_secret_env: None,
         }
     }
 }

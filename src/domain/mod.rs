@@ -7,6 +7,7 @@ mod declared;
 mod event;
 mod flag;
 mod fleet;
+mod lane;
 mod ledger;
 mod opening;
 mod outflow;
@@ -23,6 +24,7 @@ pub use declared::{DeclaredTargets, TargetRange};
 pub use event::{Event, EventId, EventIdError, EventKind, EventLog, parse_since};
 pub use flag::{FlagChange, FlagState, TargetOverride};
 pub use fleet::{Drift, InstanceReport, UNREPORTED, drift, fleet_declared, fleet_types, served_by};
+pub use lane::{BadLaneName, LANE_NAME_RULE, Lane, LaneName, MAX_LANES, share_by_weight};
 pub use ledger::{LedgerEntry, ledger_admitted};
 pub use opening::{hex, opening_order, seed_commitment, unhex};
 pub use outflow::{

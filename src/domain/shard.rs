@@ -17,14 +17,23 @@ pub const MAX_SHARDS: u8 = 64;
 pub struct Shard {
     pub index: u8,
     pub count: u8,
+    /// The lane this part belongs to (`domain::LaneName::PUBLIC`: the target's own, the only
+    /// one of a target without lanes).
+    pub lane: super::LaneName,
 }
 
 impl Shard {
     /// The whole target.
-    pub const WHOLE: Shard = Shard { index: 0, count: 0 };
+    pub const WHOLE: Shard = Shard { index: 0, count: 0, lane: super::LaneName::PUBLIC };
 
     pub fn is_whole(&self) -> bool {
         self.count == 0
+    }
+
+    /// The target's own part: shard 0 of the public lane (or the whole target), which holds
+    /// the target-wide state (lock, plan, pinned batch, event log).
+    pub fn is_first(&self) -> bool {
+        self.index == 0 && self.lane.is_public()
     }
 }
 

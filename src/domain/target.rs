@@ -201,7 +201,20 @@ impl QueueTarget {
 
     /// Shard `index` of `count` of this target.
     pub fn on_shard(self, index: u8, count: u8) -> Self {
-        Self { shard: Shard { index, count }, ..self }
+        Self { shard: Shard { index, count, lane: self.shard.lane }, ..self }
+    }
+
+    /// This target's lane `lane` (shard 0 of 1; [`Self::on_shard`] names a lane's shard).
+    pub fn in_lane(self, lane: super::LaneName) -> Self {
+        Self { shard: Shard { index: 0, count: if lane.is_public() { self.shard.count } else { 1 }, lane }, ..self }
+    }
+
+    /// The text its parts' hash tags are made of: `TYPE:id`, `TYPE:id~lane` for a lane.
+    pub fn lane_tag(self) -> String {
+        match self.shard.lane.is_public() {
+            true => format!("{}:{}", self.kind.as_str(), self.id),
+            false => format!("{}:{}~{}", self.kind.as_str(), self.id, self.shard.lane.as_str()),
+        }
     }
 
     /// The whole target, whichever shard this names.
@@ -223,6 +236,9 @@ impl QueueTarget {
 impl fmt::Display for QueueTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.kind.as_str(), self.id)?;
+        if !self.shard.lane.is_public() {
+            write!(f, "~{}", self.shard.lane.as_str())?;
+        }
         if !self.shard.is_whole() {
             write!(f, "#{}/{}", self.shard.index, self.shard.count)?;
         }

@@ -41,6 +41,9 @@ pub enum ErrorCode {
     MethodNotAllowed,
     PowRefused,
     PurchaseLimit,
+    LaneCodeInvalid,
+    LaneCodeUsed,
+    LaneClaimInvalid,
 }
 
 impl ErrorCode {
@@ -66,6 +69,9 @@ impl ErrorCode {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PowRefused => StatusCode::FORBIDDEN,
             Self::PurchaseLimit => StatusCode::FORBIDDEN,
+            Self::LaneCodeInvalid => StatusCode::FORBIDDEN,
+            Self::LaneCodeUsed => StatusCode::CONFLICT,
+            Self::LaneClaimInvalid => StatusCode::FORBIDDEN,
         }
     }
 }
@@ -137,6 +143,9 @@ impl From<QueueError> for ApiError {
             QueueError::NotInQueue(_) => Self::new(ErrorCode::NotInQueue, e.to_string()),
             QueueError::Overloaded => Self::overloaded(e.to_string()),
             QueueError::TooManyQueues { .. } => Self::new(ErrorCode::TooManyQueues, e.to_string()),
+            QueueError::LaneCodeInvalid(_) => Self::new(ErrorCode::LaneCodeInvalid, e.to_string()),
+            QueueError::LaneCodeUsed => Self::new(ErrorCode::LaneCodeUsed, e.to_string()),
+            QueueError::LaneClaimInvalid(_) => Self::new(ErrorCode::LaneClaimInvalid, e.to_string()),
             QueueError::Unavailable => {
                 Self::new(ErrorCode::QueueUnavailable, e.to_string()).retry_after(QUEUE_UNAVAILABLE_RETRY_AFTER_S)
             }

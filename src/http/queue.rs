@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{ApiError, AppState, ErrorCode, SharedState, TargetPath, User};
 use crate::domain::{format_instant, poll_after_seconds};
-use crate::service::{EntryCheck, QueueStats, QueueStatus};
+use crate::service::{EntryCheck, LaneProof, QueueStats, QueueStatus};
 use crate::store::prelude::*;
 
 /// `Retry-After` of a 503 while Redis is unreachable: the flag refresher probes it every second.
@@ -47,6 +47,20 @@ pub struct StatusBody {
     /// CHALLENGE: the proof of work to solve before entering.
     #[serde(skip_serializing_if = "Option::is_none")]
     challenge: Option<ChallengeBody>,
+    /// WAITING in a target with lanes: the lane (`public` or one a code or claim joined), in
+    /// which `position` and `aheadCount` count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lane: Option<String>,
+}
+
+/// The enter request's optional body: a proof of a lane.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct EnterBody {
+    /// An access code the shop issued (`vq lane codes import`).
+    lane_code: Option<String>,
+    /// A lane claim the shop signed (as `X-VQ-Lane` carries it).
+    lane_claim: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -73,6 +87,7 @@ impl StatusBody {
             paused: None,
             visitor_token: None,
             challenge: None,
+            lane: None,
         }
     }
 }
@@ -81,8 +96,9 @@ impl From<QueueStatus> for StatusBody {
     fn from(s: QueueStatus) -> Self {
         let admitted = if matches!(s, QueueStatus::Admitted(_)) { "ADMITTED" } else { "DIRECT_ADMITTED" };
         match s {
-            QueueStatus::Waiting { position, ahead, eta_seconds, paused } => Self {
+            QueueStatus::Waiting { position, ahead, eta_seconds, paused, lane } => Self {
                 position: Some(position),
+                lane: lane.map(|l| l.shown().to_owned()),
                 ahead_count: ahead,
                 eta_seconds: (!paused).then_some(eta_seconds),
                 paused: paused.then_some(true),
@@ -149,6 +165,29 @@ fn pow_solution(headers: &HeaderMap) -> Result<Option<(&str, &str)>, ApiError> {
     Ok(text("x-pow-seed").zip(nonce))
 }
 
+/// The proof of a lane an enter brings: `laneCode` or `laneClaim` in a JSON body, or the
+/// claim in `X-VQ-Lane`; none without a body or header. A body that is not such JSON is a 400.
+fn lane_proof(headers: &HeaderMap, body: &[u8]) -> Result<Option<LaneProof>, ApiError> {
+    let parsed: EnterBody = match body.iter().all(u8::is_ascii_whitespace) {
+        true => EnterBody::default(),
+        false => serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid(format!("the enter body must be JSON such as {{\"laneCode\": \"…\"}}: {e}"))
+        })?,
+    };
+    let header = match headers.get("x-vq-lane").map(|v| v.to_str()) {
+        Some(Ok(v)) => Some(v.to_owned()),
+        Some(Err(_)) => {
+            return Err(ApiError::new(ErrorCode::LaneClaimInvalid, "X-VQ-Lane: not visible ASCII".to_owned()));
+        }
+        None => None,
+    };
+    Ok(match (parsed.lane_code, parsed.lane_claim.or(header)) {
+        (Some(code), _) => Some(LaneProof::Code(code)),
+        (None, Some(claim)) => Some(LaneProof::Claim(claim)),
+        (None, None) => None,
+    })
+}
+
 /// An enter. With proof of work on, a new user first gets a challenge (`status` CHALLENGE, no
 /// place) and enters with its solution in `X-Pow-Seed` and `X-Pow-Nonce`.
 pub async fn enter(
@@ -156,13 +195,18 @@ pub async fn enter(
     TargetPath(t): TargetPath,
     user: User,
     headers: HeaderMap,
+    body: axum::body::Bytes,
 ) -> Response {
     let solution = match pow_solution(&headers) {
         Ok(s) => s,
         Err(e) => return user.set_cookie(st.service.settings(), e.into_response()),
     };
+    let proof = match lane_proof(&headers, &body) {
+        Ok(p) => p,
+        Err(e) => return user.set_cookie(st.service.settings(), e.into_response()),
+    };
     let resp = match st.service.entry_check(t, &user.id, solution).await {
-        EntryCheck::Proceed => match st.service.enter(t, &user.id).await {
+        EntryCheck::Proceed => match st.service.enter_with(t, &user.id, proof).await {
             Ok(status) => answer(&st, &user, status),
             Err(e) => ApiError::from(e).into_response(),
         },

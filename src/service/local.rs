@@ -100,7 +100,14 @@ impl LocalPolls {
             {
                 return None;
             }
-            Waiting { seq, mark: v.mark, ahead: v.ahead(seq), batch_override: v.batch_override, paused: v.paused }
+            Waiting {
+                seq,
+                mark: v.mark,
+                ahead: v.ahead(seq),
+                batch_override: v.batch_override,
+                paused: v.paused,
+                lane: None,
+            }
         };
         t.polled.lock().unwrap_or_else(|e| e.into_inner()).push(user.clone());
         Some(w)
@@ -168,6 +175,10 @@ impl QueueService {
     /// A sharded target's copy is its user's shard's, in the shard's own numbers; the most a
     /// tick may admit there is the whole target's batch (a shard may get all of it).
     pub(super) fn local_answer(&self, target: QueueTarget, user: &UserId) -> Option<Waiting> {
+        // A target with lanes: the user's part is known from Redis only (`lane_of`).
+        if self.store.has_lanes(target) {
+            return None;
+        }
         let part = self.store.user_part(target, user);
         let w = self.local.as_ref()?.answer(part, user, |o| self.most_per_tick(target, o))?;
         crate::metrics::poll_answered_locally();
@@ -176,7 +187,7 @@ impl QueueService {
 
     /// What Redis said of a user: waiting with this seq, or not waiting (`None`).
     pub(super) fn local_learn(&self, target: QueueTarget, user: &UserId, seq: Option<u64>) {
-        if let Some(local) = &self.local {
+        if let Some(local) = self.local.as_ref().filter(|_| !self.store.has_lanes(target)) {
             // A sharded target's copy is kept per shard, in the shard's own seqs.
             let part = self.store.user_part(target, user);
             match seq {

@@ -15,6 +15,7 @@
 mod degraded;
 mod flag;
 mod gate;
+mod lanes;
 mod local;
 mod outflow;
 mod pow;
@@ -32,6 +33,7 @@ use self::degraded::Degraded;
 pub use self::flag::AppliedFlag;
 use self::flag::FlagCache;
 pub use self::gate::{ClaimMode, GateDenial, GatePass, Pace, PendingClaim, ReleaseRefusal};
+pub use self::lanes::LaneProof;
 use self::local::LocalPolls;
 pub use self::local::sync_every as local_sync_every;
 pub use self::outflow::OutflowBatches;
@@ -67,6 +69,8 @@ pub enum QueueStatus {
         eta_seconds: u64,
         /// The sale is paused: nobody is admitted until it resumes.
         paused: bool,
+        /// The lane the user waits in, for a target with lanes (`position` is the lane's).
+        lane: Option<crate::domain::LaneName>,
     },
     Admitted(EntryToken),
     /// Recorded in the sale's pre-queue; the order is drawn at `opens_at_ms`.
@@ -113,6 +117,15 @@ pub enum QueueError {
         .held.iter().map(|t| format!("{}/{}", t.kind.slug(), t.id)).collect::<Vec<_>>().join(", ")
     )]
     TooManyQueues { target: QueueTarget, held: Vec<QueueTarget> },
+    /// No such access code for this target (or its lane is gone).
+    #[error("this access code is not valid for {0}")]
+    LaneCodeInvalid(QueueTarget),
+    /// The access code was used by as many other buyers as it may be.
+    #[error("this access code has been used already")]
+    LaneCodeUsed,
+    /// The lane claim proves nothing: why.
+    #[error("{0}")]
+    LaneClaimInvalid(String),
 }
 
 pub struct QueueService {

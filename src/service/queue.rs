@@ -72,6 +72,7 @@ impl QueueService {
             ahead: w.ahead,
             eta_seconds: pos.eta_seconds(self.eta_batch(target, w.batch_override), self.settings.queue.tick_ms),
             paused: w.paused,
+            lane: w.lane,
         }
     }
 
@@ -96,7 +97,7 @@ impl QueueService {
     /// Answered without asking the store: DIRECT_ADMITTED when the queue is off for this user
     /// and target, ADMITTED with the token this instance handed the user before, or
     /// DIRECT_ADMITTED when the store's liveness probe finds Redis down or stalled (fail-open).
-    fn bypass_store(&self, target: QueueTarget, user: &UserId) -> Option<Result<QueueStatus, QueueError>> {
+    pub(super) fn bypass_store(&self, target: QueueTarget, user: &UserId) -> Option<Result<QueueStatus, QueueError>> {
         if !self.queue_applies(target, user) {
             return Some(Ok(self.direct(target, user)));
         }
@@ -248,7 +249,7 @@ impl QueueService {
     /// behind): 503, the user keeps their place and retries. Otherwise fail-open: DIRECT_ADMITTED
     /// with a stateless token (but not for a write Redis refused for lack of memory); when the call may still run late in Redis (a stall), the user is
     /// taken out of the queue behind it, so they do not also hold a place.
-    fn failed(
+    pub(super) fn failed(
         &self,
         what: &str,
         target: QueueTarget,

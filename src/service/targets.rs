@@ -51,6 +51,8 @@ impl QueueService {
 
     /// Reads the runtime declarations; on error the last set read stays in force.
     pub async fn refresh_targets(&self) -> Result<(), StoreError> {
+        // The lanes added at runtime (`vq lane add`), read with the declarations.
+        self.store.refresh_lanes().await?;
         let read: HashSet<QueueTarget> = self.store.declared_targets().await?.into_iter().collect();
         let mut current = self.targets.runtime.write().unwrap_or_else(|e| e.into_inner());
         if **current != read {

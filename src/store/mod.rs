@@ -46,7 +46,7 @@ pub use self::gate::GateOps;
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};
-pub use self::redis::{RedisStore, SALE_FIELDS, TargetView, ViewSync, keys};
+pub use self::redis::{JoinOutcome, LANED, RedisStore, SALE_FIELDS, TargetView, ViewSync, keys};
 pub use self::redis::{layout, slices};
 pub use self::rules::{FLAG_ACK_KEEP_MS, FLEET_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS};
 pub use self::sale::SaleOps;
@@ -82,6 +82,9 @@ pub struct StoreLimits {
     /// The types whose targets are spread over more than one shard (`targets.types.*.shards`);
     /// the Redis store only (`store/redis/shards.rs`).
     pub type_shards: Vec<(QueueTargetType, u8)>,
+    /// The types whose targets have lanes in configuration (`targets.types.*.lanes`); a
+    /// target's lanes added at runtime are read from Redis (`store/redis/lanes.rs`).
+    pub type_lanes: Vec<(QueueTargetType, Vec<crate::domain::Lane>)>,
     /// Sliding expiry of a target's keys.
     pub key_ttl_s: u64,
     /// Lifetime of the stored token key (= the token's own lifetime).
@@ -116,6 +119,11 @@ impl StoreLimits {
     /// The users who may wait per target of `kind`.
     pub fn capacity(&self, kind: QueueTargetType) -> u64 {
         self.type_capacity.iter().find(|(k, _)| *k == kind).map_or(self.max_capacity, |(_, c)| *c)
+    }
+
+    /// The lanes of `kind`'s targets in configuration.
+    pub fn lanes(&self, kind: QueueTargetType) -> &[crate::domain::Lane] {
+        self.type_lanes.iter().find(|(k, _)| *k == kind).map_or(&[], |(_, l)| l.as_slice())
     }
 
     /// The shards a target of `kind` is spread over: 1 unless configured.

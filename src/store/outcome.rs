@@ -24,6 +24,8 @@ pub struct Waiting {
     pub batch_override: Option<u64>,
     /// The target's sale is paused: nobody is admitted until it resumes.
     pub paused: bool,
+    /// The lane the user waits in, for a target with lanes (the position is the lane's).
+    pub lane: Option<crate::domain::LaneName>,
 }
 
 impl Waiting {

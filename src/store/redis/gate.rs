@@ -19,7 +19,7 @@ impl GateOps for RedisStore {
         ttl_s: u64,
         limits: PurchaseLimits,
     ) -> Result<TokenClaim, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let r: Vec<String> = TOKEN_CLAIM
             .key(&token_claim_keys(target, &user)[..])
             .args(&TokenClaimArgs {
@@ -57,7 +57,7 @@ impl GateOps for RedisStore {
         previous: Option<String>,
         limits: PurchaseLimits,
     ) -> Result<(), StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let _: u64 = TOKEN_RELEASE
             .key(&token_claim_keys(target, &user)[..])
             .args(&TokenReleaseArgs {
@@ -78,7 +78,7 @@ impl GateOps for RedisStore {
         user: UserId,
         through_queue: bool,
     ) -> Result<(), StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
         let record = keys::of(target, "record");
         // One MULTI (the keys share the target's slot): the counts, and a queue token's place
@@ -111,7 +111,7 @@ impl GateOps for RedisStore {
     }
 
     async fn token_used(&self, target: QueueTarget, user: UserId, token: &str) -> Result<bool, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let (v, score): (Option<String>, Option<f64>) = redis::pipe()
             .get(keys::token(target, &user))
             .zscore(keys::used_tokens(target, &user), token)

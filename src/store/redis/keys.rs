@@ -31,15 +31,15 @@ pub const FLEET: &str = "virtual-queue:fleet";
 
 /// The hash tag of `target`'s keys: `TYPE:id` for the whole target and its shard 0, and for
 /// shard s ≥ 1 of a sharded target `TYPE:id#s.k` (`domain::shard_tag`: its slot in a range of
-/// its own), computed once per shard and kept.
+/// its own); a lane's parts the same with `TYPE:id~lane` in place of `TYPE:id`. Computed once
+/// per part and kept.
 pub fn tag(target: QueueTarget) -> Arc<str> {
     static TAGS: LazyLock<Mutex<HashMap<QueueTarget, Arc<str>>>> = LazyLock::new(Mutex::default);
     let mut tags = TAGS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(t) = tags.get(&target) {
         return t.clone();
     }
-    let whole = target.whole().to_string();
-    let tag: Arc<str> = shard_tag(&whole, target.shard.index, target.shard.count).into();
+    let tag: Arc<str> = shard_tag(&target.lane_tag(), target.shard.index, target.shard.count).into();
     // Bounded: shards of the targets this instance served; a runaway set is dropped whole.
     if tags.len() >= 100_000 {
         tags.clear();

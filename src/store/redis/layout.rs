@@ -57,6 +57,7 @@ pub const ADMIT_KEYS: &[&str] = &[
 ];
 pub const EVICT_KEYS: &[&str] =
     &["waiting", "heartbeat", "evicted", "departed", "beats", "sweep", "seq", "prequeue", "record"];
+pub const LANE_JOIN_KEYS: &[&str] = &["lane_codes", "lane_of"];
 pub const LEAVE_KEYS: &[&str] = &["waiting", "heartbeat", "departed", "prequeue", "record"];
 pub const VIEW_KEYS: &[&str] = &["waiting", "beats", "admitted_count", "batch_size", "departed", "sale"];
 pub const GATE_PACE_KEYS: &[&str] = &["forwarded", "batch_size"];
@@ -316,6 +317,17 @@ script_args! {
 }
 
 script_args! {
+    /// `lane_join.lua`.
+    pub struct LaneJoinArgs<'a> for "lane_join.lua" {
+        user: &'a str,
+        code_hash: &'a str,
+        lane: &'a str,
+        lanes: &'a str,
+        key_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
     /// `leave.lua`.
     pub struct LeaveArgs<'a> for "leave.lua" {
         user: &'a str,
@@ -473,6 +485,7 @@ const ALL: &[(&str, &[&str], &[&str])] = {
         FlagSetArgs<'static>,
         GatePaceArgs,
         IssueArgs<'static>,
+        LaneJoinArgs<'static>,
         LeaveArgs<'static>,
         OutflowClaimArgs,
         OutflowObserveArgs<'static>,

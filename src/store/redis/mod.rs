@@ -37,6 +37,7 @@ mod fleet;
 mod gate;
 mod holds;
 pub mod keys;
+mod lanes;
 pub mod layout;
 mod outflow;
 mod pulse;
@@ -49,6 +50,7 @@ pub mod slices;
 mod view;
 
 pub use self::codec::SALE_FIELDS;
+pub use self::lanes::{JoinOutcome, LANED};
 pub use self::view::{TargetView, ViewSync};
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -97,6 +99,8 @@ pub struct RedisStore {
     durable: Arc<Durable>,
     /// The embedded server's clock, for the store on it (`--store memory`); `None` on Redis.
     clock: Option<SharedClock>,
+    /// The lanes added at runtime to each target, as last read (`lanes.rs`).
+    lane_book: lanes::RuntimeLanes,
 }
 
 impl RedisStore {
@@ -194,6 +198,7 @@ impl RedisStore {
             holds: Arc::default(),
             durable,
             clock: None,
+            lane_book: Arc::default(),
         }
     }
 
@@ -204,7 +209,7 @@ impl RedisStore {
     /// outlasted `redis.timeout_ms`, which the shard of its user holds up.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
         match target {
-            Some(t) if self.shard_count(t) > 1 => self.parts(t).into_iter().any(|p| self.pulse.silent(Some(p))),
+            Some(t) if self.is_split(t) => self.parts(t).into_iter().any(|p| self.pulse.silent(Some(p))),
             _ => self.pulse.silent(target),
         }
     }

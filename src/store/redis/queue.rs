@@ -26,7 +26,7 @@ impl QueueOps for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         // A user admitted, then evicted or gone before the token was stored enters again.
         for _ in 0..2 {
             let mut answer = self.shared_call(Op::Enter, target, user.clone()).await?;
@@ -34,7 +34,9 @@ impl QueueOps for RedisStore {
                 answer = self.issue(target, &user, candidate).await?;
             }
             match answer {
-                Answer::Waiting(w) => return Ok(EnterOutcome::Waiting(w.in_whole_target(target))),
+                Answer::Waiting(w) => {
+                    return Ok(EnterOutcome::Waiting(self.lane_shown(w.in_whole_target(target), target)));
+                }
                 Answer::Admitted(token) => {
                     // Handed to the buyer only once a failover cannot lose it.
                     self.replicated(target).await?;
@@ -56,13 +58,13 @@ impl QueueOps for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let mut answer = self.shared_call(Op::Status, target, user.clone()).await?;
         if let Answer::Issue = answer {
             answer = self.issue(target, &user, candidate).await?;
         }
         match answer {
-            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(w.in_whole_target(target))),
+            Answer::Waiting(w) => Ok(StatusOutcome::Waiting(self.lane_shown(w.in_whole_target(target), target))),
             Answer::Admitted(token) => {
                 // Handed to the buyer only once a failover cannot lose it.
                 self.replicated(target).await?;
@@ -79,7 +81,7 @@ impl QueueOps for RedisStore {
     }
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
             .args(&LeaveArgs {
                 user: user.as_str(),
@@ -111,7 +113,7 @@ impl QueueOps for RedisStore {
     }
 
     async fn holds_place(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
-        let target = self.user_part(target, &user);
+        let target = self.user_place(target, &user).await?;
         let (waiting, prequeued, opening): (Option<f64>, Option<f64>, Option<f64>) = redis::pipe()
             .zscore(keys::of(target, "waiting"), user.as_str())
             .zscore(keys::of(target, "prequeue"), user.as_str())
@@ -145,6 +147,9 @@ impl QueueOps for RedisStore {
         instance: &str,
     ) -> Result<AdmitOutcome, StoreError> {
         let (default_batch, tick_ms) = (default_batch.get(), tick.get());
+        if self.has_lanes(target) {
+            return self.admit_laned(target, default_batch, tick_ms, instance).await;
+        }
         if self.shard_count(target) > 1 {
             return self.admit_sharded(target, default_batch, tick_ms, instance).await;
         }
@@ -153,14 +158,14 @@ impl QueueOps for RedisStore {
 
     async fn evict(&self, target: QueueTarget, timeout: Ms, max: Users) -> Result<Evicted, StoreError> {
         let (timeout_ms, max) = (timeout.get(), max.get());
-        if self.shard_count(target) > 1 {
+        if self.is_split(target) {
             return self.evict_sharded(target, timeout_ms, max).await;
         }
         self.evict_part(target, timeout_ms, max).await
     }
 
     async fn snapshot(&self, target: QueueTarget) -> Result<TargetSnapshot, StoreError> {
-        if self.shard_count(target) > 1 {
+        if self.is_split(target) {
             return self.snapshot_sharded(target).await;
         }
         self.snapshot_part(target).await
@@ -197,7 +202,7 @@ impl RedisStore {
         instance: &str,
         plan: Option<(u64, u64)>,
     ) -> Result<AdmitOutcome, StoreError> {
-        let names = if target.shard.index > 0 { &ADMIT_KEYS[..ADMIT_KEYS.len() - 1] } else { ADMIT_KEYS };
+        let names = if !target.shard.is_first() { &ADMIT_KEYS[..ADMIT_KEYS.len() - 1] } else { ADMIT_KEYS };
         // In slices of ADMIT_SLICE users: the first call starts the tick, each later one
         // continues it with what the one before returned, until admit.lua says it is done.
         let mut out = AdmitOutcome { advanced: false, mark: 0, tick: 0, admitted: 0, batch: default_batch };

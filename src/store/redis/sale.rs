@@ -59,6 +59,38 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// The schedule of `part`: the sale's, opened earlier by its lane's `opens_before_s`
+    /// (the pre-queue too, by as much).
+    pub(super) fn lane_schedule(&self, target: QueueTarget, part: QueueTarget, s: SaleSchedule) -> SaleSchedule {
+        let lane = part.shard.lane;
+        let Some(l) = (!lane.is_public()).then(|| self.lanes_of(target).into_iter().find(|l| l.name == lane)).flatten()
+        else {
+            return s;
+        };
+        let before = l.opens_before_s * 1000;
+        SaleSchedule {
+            opens_at_ms: s.opens_at_ms.saturating_sub(before),
+            prequeue_from_ms: s.prequeue_from_ms.map(|p| p.saturating_sub(before)),
+            closes_at_ms: s.closes_at_ms,
+        }
+    }
+
+    /// Schedules the parts of `lane` (added after the sale was scheduled) with the sale's
+    /// schedule and seed, unless the sale opened already; whether it did.
+    pub async fn schedule_lane(&self, target: QueueTarget, lane: crate::domain::LaneName) -> Result<bool, StoreError> {
+        let Some(view) = self.read_sale_and_prequeue(target.whole()).await?.0 else { return Ok(false) };
+        let r = view.record;
+        let (Some(opens_at_ms), Some(seed)) = (r.opens_at_ms, r.seed.as_deref().and_then(crate::domain::unhex)) else {
+            return Ok(false);
+        };
+        let Ok(seed) = <[u8; 32]>::try_from(seed) else { return Ok(false) };
+        let schedule = SaleSchedule { opens_at_ms, prequeue_from_ms: r.prequeue_from_ms, closes_at_ms: r.closes_at_ms };
+        for part in self.lane_parts(target, lane) {
+            self.schedule_part(part, self.lane_schedule(target, part, schedule), seed).await?;
+        }
+        Ok(true)
+    }
+
     async fn schedule_part(
         &self,
         target: QueueTarget,
@@ -133,7 +165,7 @@ impl SaleOps for RedisStore {
                 .and_then(|s| <[u8; 32]>::try_from(s).ok())
                 .unwrap_or(seed);
             for part in parts {
-                self.schedule_part(part, schedule, seed).await?;
+                self.schedule_part(part, self.lane_schedule(target, part, schedule), seed).await?;
             }
             // Another slot than the target's keys on a cluster: a command of its own.
             let _: u64 = self.conn().sadd(keys::SALES, target.to_string()).await?;

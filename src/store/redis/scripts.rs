@@ -24,9 +24,9 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 use super::conn::Conn;
 use super::keys;
 pub(super) use super::layout::{
-    ACTIVE_COUNT_KEYS, ADMIT_KEYS, ENTER_KEYS, EVICT_KEYS, GATE_PACE_KEYS, LEAVE_KEYS, OUTFLOW_SET_KEYS,
-    SALE_CONTROL_KEYS, SALE_KEYS, SALE_PLACE_KEYS, SALE_READ_KEYS, SALE_SCHEDULE_KEYS, STATUS_KEYS, TOKENS_EXPIRE_KEYS,
-    VIEW_KEYS,
+    ACTIVE_COUNT_KEYS, ADMIT_KEYS, ENTER_KEYS, EVICT_KEYS, GATE_PACE_KEYS, LANE_JOIN_KEYS, LEAVE_KEYS,
+    OUTFLOW_SET_KEYS, SALE_CONTROL_KEYS, SALE_KEYS, SALE_PLACE_KEYS, SALE_READ_KEYS, SALE_SCHEDULE_KEYS, STATUS_KEYS,
+    TOKENS_EXPIRE_KEYS, VIEW_KEYS,
 };
 use super::layout::{ScriptArgs, Sink};
 use crate::domain::QueueTarget;
@@ -80,6 +80,7 @@ const DEFS: &[Def] = &[
     def!("flag_set.lua", ALLOW_OOM),
     def!("gate_pace.lua"),
     def!("issue.lua"),
+    def!("lane_join.lua"),
     def!("leave.lua", ALLOW_OOM),
     def!("outflow_claim.lua"),
     def!("outflow_observe.lua"),
@@ -375,6 +376,7 @@ impl Code {
         u8::try_from(n).ok().and_then(Code::from_repr)
     }
 }
+pub(super) static LANE_JOIN: LazyLock<Function> = LazyLock::new(|| Function::of("lane_join.lua"));
 pub(super) static LEAVE: LazyLock<Function> = LazyLock::new(|| Function::of("leave.lua"));
 pub(super) static ADMIT: LazyLock<Function> = LazyLock::new(|| Function::of("admit.lua"));
 pub(super) static EVICT: LazyLock<Function> = LazyLock::new(|| Function::of("evict.lua"));
@@ -572,7 +574,7 @@ pub(super) mod tests {
             };
         }
         type Case = ((&'static str, &'static str), &'static [&'static str], &'static [&'static str]);
-        let cases: [Case; 15] = [
+        let cases: [Case; 16] = [
             (lua!("active_count.lua"), ACTIVE_COUNT_KEYS, &[]),
             (lua!("outflow_set.lua"), OUTFLOW_SET_KEYS, &[]),
             (lua!("tokens_expire.lua"), TOKENS_EXPIRE_KEYS, &[]),
@@ -582,6 +584,7 @@ pub(super) mod tests {
             (lua!("admit.lua"), ADMIT_KEYS, &[]),
             (lua!("evict.lua"), EVICT_KEYS, &[]),
             (lua!("leave.lua"), LEAVE_KEYS, &[]),
+            (lua!("lane_join.lua"), LANE_JOIN_KEYS, &[]),
             (lua!("view.lua"), VIEW_KEYS, &[]),
             (lua!("gate_pace.lua"), GATE_PACE_KEYS, &[]),
             (lua!("sale_schedule.lua"), SALE_SCHEDULE_KEYS, &[]),

@@ -42,12 +42,29 @@ impl RedisStore {
         }
     }
 
-    /// Every part of `target`, shard 0 first: the target alone unless it is sharded.
+    /// Every part of `target`, shard 0 first: the target alone unless it is sharded or has
+    /// lanes; then each lane's parts (`lanes.rs`), in the order of `lanes_of`.
     pub fn parts(&self, target: QueueTarget) -> Vec<QueueTarget> {
+        let mut parts = self.parts_of_public(target);
+        if self.has_lanes(target) {
+            for lane in self.lanes_of(target) {
+                parts.extend(self.lane_parts(target, lane.name));
+            }
+        }
+        parts
+    }
+
+    /// The public lane's parts of `target`, shard 0 first: the target alone unless sharded.
+    pub(super) fn parts_of_public(&self, target: QueueTarget) -> Vec<QueueTarget> {
         match self.shard_count(target) {
             n if n > 1 => (0..n).map(|s| target.on_shard(s, n)).collect(),
             _ => vec![target],
         }
+    }
+
+    /// Whether `target` is more than one part (sharded, or with lanes).
+    pub(super) fn is_split(&self, target: QueueTarget) -> bool {
+        self.shard_count(target) > 1 || self.has_lanes(target)
     }
 
     /// The users who may wait in `target` (one shard: its share of its type's capacity).
@@ -91,21 +108,7 @@ impl RedisStore {
             .arg(tick_ms * PLAN_KEPT_TICKS)
             .query_async(&mut conn)
             .await?;
-        let plan: Vec<u64> = won.as_deref().unwrap_or(&mine).split(',').filter_map(|n| n.parse().ok()).collect();
-        if plan.len() != parts.len() {
-            return Err(StoreError::Reply {
-                what: "admission plan",
-                detail: format!("{} shares for {} shards", plan.len(), parts.len()),
-            });
-        }
-        let mut out = AdmitOutcome { advanced: true, mark: 0, tick, admitted: 0, batch: plan.iter().sum() };
-        for (part, share) in parts.iter().zip(plan) {
-            let a = self.admit_part(*part, default_batch, tick_ms, instance, Some((tick, share))).await?;
-            out.advanced &= a.advanced;
-            out.mark += a.mark;
-            out.admitted += a.admitted;
-        }
-        Ok(out)
+        self.admit_plan(target, &parts, won.as_deref().unwrap_or(&mine), tick, default_batch, tick_ms, instance).await
     }
 
     /// Evicts up to `max` stale users from each shard.

@@ -229,6 +229,7 @@ fn parse_answers(
                 ahead,
                 batch_override: (batch > 0).then_some(batch),
                 paused: notice.paused,
+                lane: None,
             })),
             (Some(Code::PreQueue), _, _) => Ok(Answer::PreQueue(notice.clone())),
             (Some(Code::Scheduled), _, _) => Ok(Answer::Scheduled(notice.clone())),

@@ -27,6 +27,8 @@ async fn a_type_added_in_configuration_gets_its_queue_and_its_own_gated_route() 
         purchases_per_admission: None,
         purchases_per_user: None,
         shards: None,
+        lanes: Vec::new(),
+        lane_secret_env: None,
     });
     s.targets.declared = vec!["flash-coupon:7".into()];
     s.gate.routes.push(vq::gate::GateRoute {
