@@ -30,7 +30,9 @@ pub use self::check::{BATCH_SIZE, POW_BITS, REDIS_TIMEOUT_MS, SettingError, TOKE
 pub use self::edge::{EntrySettings, GateSettings, HttpSettings, IdentityMode, IdentitySettings, PageSettings};
 pub use self::events::{EVENTS_SECRET_ENV, EventsSettings, WebhookSettings};
 pub use self::fleet::{LUA_DIGEST, VQ_VERSION};
-pub use self::queue::{AdaptiveSettings, OnStoreFailure, Outflow, QueueSettings, TargetTypeSettings, TargetsSettings};
+pub use self::queue::{
+    AdaptiveSettings, LaneSettings, OnStoreFailure, Outflow, QueueSettings, TargetTypeSettings, TargetsSettings,
+};
 pub use self::redis_url::{RedisUrl, redact_credentials};
 pub use self::secret::secret_from_env;
 use crate::domain::{DeclaredTargets, QueueTargetType};

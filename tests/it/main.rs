@@ -21,6 +21,7 @@ mod forwarding_nginx;
 mod functions;
 pub mod gate;
 mod gate_paths;
+mod lanes;
 mod loadgen;
 mod local_polls;
 mod lost_purchases;
