@@ -1,6 +1,8 @@
 // The waiting page's client: enters, polls as the server says, shows the place, and sends
 // the buyer on when admitted. No framework; state is on #vq-root as data-vq-status and
-// data-vq-position for tests and embedding apps.
+// data-vq-position (and data-vq-lane in a target with lanes) for tests and embedding apps.
+// A presale link carries its access code as ?laneCode=…: the first enter sends it; a code
+// refused (wrong or used) leaves the buyer in the public lane, saying why.
 (function () {
   "use strict";
   var cfg = JSON.parse(document.getElementById("vq-config").textContent);
@@ -9,6 +11,7 @@
   var api = "/virtual-queues/" + cfg.type + "/" + cfg.id;
   var firstAhead = null;
   var backoff = 1;
+  var laneCode = new URLSearchParams(location.search).get("laneCode");
 
   function $(id) { return document.getElementById(id); }
   function say(text) { $("vq-message").textContent = text; }
@@ -114,11 +117,13 @@
     });
   }
 
-  function call(method, path, extra) {
+  function call(method, path, extra, body) {
     // Visitor mode: the cookie vq set with this page names the visitor; no X-User-Id.
     var headers = cfg.visitor ? {} : { "X-User-Id": String(cfg.user) };
     for (var k in extra || {}) headers[k] = extra[k];
-    return fetch(api + path, { method: method, headers: headers, cache: "no-store", credentials: "same-origin" })
+    var init = { method: method, headers: headers, cache: "no-store", credentials: "same-origin" };
+    if (body) { headers["Content-Type"] = "application/json"; init.body = JSON.stringify(body); }
+    return fetch(api + path, init)
       .then(function (r) {
         var date = Date.parse(r.headers.get("Date") || "");
         if (!isNaN(date)) skew = date - Date.now();
@@ -154,6 +159,9 @@
     state("WAITING", b.position);
     if (firstAhead === null) firstAhead = b.aheadCount;
     $("vq-position").textContent = String(b.position);
+    // In a target with lanes the position counts within the buyer's lane.
+    root.setAttribute("data-vq-lane", b.lane || "");
+    $("vq-lane").textContent = b.lane ? " · " + b.lane : "";
     $("vq-ahead").textContent = String(b.aheadCount);
     // Paused: nobody is admitted until the resume, so no estimate (etaSeconds is null).
     $("vq-eta").textContent = b.paused || b.etaSeconds == null ? "–" : eta(b.etaSeconds);
@@ -162,7 +170,8 @@
   }
 
   function run(entered, proof) {
-    var request = entered ? call("GET", "/entries/me") : call("POST", "/entries", proof);
+    var request = entered ? call("GET", "/entries/me")
+      : call("POST", "/entries", proof, laneCode ? { laneCode: laneCode } : null);
     return request.then(function (r) {
       if (r.status === 503 && r.body && (r.body.code === "OVERLOADED" || r.body.code === "QUEUE_UNAVAILABLE")) {
         // Busy, or holding everyone while its Redis is back: retry when told, spread out.
@@ -179,6 +188,12 @@
       if (r.status === 404) { say(T.reentering); return run(false); }
       // A solution refused (expired, the difficulty raised meanwhile): a new challenge.
       if (r.status === 403 && r.body.code === "POW_REFUSED") return run(false);
+      // A presale code refused: the buyer goes on in the public lane (or where they were).
+      if ((r.status === 403 || r.status === 409) && /^LANE_/.test(r.body.code)) {
+        root.setAttribute("data-vq-lane-refused", r.body.code);
+        laneCode = null;
+        return run(false, proof);
+      }
       if (r.status !== 200) { state("ERROR", null); say(r.body.detail || T.offline); return null; }
       var b = r.body;
       if (b.status === "CHALLENGE") {

@@ -26,7 +26,7 @@ mod targets;
 
 use self::targets::render_targets;
 pub use self::targets::{
-    admitted, evicted, retain_targets, set_adaptive_batch_min, set_queue_state, set_target_outcomes,
+    admitted, evicted, retain_targets, set_adaptive_batch_min, set_lane_lengths, set_queue_state, set_target_outcomes,
 };
 
 pub const QUEUE_LENGTH: &str = "virtual_queue_length";
@@ -53,6 +53,7 @@ pub const TARGET_TOKENS: &str = "virtual_queue_target_tokens";
 pub const ADAPTIVE_P95: &str = "virtual_queue_adaptive_purchase_p95_seconds";
 pub const ADAPTIVE_ERROR_RATIO: &str = "virtual_queue_adaptive_error_ratio";
 pub const ADAPTIVE_NO_SHOW_RATIO: &str = "virtual_queue_adaptive_no_show_ratio";
+pub const LANE_LENGTH: &str = "virtual_queue_lane_length";
 pub const WEBHOOK_DELIVERIES_TOTAL: &str = "virtual_queue_webhook_deliveries_total";
 
 /// The `state` label of [`SALE_STATE`]: the sale's state as `vq sale show` names it, `none`

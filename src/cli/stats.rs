@@ -168,6 +168,8 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     let location = super::redis_location(settings);
     let started = Instant::now();
     store.ping().await.map_err(|e| anyhow::anyhow!("redis at {location} is unreachable: {e}"))?;
+    // Every target's lanes added at runtime, so each row adds up all of its lanes.
+    store.refresh_lanes().await.map_err(|e| anyhow::anyhow!("cannot read the lanes: {e}"))?;
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
     // A lost flag hash is not "off": instances that had read it keep it (`vq flag status`).
     let stored = store.read_stored_flag().await?;

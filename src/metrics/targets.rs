@@ -6,15 +6,19 @@ use std::sync::Mutex;
 
 use super::{
     ADAPTIVE_BATCH_MIN, ADAPTIVE_ERROR_RATIO, ADAPTIVE_NO_SHOW_RATIO, ADAPTIVE_P95, ADMITTED_TOTAL, BATCH_SIZE,
-    EVICTED_TOTAL, QUEUE_LENGTH, SALE_STATE, TARGET_ADMISSION_RATE, TARGET_TOKENS, sale_state_label, sale_state_labels,
+    EVICTED_TOTAL, LANE_LENGTH, QUEUE_LENGTH, SALE_STATE, TARGET_ADMISSION_RATE, TARGET_TOKENS, sale_state_label,
+    sale_state_labels,
 };
 use crate::domain::{QueueTarget, SaleState};
 
 /// The per-target series of this process, kept here rather than in the recorder so that a
 /// target's series go when the target does: only active declared targets have them
 /// ([`retain_targets`] at every scrape), so their number is bounded by `queue.max_targets`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct TargetSeries {
+    /// A target with lanes: users waiting per lane (none for a target without lanes, so the
+    /// `lane` label exists only where lanes do: at most `queue.max_targets` × 17 series).
+    lanes: Vec<(String, u64)>,
     waiting: u64,
     target_rate_per_sec: f64,
     /// The batch in force (the adaptive controller's, a pin, or the configured one).
@@ -62,6 +66,12 @@ pub fn set_target_outcomes(target: QueueTarget, tokens: [u64; 3], signals: Optio
         s.tokens = tokens;
         s.signals = signals;
     });
+}
+
+/// A target's users waiting per lane, from Redis at scrape time; empty for a target without
+/// lanes (no series).
+pub fn set_lane_lengths(target: QueueTarget, lanes: Vec<(String, u64)>) {
+    with_target(target, |s| s.lanes = lanes);
 }
 
 /// Drops the series of every target `keep` refuses (no longer declared, or idle: out of
@@ -142,6 +152,18 @@ pub(super) fn render_targets(out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for (t, v) in rows {
             let _ = writeln!(out, "{name}{{target=\"{t}\"}} {v}");
+        }
+        out.push('\n');
+    }
+    if targets.values().any(|s| !s.lanes.is_empty()) {
+        let _ = writeln!(
+            out,
+            "# HELP {LANE_LENGTH} Users waiting per lane of each target with lanes (from Redis at scrape time)\n# TYPE {LANE_LENGTH} gauge"
+        );
+        for (t, s) in &targets {
+            for (lane, n) in &s.lanes {
+                let _ = writeln!(out, "{LANE_LENGTH}{{target=\"{t}\",lane=\"{lane}\"}} {n}");
+            }
         }
         out.push('\n');
     }

@@ -53,6 +53,25 @@ pub struct QueueStats {
     /// unless the outflow is adaptive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outflow_signals: Option<OutflowSignals>,
+    /// A target with lanes: each lane's figures, the public lane first (the counts above add
+    /// them up); absent for a target without lanes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneStats>,
+}
+
+/// One lane of a target (`[[targets.types.lanes]]`, `vq lane add`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneStats {
+    /// `public`, or the lane's name.
+    pub lane: String,
+    /// Percent of each batch while its users wait.
+    pub share: u32,
+    /// How long before the sale's opening the lane opens.
+    pub opens_before_s: u64,
+    pub waiting_count: u64,
+    pub admitted_count: u64,
+    pub prequeued_count: u64,
 }
 
 /// The signals of the adaptive controller's last decision (`queue:{T}:outflow`).
@@ -131,6 +150,7 @@ impl QueueStats {
                 no_show_ratio: o.no_show_bp.map(|bp| bp as f64 / 10_000.0),
                 decided_at: crate::domain::format_instant(o.decided_at_ms),
             }),
+            lanes: Vec::new(),
         }
     }
 }
@@ -145,7 +165,20 @@ pub async fn read_target_stats(
 ) -> Result<(TargetSnapshot, QueueStats), StoreError> {
     let global_batch = store.global_batch_size().await?;
     let snap = store.snapshot(target).await?;
-    let stats = QueueStats::from_snapshot(&snap, target.kind, global_batch, settings, store.now_ms());
+    let mut stats = QueueStats::from_snapshot(&snap, target.kind, global_batch, settings, store.now_ms());
+    stats.lanes = store
+        .lane_figures(target)
+        .await?
+        .into_iter()
+        .map(|f| LaneStats {
+            lane: f.lane.shown().to_owned(),
+            share: f.share,
+            opens_before_s: f.opens_before_s,
+            waiting_count: f.waiting,
+            admitted_count: f.admitted,
+            prequeued_count: f.prequeued,
+        })
+        .collect();
     Ok((snap, stats))
 }
 
@@ -172,6 +205,10 @@ impl QueueService {
             crate::metrics::set_target_outcomes(target, [s.tokens_issued, s.tokens_used, s.tokens_expired], signals);
             let floor = self.settings.is_adaptive(target.kind).then(|| self.settings.type_batch_bounds(target.kind).0);
             crate::metrics::set_adaptive_batch_min(target, floor);
+            crate::metrics::set_lane_lengths(
+                target,
+                s.lanes.iter().map(|l| (l.lane.clone(), l.waiting_count)).collect(),
+            );
         }
         Ok(())
     }

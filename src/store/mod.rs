@@ -46,7 +46,7 @@ pub use self::gate::GateOps;
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};
-pub use self::redis::{JoinOutcome, LANED, RedisStore, SALE_FIELDS, TargetView, ViewSync, keys};
+pub use self::redis::{JoinOutcome, LANED, LaneFigures, RedisStore, SALE_FIELDS, TargetView, ViewSync, keys};
 pub use self::redis::{layout, slices};
 pub use self::rules::{FLAG_ACK_KEEP_MS, FLEET_KEEP_MS, LEDGER_MAX_ROWS, PACE_GUARD_MS};
 pub use self::sale::SaleOps;

@@ -404,3 +404,44 @@ async fn measure_pow_in_chromium() {
     ms.sort_unstable();
     println!("pow chromium median: {} ms over {runs} solves at {bits} bits", ms[ms.len() / 2]);
 }
+
+/// A presale link (`?laneCode=…`) puts its buyer in the lane, and the page shows the lane next
+/// to the position; a code already used by another buyer is refused and the page goes on in
+/// the public lane, saying which code it was refused with.
+#[tokio::test]
+async fn a_presale_link_puts_the_buyer_in_the_lane_and_a_used_code_leaves_the_next_in_public() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.page.allow_query_user = true;
+    let t = s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").unwrap();
+    t.lanes = vec![vq::config::LaneSettings { name: "members".into(), share: 70, opens_before_s: 0 }];
+    let store = crate::support::open_store(&s);
+    let app = spawn_app(s, false).await;
+    flag_on(&redis).await;
+    let target: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
+    let members = "members".parse().unwrap();
+    let hashes = ["FAN-1", "FAN-2"].map(|c| vq::lane::code_hash(target, c));
+    store.import_codes(target, members, &hashes, 1).await.unwrap();
+    // FAN-2 is used by another buyer first.
+    let r = app
+        .client
+        .post(app.url("/virtual-queues/limited-drop/42/entries"))
+        .header("X-User-Id", "950")
+        .json(&json!({"laneCode": "FAN-2"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let browser = Browser::start().await;
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=7&laneCode=FAN-1")).await;
+    let (_, position, _) = browser.wait_status("WAITING", 20).await;
+    assert_eq!(position, "2", "behind buyer 950 in the members' lane");
+    let lane = browser.eval("return [document.getElementById('vq-root').getAttribute('data-vq-lane'), document.getElementById('vq-lane').textContent]").await;
+    assert_eq!(lane, json!(["members", " · members"]));
+    browser.goto(&app.url("/waiting-room/limited-drop/42?user=8&laneCode=FAN-2")).await;
+    browser.wait_status("WAITING", 20).await;
+    let seen = browser
+        .eval("var r = document.getElementById('vq-root'); return [r.getAttribute('data-vq-lane'), r.getAttribute('data-vq-lane-refused')]")
+        .await;
+    assert_eq!(seen, json!(["public", "LANE_CODE_USED"]), "the used code refused, the buyer in the public lane");
+}

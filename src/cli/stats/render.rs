@@ -158,6 +158,15 @@ fn target_notes(r: &TargetRow) -> String {
             t.admitted
         ));
     }
+    // A target with lanes: one line per lane (its share, who waits, who was admitted).
+    for l in &r.stats.lanes {
+        let opens = if l.opens_before_s > 0 { format!(", opens {} s early", l.opens_before_s) } else { String::new() };
+        let pre = if l.prequeued_count > 0 { format!(", {} pre-queued", l.prequeued_count) } else { String::new() };
+        out.push_str(&format!(
+            "{} lane {} ({} %{opens}): waiting {}, admitted {}{pre}\n",
+            r.target, l.lane, l.share, l.waiting_count, l.admitted_count
+        ));
+    }
     out
 }
 

@@ -23,6 +23,7 @@ fn stats(waiting: u64, rate: f64) -> QueueStats {
         outflow_reason: None,
         tokens_expired: 0,
         outflow_signals: None,
+        lanes: Vec::new(),
     }
 }
 

@@ -35,6 +35,18 @@ const PLAN_KEPT_TICKS: u64 = 10;
 /// The lanes added at runtime, per target, as last read.
 pub(super) type RuntimeLanes = Arc<RwLock<HashMap<QueueTarget, Arc<[Lane]>>>>;
 
+/// One lane's figures, its parts added up (`vq stats`, the stats endpoint, `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneFigures {
+    pub lane: LaneName,
+    /// Percent of each batch while its users wait (the public lane: what the others leave).
+    pub share: u32,
+    pub opens_before_s: u64,
+    pub waiting: u64,
+    pub admitted: u64,
+    pub prequeued: u64,
+}
+
 /// What joining a lane answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoinOutcome {
@@ -170,6 +182,36 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(removed > 0)
+    }
+
+    /// Each lane's figures, the public lane first; empty for a target without lanes.
+    pub async fn lane_figures(&self, target: QueueTarget) -> Result<Vec<LaneFigures>, StoreError> {
+        if !self.has_lanes(target) {
+            return Ok(Vec::new());
+        }
+        let lanes = self.lanes_of(target);
+        let public_share = 100u32.saturating_sub(lanes.iter().map(|l| l.share).sum::<u32>()).max(1);
+        let mut all = vec![Lane { name: LaneName::PUBLIC, share: public_share, opens_before_s: 0 }];
+        all.extend(lanes);
+        let mut out = Vec::with_capacity(all.len());
+        for l in all {
+            let mut f = LaneFigures {
+                lane: l.name,
+                share: l.share,
+                opens_before_s: l.opens_before_s,
+                waiting: 0,
+                admitted: 0,
+                prequeued: 0,
+            };
+            for part in self.lane_parts(target, l.name) {
+                let s = self.snapshot_part(part).await?;
+                f.waiting += s.waiting;
+                f.admitted += s.admitted_total;
+                f.prequeued += s.prequeued;
+            }
+            out.push(f);
+        }
+        Ok(out)
     }
 
     /// Reads the runtime lanes of every target that has some (`queue:lanes`); on error the

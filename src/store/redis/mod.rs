@@ -50,7 +50,7 @@ pub mod slices;
 mod view;
 
 pub use self::codec::SALE_FIELDS;
-pub use self::lanes::{JoinOutcome, LANED};
+pub use self::lanes::{JoinOutcome, LANED, LaneFigures};
 pub use self::view::{TargetView, ViewSync};
 
 use std::sync::{Arc, Mutex, OnceLock};
