@@ -191,6 +191,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         if let Some(t) = named {
             super::target::require_same_shards(&store, &settings, t).await?;
+            // The sale reaches every lane of the target, those added at runtime too.
+            store.refresh_lanes().await.map_err(|e| anyhow::anyhow!("cannot read the lanes of {t}: {e}"))?;
         }
         match args.action {
             Action::Schedule { target, opens_at, prequeue_from, closes_at, no_prequeue, no_close } => {

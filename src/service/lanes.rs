@@ -29,6 +29,11 @@ impl QueueService {
         if self.bypass_store(target, user).is_some() {
             return self.enter(target, user).await;
         }
+        // Proofs are rare (once per buyer): the target's lanes are read afresh, so a lane added
+        // since the last refresh is joinable at once.
+        if let Err(e) = self.bounded(target, self.store.refresh_target_lanes(target)).await {
+            return self.failed("enter", target, user, &e);
+        }
         let lanes = self.store.lanes_of(target);
         let (hash, lane) = match &proof {
             LaneProof::Code(code) => {

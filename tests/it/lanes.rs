@@ -498,3 +498,51 @@ async fn vq_lane_refuses_bad_names_shares_and_unknown_lanes() {
     assert_eq!((rows[1]["lane"].as_str(), rows[1]["share"].as_u64()), (Some("members"), Some(60)));
     assert!(run(&["remove", "limited-drop:9", "members"]).status.success());
 }
+
+/// The README's "Presales and lanes" commands, run as written (the `vq serve` they talk to on
+/// the test's own port).
+#[tokio::test]
+async fn the_readmes_presales_and_lanes_commands_run_as_written() {
+    let readme = include_str!("../../README.md");
+    let section =
+        &readme[readme.find("\n### Presales and lanes\n").expect("README has a Presales and lanes section")..];
+    let block = section.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("an sh block");
+    let redis = RedisServer::spawn();
+    let vq = VqProcess::serve(&redis, &[]).await;
+    crate::support::flag_on(&redis).await;
+    let bin_dir = crate::support::vq_bin().parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let mut outputs = Vec::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let line = line.replace("http://127.0.0.1:8080", &vq.addr);
+        let out = std::process::Command::new("bash")
+            .args(["-c", &line])
+            .env("PATH", &path)
+            .env("VQ_REDIS__URL", redis.url())
+            .env("VQ_TARGETS__RANGES", crate::support::test_ranges_env())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "`{line}`: {}{text}", String::from_utf8_lossy(&out.stderr));
+        outputs.push(text);
+    }
+    let first: serde_json::Value = serde_json::from_str(&outputs[2]).unwrap();
+    assert_eq!((first["status"].as_str(), first["lane"].as_str()), (Some("WAITING"), Some("members")), "{first}");
+    let second: serde_json::Value = serde_json::from_str(&outputs[3]).unwrap();
+    assert_eq!(second["code"], "LANE_CODE_USED", "{second}");
+    assert!(outputs[4].contains("members") && outputs[4].contains("70%"), "{}", outputs[4]);
+    assert_eq!(outputs[5].lines().filter(|l| l.contains(" members ")).count(), 2, "{}", outputs[5]);
+    assert!(!outputs[5].contains("FAN-7Q2K"), "the codes themselves are never exported");
+    let store = open_store(&test_settings(Some(&redis)));
+    store.refresh_lanes().await.unwrap();
+    let t: QueueTarget = "LIMITED_DROP:42".parse().unwrap();
+    let opens: Option<String> = redis::cmd("HGET")
+        .arg("queue:{LIMITED_DROP:42~members}:sale")
+        .arg("opens_at")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    let public = vq::domain::parse_instant("2026-12-24T10:00:00Z").unwrap();
+    assert_eq!(opens, Some((public - 3_600_000).to_string()), "the members' lane opens an hour early");
+    assert_eq!(store.lanes_of(t).len(), 1);
+}

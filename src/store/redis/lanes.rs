@@ -238,6 +238,20 @@ impl RedisStore {
         Ok(lanes)
     }
 
+    /// Reads `target`'s runtime lanes now (an enter with a proof: a lane added since the last
+    /// refresh is joinable at once).
+    pub async fn refresh_target_lanes(&self, target: QueueTarget) -> Result<(), StoreError> {
+        let target = target.whole();
+        let lanes = self.read_runtime_lanes(target).await?;
+        let mut book = self.lane_book.write().unwrap_or_else(|e| e.into_inner());
+        if lanes.is_empty() {
+            book.remove(&target);
+        } else {
+            book.insert(target, Arc::from(lanes));
+        }
+        Ok(())
+    }
+
     /// Adds or changes a runtime lane of `target` (and takes it in at once here).
     pub async fn put_lane(&self, target: QueueTarget, lane: Lane) -> Result<(), StoreError> {
         let target = target.whole();
