@@ -314,3 +314,39 @@ fn webhooks_are_checked_at_load_naming_the_key() {
         Ok(())
     });
 }
+
+#[test]
+fn lanes_are_read_per_type_and_checked() {
+    let types = "[[targets.types]]\nslug = \"ticketing-event\"\n[[targets.types]]\nslug = \"limited-drop\"\n";
+    Jail::expect_with(|jail| {
+        jail.create_file(
+            "vq.toml",
+            &format!(
+                "{types}lane_secret_env = \"SHOP_LANE_KEY\"\n[[targets.types.lanes]]\nname = \"members\"\nshare = 70\nopens_before_s = 3600\n"
+            ),
+        )?;
+        jail.set_env("SHOP_LANE_KEY", "k");
+        let s = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap();
+        let kind = crate::domain::QueueTargetType::LIMITED_DROP;
+        let lanes = s.type_lanes(kind);
+        assert_eq!(lanes.len(), 1);
+        assert_eq!((lanes[0].name.as_str(), lanes[0].share, lanes[0].opens_before_s), ("members", 70, 3600));
+        assert_eq!(s.type_lane_secret(kind), Some(b"k".to_vec()));
+        assert!(s.type_lanes(crate::domain::QueueTargetType::TICKETING_EVENT).is_empty());
+        assert_eq!(s.limits().lanes(kind), lanes.as_slice());
+        Ok(())
+    });
+    for (lanes, says) in [
+        ("name = \"Members\"\nshare = 10\n", "not a lane name"),
+        ("name = \"members\"\nshare = 0\n", "between 1 and 99"),
+        ("name = \"a\"\nshare = 60\n[[targets.types.lanes]]\nname = \"b\"\nshare = 40\n", "add up to 100"),
+        ("name = \"a\"\nshare = 10\n[[targets.types.lanes]]\nname = \"a\"\nshare = 10\n", "named twice"),
+    ] {
+        Jail::expect_with(|jail| {
+            jail.create_file("vq.toml", &format!("{types}[[targets.types.lanes]]\n{lanes}"))?;
+            let e = Settings::load(Some(Path::new("vq.toml")), &Overrides::default()).unwrap_err().to_string();
+            assert!(e.contains("targets.types.limited-drop.lanes") && e.contains(says), "{lanes}: {e}");
+            Ok(())
+        });
+    }
+}

@@ -546,3 +546,50 @@ async fn the_readmes_presales_and_lanes_commands_run_as_written() {
     assert_eq!(opens, Some((public - 3_600_000).to_string()), "the members' lane opens an hour early");
     assert_eq!(store.lanes_of(t).len(), 1);
 }
+
+/// The stats endpoint gives each lane's figures (the target's adding them up) and `/metrics`
+/// a `lane` label, only for the target with lanes.
+#[tokio::test]
+async fn stats_and_metrics_show_each_lane_only_where_lanes_exist() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    with_members(&mut s, 0);
+    let store = open_store(&s);
+    let app = crate::support::spawn_app(s, false).await;
+    crate::support::flag_on(&redis).await;
+    store.import_codes(target(), members(), &[vq::lane::code_hash(target(), "M")], 2).await.unwrap();
+    for u in 1..=3 {
+        assert_eq!(app.enter("limited-drop/9", u).await.status(), 200);
+    }
+    for u in 4..=5 {
+        let r = app
+            .client
+            .post(app.url(ENTRIES))
+            .header("X-User-Id", u.to_string())
+            .json(&serde_json::json!({"laneCode": "M"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(app.enter("ticketing-event/9", 1).await.status(), 200);
+    let stats: serde_json::Value =
+        app.client.get(app.url("/virtual-queues/limited-drop/9/stats")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(stats["waitingCount"], 5, "{stats}");
+    let lanes: Vec<(String, u64, u64)> = stats["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (l["lane"].as_str().unwrap().to_owned(), l["share"].as_u64().unwrap(), l["waitingCount"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(lanes, vec![("public".to_owned(), 30, 3), ("members".to_owned(), 70, 2)]);
+    let other: serde_json::Value =
+        app.client.get(app.url("/virtual-queues/ticketing-event/9/stats")).send().await.unwrap().json().await.unwrap();
+    assert!(other.get("lanes").is_none(), "a type without lanes shows none: {other}");
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("virtual_queue_lane_length{target=\"LIMITED_DROP:9\",lane=\"members\"} 2"), "{metrics}");
+    assert!(metrics.contains("virtual_queue_lane_length{target=\"LIMITED_DROP:9\",lane=\"public\"} 3"));
+    assert!(!metrics.contains("lane_length{target=\"TICKETING_EVENT:9\""), "no lane label without lanes");
+}
