@@ -593,3 +593,43 @@ async fn stats_and_metrics_show_each_lane_only_where_lanes_exist() {
     assert!(metrics.contains("virtual_queue_lane_length{target=\"LIMITED_DROP:9\",lane=\"public\"} 3"));
     assert!(!metrics.contains("lane_length{target=\"TICKETING_EVENT:9\""), "no lane label without lanes");
 }
+
+/// A lane's buyer is admitted in their lane, gets one token (whichever store asks), and the
+/// gate claims it once; two pumps racing a target with lanes admit at most the batch a tick.
+#[tokio::test]
+async fn a_lanes_buyer_gets_one_token_that_buys_once_and_two_pumps_admit_at_most_the_batch() {
+    let redis = Redis::Server(RedisServer::spawn());
+    let mut s = redis.settings();
+    with_members(&mut s, 0);
+    let (a, b) = (open_store(&s), open_store(&s));
+    enter_in(&a, LaneName::PUBLIC, 1..=30).await;
+    enter_in(&a, members(), 101..=130).await;
+    let tick_ms = s.queue.tick_ms;
+    let mut admitted = 0;
+    for _ in 0..3 {
+        next_tick(tick_ms).await;
+        tick_room(tick_ms, 200).await;
+        let (x, y) = tokio::join!(
+            a.admit_by(target(), Users(10), Ms(tick_ms), "a"),
+            b.admit_by(target(), Users(10), Ms(tick_ms), "b")
+        );
+        let n = x.unwrap().admitted + y.unwrap().admitted;
+        assert!(n <= 10, "at most the batch a tick across lanes: {n}");
+        admitted += n;
+    }
+    assert_eq!(admitted, 30);
+    assert_eq!(marks(&a).await, (21, 9), "3 + 7 a tick");
+    let vq::store::StatusOutcome::Admitted(token) = a.status(target(), user(101), &"token-a").await.unwrap() else {
+        panic!("member 101 admitted")
+    };
+    let EnterOutcome::Admitted(again) = b.enter(target(), user(101), &"token-b").await.unwrap() else { panic!() };
+    assert_eq!(again, token, "one token");
+    let limits = vq::domain::PurchaseLimits::default();
+    let first = b.claim_token(target(), user(101), &token, 300, limits).await.unwrap();
+    assert!(matches!(first, vq::store::TokenClaim::Claimed { .. }), "{first:?}");
+    let second = a.claim_token(target(), user(101), &token, 300, limits).await.unwrap();
+    assert_eq!(second, vq::store::TokenClaim::AlreadyUsed);
+    let held: Option<String> =
+        redis.query(redis::cmd("GET").arg(format!("{}token:{}", prefix("members"), user(101)))).await;
+    assert!(held.is_some(), "the token is kept in the lane's part");
+}
