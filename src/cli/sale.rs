@@ -305,8 +305,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     );
                 };
                 let token_ttl_ms = settings.token.ttl_s * 1000;
-                let report =
+                let mut report =
                     SaleReport::build(&target.to_string(), &record, store.now_ms(), settings.queue.tick_ms, token_ttl_ms);
+                let lanes = store.lane_records(target).await.map_err(|e| fail("read the lanes' records of", target, e))?;
+                report.lanes = lanes
+                    .iter()
+                    .map(|(l, r)| crate::domain::LaneTotals::of(l.shown(), r, settings.queue.tick_ms))
+                    .collect();
                 if json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else if csv {

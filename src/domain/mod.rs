@@ -32,7 +32,7 @@ pub use outflow::{
 };
 pub use position::{QueuePosition, batch_in_force, eta_seconds, poll_after_seconds};
 pub use purchase::{PurchaseLimits, PurchaseRefusal, Refusals};
-pub use record::{AnswerClass, Answers, SaleReport, TargetRecord, TickRow};
+pub use record::{AnswerClass, Answers, LaneTotals, SaleReport, TargetRecord, TickRow};
 pub use sale::{
     SaleControl, SalePhase, SaleRecord, SaleSchedule, SaleSource, SaleState, ScheduleError, format_instant,
     parse_instant,

@@ -140,6 +140,41 @@ pub struct SaleReport {
     pub events: Vec<LedgerEntry>,
     /// One row per tick with anything counted, oldest first (ticks with nothing are left out).
     pub series: Vec<TickRow>,
+    /// A target with lanes: each lane's own figures, the public lane first (`totals` adds
+    /// them up); absent for a target without lanes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lanes: Vec<LaneTotals>,
+}
+
+/// One lane's figures in a sale report.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneTotals {
+    /// `public`, or the lane's name.
+    pub lane: String,
+    pub arrivals: u64,
+    pub admitted: u64,
+    pub left: u64,
+    pub evicted: u64,
+    /// The first tick it admitted anyone (ISO-8601, UTC): a presale lane's is before the public's.
+    pub first_admitted_at: Option<String>,
+    pub avg_wait_seconds: f64,
+}
+
+impl LaneTotals {
+    /// A lane's figures from its own record (its parts added up).
+    pub fn of(lane: &str, r: &TargetRecord, tick_ms: u64) -> Self {
+        let tick_ms = r.tick_ms.unwrap_or(tick_ms).max(1);
+        LaneTotals {
+            lane: lane.to_owned(),
+            arrivals: r.arrivals.values().sum(),
+            admitted: r.admitted,
+            left: r.left,
+            evicted: r.evicted,
+            first_admitted_at: r.admissions.iter().find(|(_, n)| **n > 0).map(|(t, _)| format_instant(t * tick_ms)),
+            avg_wait_seconds: r.waits.avg_seconds(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -282,6 +317,7 @@ impl SaleReport {
             opening,
             events: r.events.clone(),
             series,
+            lanes: Vec::new(),
         }
     }
 }

@@ -545,6 +545,22 @@ async fn the_readmes_presales_and_lanes_commands_run_as_written() {
     let public = vq::domain::parse_instant("2026-12-24T10:00:00Z").unwrap();
     assert_eq!(opens, Some((public - 3_600_000).to_string()), "the members' lane opens an hour early");
     assert_eq!(store.lanes_of(t).len(), 1);
+    // The sale report gives each lane's own figures.
+    let out = crate::support::vq_command()
+        .args(["sale", "report", "limited-drop:42", "--json"])
+        .env("VQ_REDIS__URL", redis.url())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lanes: Vec<(&str, u64)> = report["lanes"]
+        .as_array()
+        .expect("lanes in the report")
+        .iter()
+        .map(|l| (l["lane"].as_str().unwrap(), l["arrivals"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(lanes, vec![("public", 0), ("members", 1)], "{report}");
+    assert_eq!(report["totals"]["arrivals"], 1);
 }
 
 /// The stats endpoint gives each lane's figures (the target's adding them up) and `/metrics`

@@ -51,6 +51,19 @@ pub fn text(r: &SaleReport) -> String {
     let answers: Vec<String> = AnswerClass::ALL.iter().map(|c| format!("{} {}", t.answers.get(*c), c.name())).collect();
     let _ = writeln!(out, "  purchases forwarded: {} ({})", t.purchases_forwarded, answers.join(", "));
     let _ = writeln!(out, "  purchases refused: {}", refused_text(&t.refused));
+    for l in &r.lanes {
+        let _ = writeln!(
+            out,
+            "  lane {}: arrivals {}, admitted {} (first at {}), left {}, evicted {}, avg wait {:.1} s",
+            l.lane,
+            l.arrivals,
+            l.admitted,
+            l.first_admitted_at.as_deref().unwrap_or("-"),
+            l.left,
+            l.evicted,
+            l.avg_wait_seconds
+        );
+    }
     if let Some(o) = &r.opening {
         let _ = writeln!(
             out,

@@ -214,6 +214,25 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// Each lane's own record (its parts added up), the public lane first; empty for a target
+    /// without lanes.
+    pub async fn lane_records(
+        &self,
+        target: QueueTarget,
+    ) -> Result<Vec<(LaneName, crate::domain::TargetRecord)>, StoreError> {
+        if !self.has_lanes(target) {
+            return Ok(Vec::new());
+        }
+        let mut names = vec![LaneName::PUBLIC];
+        names.extend(self.lanes_of(target).iter().map(|l| l.name));
+        let mut out = Vec::with_capacity(names.len());
+        for lane in names {
+            let fields = self.record_fields_of(self.lane_parts(target, lane)).await?;
+            out.push((lane, super::codec::decode_record(fields.iter().map(|(f, v)| (f.as_str(), v.as_str())))));
+        }
+        Ok(out)
+    }
+
     /// Reads the runtime lanes of every target that has some (`queue:lanes`); on error the
     /// last set read stays in force.
     pub async fn refresh_lanes(&self) -> Result<(), StoreError> {

@@ -172,7 +172,12 @@ impl RedisStore {
     /// The record's hash fields of every shard as one: counters summed, `wmax` the largest;
     /// the sale's events (`events`, `e:<n>`) and `tick_ms` are shard 0's.
     pub(super) async fn record_fields(&self, target: QueueTarget) -> Result<Vec<(String, String)>, StoreError> {
-        let mut parts = self.parts(target).into_iter();
+        self.record_fields_of(self.parts(target)).await
+    }
+
+    /// The record's fields of `parts` as one (the first's events and tick), as [`Self::record_fields`].
+    pub(super) async fn record_fields_of(&self, parts: Vec<QueueTarget>) -> Result<Vec<(String, String)>, StoreError> {
+        let mut parts = parts.into_iter();
         let first = parts.next().expect("a target has a shard 0");
         let fields: Vec<(String, String)> = self.conn().hgetall(keys::of(first, "record")).await?;
         let mut merged: HashMap<String, String> = fields.into_iter().collect();
