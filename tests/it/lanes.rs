@@ -97,8 +97,13 @@ async fn marks(store: &AnyStore) -> (u64, u64) {
 /// 70/30 over ticks: with both lanes full, each tick of 10 admits 7 members and 3 of the
 /// public; with one user a tick, the lanes stay within one user of 70/30 however many ticks.
 async fn the_batch_is_shared_by_weight(redis: Redis) {
+    the_batch_is_shared_by_weight_over(redis, 1).await;
+}
+
+async fn the_batch_is_shared_by_weight_over(redis: Redis, shards: u64) {
     let mut s = redis.settings();
     with_members(&mut s, 0);
+    s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").unwrap().shards = Some(shards);
     let store = open_store(&s);
     enter_in(&store, LaneName::PUBLIC, 1..=40).await;
     enter_in(&store, members(), 101..=140).await;
@@ -138,6 +143,12 @@ async fn the_batch_is_shared_by_weight_on_redis() {
 #[tokio::test]
 async fn on_a_cluster_the_batch_is_shared_by_weight() {
     the_batch_is_shared_by_weight(Redis::Cluster(RedisCluster::spawn())).await;
+}
+
+/// Lanes of a sharded type: each lane is three shards on three nodes, the shares the same.
+#[tokio::test]
+async fn on_a_cluster_lanes_of_a_sharded_type_share_the_batch_by_weight() {
+    the_batch_is_shared_by_weight_over(Redis::Cluster(RedisCluster::spawn()), 3).await;
 }
 
 #[tokio::test]
