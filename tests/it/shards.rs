@@ -367,6 +367,64 @@ async fn on_a_cluster_pause_resume_close_and_clear_reach_every_shard() {
     the_sale_controls_reach_every_shard(Redis::cluster()).await;
 }
 
+/// The event log is the whole target's, on shard 0: the sale's changes once (the other
+/// shards keep no log), and the admission milestones counted over every shard — the first
+/// admission, each multiple of `events.admitted_every` passed by the target's total, and the
+/// line gone once the shards together hold less than a batch.
+async fn the_event_log_is_the_whole_targets(redis: Redis) {
+    let mut s = redis.settings();
+    s.events.admitted_every = 20;
+    let store = open_store(&s);
+    // An always-open target paused and resumed: the sale's changes.
+    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
+    assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
+    enter_all(&store, 1..=45).await;
+    let batch = s.queue.batch_size;
+    assert_eq!(batch, 10);
+    let mut per_tick = Vec::new();
+    for _ in 0..6 {
+        next_tick(s.queue.tick_ms).await;
+        tick_room(s.queue.tick_ms, 200).await;
+        per_tick.push(store.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "p").await.unwrap().admitted);
+    }
+    assert_eq!(per_tick, [10, 10, 10, 10, 5, 0], "a full batch a tick across the shards");
+
+    let events =
+        store.read_events(vq::domain::EventLog::Target(target()), vq::domain::EventId::ZERO, 1000).await.unwrap();
+    let kinds: Vec<String> = events.iter().map(|e| format!("{:?}", e.kind)).collect();
+    use vq::domain::EventKind as K;
+    let count = |f: &dyn Fn(&K) -> bool| events.iter().filter(|e| f(&e.kind)).count();
+    assert_eq!(count(&|k| matches!(k, K::SalePaused { .. })), 1, "{kinds:#?}");
+    assert_eq!(count(&|k| matches!(k, K::SaleResumed { .. })), 1, "{kinds:#?}");
+    let firsts: Vec<u64> = events
+        .iter()
+        .filter_map(|e| if let K::FirstAdmission { admitted } = e.kind { Some(admitted) } else { None })
+        .collect();
+    assert_eq!(firsts, [10], "the target's first admission, its whole batch: {kinds:#?}");
+    let milestones: Vec<u64> = events
+        .iter()
+        .filter_map(|e| if let K::AdmissionMilestone { admitted } = e.kind { Some(admitted) } else { None })
+        .collect();
+    assert_eq!(milestones, [20, 40], "the target's total passing 20 and 40: {kinds:#?}");
+    let emptied: Vec<u64> =
+        events.iter().filter_map(|e| if let K::QueueEmptied { mark } = e.kind { Some(mark) } else { None }).collect();
+    assert_eq!(emptied.len(), 1, "the line gone once, in the tick that admitted 5: {kinds:#?}");
+    for sh in 1..SHARDS {
+        let exists: u64 = redis.query(redis::cmd("EXISTS").arg(format!("{}events", prefix(sh)))).await;
+        assert_eq!(exists, 0, "shard {sh} keeps no event log of its own");
+    }
+}
+
+#[tokio::test]
+async fn the_event_log_holds_the_whole_targets_sale_changes_and_milestones() {
+    the_event_log_is_the_whole_targets(Redis::server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_the_event_log_holds_the_whole_targets_sale_changes_and_milestones() {
+    the_event_log_is_the_whole_targets(Redis::cluster()).await;
+}
+
 #[tokio::test]
 async fn the_embedded_store_keeps_a_sharded_type_in_one_shard() {
     let mut s = test_settings(None);
