@@ -8,9 +8,10 @@
 //! What is counted: script calls (`EVALSHA`, `EVAL`, `FCALL` and their `_RO` forms; every one
 //! must be an `FCALL` of vq's library, which runs no prelude per call) and Redis
 //! commands, those scripts run inside Redis (`INFO commandstats` counts them too) and those sent
-//! on their own, but not the script calls themselves and not `TIME`: the store's liveness probe
-//! sends `TIME` every 100 ms from a thread of its own, whatever the test does (a script reads
-//! Redis' clock once, with its call). The test drives `QueueService` and the pump directly (no
+//! on their own, but not the script calls themselves and not `TIME`, `ROLE` or `CLUSTER SLOTS`:
+//! the store's liveness probe sends them from a thread of its own, whatever the test does
+//! (`TIME` every 100 ms, the others now and then; a script reads Redis' clock once, with its
+//! call). The test drives `QueueService` and the pump directly (no
 //! HTTP server, so no flag refresh or background sync runs between the counts), one user at a
 //! time where a step is exact, and many users at once where coalescing shares calls (bounded
 //! from above there: how many users share a call depends on timing).
@@ -152,7 +153,7 @@ async fn usage(redis: &RedisServer) -> Usage {
             }
             "fcall" | "fcall_ro" => u.scripts += calls,
             // The liveness probe's (see the module's doc) and the test's own.
-            "time" | "info" => {}
+            "time" | "role" | "cluster|slots" | "info" => {}
             n if n.starts_with("config|") => {}
             _ => u.commands += calls,
         }
