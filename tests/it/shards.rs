@@ -425,6 +425,33 @@ async fn on_a_cluster_the_event_log_holds_the_whole_targets_sale_changes_and_mil
     the_event_log_is_the_whole_targets(Redis::cluster()).await;
 }
 
+/// The adaptive outflow's no-show counters are the whole target's: tokens used and expired on
+/// every shard (shard 0 alone would show a third of them, and another shard's no-shows none).
+#[tokio::test]
+async fn the_adaptive_outflow_counts_the_tokens_ended_on_every_shard() {
+    let redis = Redis::server();
+    let store = open_store(&redis.settings());
+    for (sh, used, expired) in [(0u8, 4u64, 1u64), (1, 0, 7), (2, 5, 2)] {
+        let _: () = redis
+            .query(
+                redis::cmd("HSET")
+                    .arg(format!("{}waits", prefix(sh)))
+                    .arg("tokens_used")
+                    .arg(used)
+                    .arg("tokens_expired")
+                    .arg(expired),
+            )
+            .await;
+    }
+    let interval = store.now_ms() / 600 + 5;
+    match store.claim_outflow(target(), interval).await.unwrap() {
+        vq::store::OutflowClaim::Decide { counters, .. } => {
+            assert_eq!((counters.used, counters.expired), (9, 10), "every shard's tokens")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn the_embedded_store_keeps_a_sharded_type_in_one_shard() {
     let mut s = test_settings(None);
