@@ -531,7 +531,7 @@ async fn polls_answered_from_each_shards_copy_keep_positions_and_miss_no_admissi
 /// `vq sale` reaches every shard only with the fleet's shard count: a command run with another
 /// `shards` than the serving instances' is refused, and says why.
 #[tokio::test]
-async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
+async fn operator_commands_refuse_to_run_with_another_shard_count_than_the_fleets() {
     let redis = RedisServer::spawn();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("vq.toml");
@@ -542,16 +542,16 @@ async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
     .unwrap();
     let conf = conf.to_str().unwrap();
     let _serving = crate::support::VqProcess::serve_args(&redis, &["--config", conf], &[]).await;
-    let run = |with_conf: bool| {
+    let run_cmd = |with_conf: bool, args: &[&str]| {
         let mut c = crate::support::vq_command();
+        c.args(args);
         if with_conf {
             c.args(["--config", conf]);
         }
-        c.args(["sale", "pause", "limited-drop:7"])
-            .env("VQ_REDIS__URL", redis.url())
-            .env("VQ_TARGETS__RANGES", crate::support::test_ranges_env());
+        c.env("VQ_REDIS__URL", redis.url()).env("VQ_TARGETS__RANGES", crate::support::test_ranges_env());
         c.output().unwrap()
     };
+    let run = |with_conf: bool| run_cmd(with_conf, &["sale", "pause", "limited-drop:7"]);
     // The instance's report reaches Redis within its 2-s round.
     crate::support::wait_until(std::time::Duration::from_secs(10), "the fleet report", async || {
         let o = run(false);
@@ -563,6 +563,16 @@ async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
     assert!(err.contains("over 3 shards on the serving instance") && err.contains("over 1 here"), "{err}");
     let ok = run(true);
     assert!(!String::from_utf8_lossy(&ok.stderr).contains("shards"), "{}", String::from_utf8_lossy(&ok.stderr));
+    // The other commands that read or change a target's shards: stats (which would show one
+    // shard's figures as the target's) and a target's pinned batch.
+    for args in [&["stats", "--target", "limited-drop:7"][..], &["batch", "set", "7", "--target", "limited-drop:7"][..]]
+    {
+        let refused = run_cmd(false, args);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && err.contains("over 3 shards on the serving instance"), "{args:?}: {err}");
+        let ok = run_cmd(true, args);
+        assert!(ok.status.success(), "{args:?}: {}", String::from_utf8_lossy(&ok.stderr));
+    }
 }
 
 /// A shard's node gone: its users fail open (DIRECT_ADMITTED) as an unsharded target's would,
