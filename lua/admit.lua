@@ -65,7 +65,8 @@
 -- ARGV[17] plan_tick: the tick of a sharded target's plan (store/redis/shards.rs), optional
 --                   with the next: this shard admits only while its own clock is in that tick
 --                   (else advanced 0), and at most once in it (KEYS[3], as any tick)
--- ARGV[18] plan_share: this shard's share of the plan's batch, in place of the batch in force
+-- ARGV[18] plan_share: this shard's share of the plan's batch, in place of the batch in force;
+--                    with a plan, the milestones are the whole target's (admit_milestones.lua)
 -- returns {advanced 0|1, mark, tick, admitted, batch, waits, fenced, more, continuation}:
 -- admitted = by this call; waits = the admitted users' waits in ms, comma-separated (for the
 -- Prometheus histogram), '' when none; fenced = bits 1 the seq counter, 2 the mark, 4 the last
@@ -366,12 +367,12 @@ if admitted > 0 then
   w = waits_of(front, mark, drop)
   drop_entry_times(mark, drop)
   local all = count_waits(w, admitted)
-  if log then
+  if log and not ARGV[17] then
     announce_milestones(all, admitted)
   end
   redis.call('EXPIRE', waitsKey, ttl)
 end
-if log and more == 0 and total < batch then
+if log and not ARGV[17] and more == 0 and total < batch then
   announce_line_gone(cont, total, batch, mark)
 end
 note_admissions(cont, total, admitted)

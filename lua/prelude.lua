@@ -260,9 +260,10 @@ end
 
 -- The target's event log (queue:{T}:events, a STREAM that `vq events` and the webhooks read;
 -- decoded by `store::redis::codec::decode_event_row`): `key`, about `max` entries kept
--- (`events.max_len`), `ttl` s after its last entry. nil without the key: no log.
+-- (`events.max_len`), `ttl` s after its last entry. nil without the key, or with `max` 0 (a
+-- shard after a target's first: the target's log is its first shard's): no log.
 local function event_log(key, max, ttl)
-  if key then
+  if key and tonumber(max) > 0 then
     return {key = key, max = max, ttl = ttl}
   end
   return nil

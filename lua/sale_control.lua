@@ -18,7 +18,8 @@
 -- ARGV[6] record_ttl_s: record ttl seconds (also the event log's)
 -- ARGV[7] force: clear only: 1 to clear whatever it drops; 0 to refuse while it would drop users
 --         (pre-queued before the opening, or being given their places at the opening)
--- ARGV[8] events_max: event log entries kept (`events.max_len`)
+-- ARGV[8] events_max: event log entries kept (`events.max_len`); 0 on a shard after the
+--                      first: no log (the target's is its first shard's)
 -- returns {1} when the state changed, {0} when it already was so (nothing recorded), and
 -- {2, opening, users} when a clear was refused: opening 1 in P_OPENING, 0 before it,
 -- users = those in the pre-queue (or the frozen one). The check and the clear are one step:

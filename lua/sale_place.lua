@@ -25,7 +25,8 @@
 -- ARGV[3] key_ttl_s: key ttl seconds
 -- ARGV[4] ledger_max: ledger rows kept
 -- ARGV[5] record_ttl_s: record ttl seconds (also the event log's)
--- ARGV[6] events_max: event log entries kept (`events.max_len`)
+-- ARGV[6] events_max: event log entries kept (`events.max_len`); 0 on a shard after the
+--                      first: no log (the target's is its first shard's)
 -- ARGV[7..] places: seq, user pairs, seqs ascending and contiguous
 -- returns 1 if the chunk was applied, 0 if the opening was done already (or never frozen)
 local s = redis.call('HMGET', KEYS[5], 'frozen', 'opened_at', 'commitment', 'seed')

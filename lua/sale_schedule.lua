@@ -16,7 +16,8 @@
 -- ARGV[6] expire_at_s: expiry, epoch s (the last of the schedule's times plus the key ttl)
 -- ARGV[7] ledger_max: ledger rows kept
 -- ARGV[8] record_ttl_s: record ttl seconds (also the event log's)
--- ARGV[9] events_max: event log entries kept (`events.max_len`)
+-- ARGV[9] events_max: event log entries kept (`events.max_len`); 0 on a shard after the
+--                      first: no log (the target's is its first shard's)
 -- returns {1, commitment} when scheduled, {0, frozen_at ms} when the pre-queue was frozen
 -- already (the opening happened: clear the sale first)
 local frozen = redis.call('HGET', KEYS[1], 'frozen_at')

@@ -56,15 +56,53 @@ fn invalid_redis_url(shown: &str, e: &crate::store::StoreError) -> anyhow::Error
 /// stopped refreshing (dead, or cut off from Redis).
 pub const FLAG_ACK_TTL_MS: u64 = 3000;
 
-/// Keeps the service's copy of the flag fresh and acknowledges the version applied (for the
-/// confirmed rollback of `vq flag off`); on Redis errors the last value stays.
-async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, cancel: CancellationToken) {
+/// Writes this instance's acknowledgement of `flag` (for the confirmed rollback of `vq flag
+/// off`); `applied` keeps the version applied and since when, so an unchanged flag keeps its
+/// first time.
+async fn acknowledge_flag(
+    service: &QueueService,
+    instance_id: &str,
+    flag: crate::service::AppliedFlag,
+    applied: &mut Option<(u64, u64)>,
+) {
+    let (v, at) = match *applied {
+        Some((v, at)) if v == flag.version => (v, at),
+        _ => (flag.version, now_epoch_ms()),
+    };
+    *applied = Some((v, at));
+    let ack = FlagAck {
+        instance: instance_id.to_owned(),
+        version: v,
+        applied_at_ms: at,
+        kept_missing: flag.kept_missing,
+        state: flag.state,
+        silent_ms: None,
+    };
+    let _ = service.store.ack_flag(ack, FLAG_ACK_TTL_MS).await;
+}
+
+/// Keeps the service's copy of the flag fresh and acknowledges the version applied, every
+/// `flag.refresh_ms` from the start-up read on (`applied`); on Redis errors the last value
+/// stays.
+async fn refresh_flag_loop(
+    service: Arc<QueueService>,
+    instance_id: String,
+    mut applied: Option<(u64, u64)>,
+    cancel: CancellationToken,
+) {
     let every = Duration::from_millis(service.settings().flag.refresh_ms);
     let mut failing = false;
-    let mut applied: Option<(u64, u64)> = None;
     // Present from start, also while Redis is down and no refresh has worked yet.
     crate::metrics::set_flag_missing(service.flag_missing());
     loop {
+        tokio::select! {
+            () = cancel.cancelled() => {
+                // Stopping on purpose: not an instance that failed to apply the flag.
+                let _ = service.store.withdraw_flag_ack(&instance_id).await;
+                return;
+            }
+            () = tokio::time::sleep(every) => {}
+        }
         if let Err(e) = service.refresh_targets().await {
             tracing::debug!(error = %e, "cannot read the declared targets: keeping the last set read");
         }
@@ -74,34 +112,13 @@ async fn refresh_flag_loop(service: Arc<QueueService>, instance_id: String, canc
                     failing = false;
                     tracing::info!("flag refresh works again");
                 }
-                let (v, at) = match applied {
-                    Some((v, at)) if v == flag.version => (v, at),
-                    _ => (flag.version, now_epoch_ms()),
-                };
-                applied = Some((v, at));
-                let ack = FlagAck {
-                    instance: instance_id.clone(),
-                    version: v,
-                    applied_at_ms: at,
-                    kept_missing: flag.kept_missing,
-                    state: flag.state,
-                    silent_ms: None,
-                };
-                let _ = service.store.ack_flag(ack, FLAG_ACK_TTL_MS).await;
+                acknowledge_flag(&service, &instance_id, flag, &mut applied).await;
             }
             Err(e) if !failing => {
                 failing = true;
                 tracing::warn!(error = %e, "cannot read the flag: keeping the last value read");
             }
             Err(_) => {}
-        }
-        tokio::select! {
-            () = cancel.cancelled() => {
-                // Stopping on purpose: not an instance that failed to apply the flag.
-                let _ = service.store.withdraw_flag_ack(&instance_id).await;
-                return;
-            }
-            () = tokio::time::sleep(every) => {}
         }
     }
 }
@@ -241,12 +258,17 @@ pub async fn run(
             }
         }
     }
-    // Read the flag once before serving, so the first requests see it (if Redis answers).
-    let _ = service.refresh_flag().await;
+    // Read the flag once before serving, so the first requests see it (if Redis answers), and
+    // acknowledge it before the first answer: an instance that serves is one that `vq flag`
+    // (and its confirmation that every live instance applied a change) counts.
+    let mut applied = None;
+    if let Ok(flag) = service.refresh_flag().await {
+        acknowledge_flag(&service, &instance_id, flag, &mut applied).await;
+    }
     let _ = service.refresh_targets().await;
 
     let tracker = TaskTracker::new();
-    tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), cancel.clone()));
+    tracker.spawn(refresh_flag_loop(service.clone(), instance_id.clone(), applied, cancel.clone()));
     tracker.spawn(metrics_upkeep_loop(cancel.clone()));
     tracker.spawn(report_to_fleet_loop(service.clone(), report, cancel.clone()));
     tracker.spawn(clock_watch_loop(service.clone(), cancel.clone()));

@@ -54,6 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let store = open_store(&settings)?;
         if let Action::Set { target: Some(t), .. } | Action::Show { target: Some(t) } = &args.action {
             super::target::require_declared(&store, &settings, *t).await?;
+            super::target::require_same_shards(&store, &settings, *t).await?;
         }
         let shown = match args.action {
             Action::Show { target } => target,

@@ -194,6 +194,8 @@ pub async fn collect(store: &AnyStore, settings: &Settings, only: Option<QueueTa
     let here = settings.declared_targets()?;
     let mut rows = Vec::with_capacity(targets.len());
     for t in targets {
+        // Another shard count than the fleet's would read a part of the target as the whole.
+        super::target::same_shards(&reports, settings, t)?;
         let (snap, stats) = read_target_stats(store, t, settings).await?;
         let seen = rate_seen(&snap, stats.tick_ms, store.now_ms());
         let batch_changes = if stats.outflow_signals.is_some() {

@@ -72,8 +72,13 @@ pub async fn fleet(store: &AnyStore) -> anyhow::Result<Vec<InstanceReport>> {
 /// this command's configuration would (`targets.types.*.shards`): the command would reach
 /// some of the target's shards only.
 pub async fn require_same_shards(store: &AnyStore, settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
+    same_shards(&fleet(store).await?, settings, target)
+}
+
+/// [`require_same_shards`] against the fleet's `reports`, already read.
+pub fn same_shards(reports: &[InstanceReport], settings: &Settings, target: QueueTarget) -> anyhow::Result<()> {
     let here = settings.type_shards(target.kind);
-    for report in fleet(store).await? {
+    for report in reports {
         let Some(types) = report.settings.get("targets.types") else { continue };
         let Ok(types) = serde_json::from_str::<Vec<crate::config::TargetTypeSettings>>(types) else { continue };
         let Some(def) = types.iter().find(|t| QueueTargetType::parse_any(&t.slug).ok() == Some(target.kind)) else {

@@ -375,3 +375,23 @@ async fn both_stores_clear_overrides_with_off_and_keep_versions_above_acknowledg
         assert_eq!(s.change_flag(FlagChange::On { percent: 5 }).await.unwrap(), 42, "above the acknowledged 41");
     }
 }
+
+/// An instance acknowledges the flag it read at start-up before it answers anything, so
+/// `vq flag` (and its confirmation that every live instance applied a change) never misses
+/// one that already serves. Writes are held back in Redis (`CLIENT PAUSE … WRITE`) while it
+/// starts: reads pass, so an instance that served before its acknowledgement would answer
+/// with none written.
+#[tokio::test]
+async fn an_instance_answers_only_once_its_flag_acknowledgement_is_written() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    // Loads vq's function library first: loading it is a write too.
+    let probe = VqProcess::serve(&redis, &[("VQ_INSTANCE_ID", "vq-probe".to_owned())]).await;
+    drop(probe);
+    let _: () = redis::cmd("DEL").arg("virtual-queue:acks").query_async(&mut c).await.unwrap();
+    let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(1500).arg("WRITE").query_async(&mut c).await.unwrap();
+    let p = VqProcess::serve(&redis, &[("VQ_INSTANCE_ID", "vq-a".to_owned())]).await;
+    let acks: std::collections::HashMap<String, String> = c.hgetall("virtual-queue:acks").await.unwrap();
+    assert!(acks.contains_key("vq-a"), "vq-a answered /healthz with no acknowledgement written: {acks:?}");
+    drop(p);
+}

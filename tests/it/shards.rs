@@ -367,6 +367,91 @@ async fn on_a_cluster_pause_resume_close_and_clear_reach_every_shard() {
     the_sale_controls_reach_every_shard(Redis::cluster()).await;
 }
 
+/// The event log is the whole target's, on shard 0: the sale's changes once (the other
+/// shards keep no log), and the admission milestones counted over every shard — the first
+/// admission, each multiple of `events.admitted_every` passed by the target's total, and the
+/// line gone once the shards together hold less than a batch.
+async fn the_event_log_is_the_whole_targets(redis: Redis) {
+    let mut s = redis.settings();
+    s.events.admitted_every = 20;
+    let store = open_store(&s);
+    // An always-open target paused and resumed: the sale's changes.
+    assert!(store.control_sale(target(), SaleControl::Pause).await.unwrap());
+    assert!(store.control_sale(target(), SaleControl::Resume).await.unwrap());
+    enter_all(&store, 1..=45).await;
+    let batch = s.queue.batch_size;
+    assert_eq!(batch, 10);
+    let mut per_tick = Vec::new();
+    for _ in 0..6 {
+        next_tick(s.queue.tick_ms).await;
+        tick_room(s.queue.tick_ms, 200).await;
+        per_tick.push(store.admit_by(target(), Users(batch), Ms(s.queue.tick_ms), "p").await.unwrap().admitted);
+    }
+    assert_eq!(per_tick, [10, 10, 10, 10, 5, 0], "a full batch a tick across the shards");
+
+    let events =
+        store.read_events(vq::domain::EventLog::Target(target()), vq::domain::EventId::ZERO, 1000).await.unwrap();
+    let kinds: Vec<String> = events.iter().map(|e| format!("{:?}", e.kind)).collect();
+    use vq::domain::EventKind as K;
+    let count = |f: &dyn Fn(&K) -> bool| events.iter().filter(|e| f(&e.kind)).count();
+    assert_eq!(count(&|k| matches!(k, K::SalePaused { .. })), 1, "{kinds:#?}");
+    assert_eq!(count(&|k| matches!(k, K::SaleResumed { .. })), 1, "{kinds:#?}");
+    let firsts: Vec<u64> = events
+        .iter()
+        .filter_map(|e| if let K::FirstAdmission { admitted } = e.kind { Some(admitted) } else { None })
+        .collect();
+    assert_eq!(firsts, [10], "the target's first admission, its whole batch: {kinds:#?}");
+    let milestones: Vec<u64> = events
+        .iter()
+        .filter_map(|e| if let K::AdmissionMilestone { admitted } = e.kind { Some(admitted) } else { None })
+        .collect();
+    assert_eq!(milestones, [20, 40], "the target's total passing 20 and 40: {kinds:#?}");
+    let emptied: Vec<u64> =
+        events.iter().filter_map(|e| if let K::QueueEmptied { mark } = e.kind { Some(mark) } else { None }).collect();
+    assert_eq!(emptied.len(), 1, "the line gone once, in the tick that admitted 5: {kinds:#?}");
+    for sh in 1..SHARDS {
+        let exists: u64 = redis.query(redis::cmd("EXISTS").arg(format!("{}events", prefix(sh)))).await;
+        assert_eq!(exists, 0, "shard {sh} keeps no event log of its own");
+    }
+}
+
+#[tokio::test]
+async fn the_event_log_holds_the_whole_targets_sale_changes_and_milestones() {
+    the_event_log_is_the_whole_targets(Redis::server()).await;
+}
+
+#[tokio::test]
+async fn on_a_cluster_the_event_log_holds_the_whole_targets_sale_changes_and_milestones() {
+    the_event_log_is_the_whole_targets(Redis::cluster()).await;
+}
+
+/// The adaptive outflow's no-show counters are the whole target's: tokens used and expired on
+/// every shard (shard 0 alone would show a third of them, and another shard's no-shows none).
+#[tokio::test]
+async fn the_adaptive_outflow_counts_the_tokens_ended_on_every_shard() {
+    let redis = Redis::server();
+    let store = open_store(&redis.settings());
+    for (sh, used, expired) in [(0u8, 4u64, 1u64), (1, 0, 7), (2, 5, 2)] {
+        let _: () = redis
+            .query(
+                redis::cmd("HSET")
+                    .arg(format!("{}waits", prefix(sh)))
+                    .arg("tokens_used")
+                    .arg(used)
+                    .arg("tokens_expired")
+                    .arg(expired),
+            )
+            .await;
+    }
+    let interval = store.now_ms() / 600 + 5;
+    match store.claim_outflow(target(), interval).await.unwrap() {
+        vq::store::OutflowClaim::Decide { counters, .. } => {
+            assert_eq!((counters.used, counters.expired), (9, 10), "every shard's tokens")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn the_embedded_store_keeps_a_sharded_type_in_one_shard() {
     let mut s = test_settings(None);
@@ -446,7 +531,7 @@ async fn polls_answered_from_each_shards_copy_keep_positions_and_miss_no_admissi
 /// `vq sale` reaches every shard only with the fleet's shard count: a command run with another
 /// `shards` than the serving instances' is refused, and says why.
 #[tokio::test]
-async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
+async fn operator_commands_refuse_to_run_with_another_shard_count_than_the_fleets() {
     let redis = RedisServer::spawn();
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("vq.toml");
@@ -457,16 +542,16 @@ async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
     .unwrap();
     let conf = conf.to_str().unwrap();
     let _serving = crate::support::VqProcess::serve_args(&redis, &["--config", conf], &[]).await;
-    let run = |with_conf: bool| {
+    let run_cmd = |with_conf: bool, args: &[&str]| {
         let mut c = crate::support::vq_command();
+        c.args(args);
         if with_conf {
             c.args(["--config", conf]);
         }
-        c.args(["sale", "pause", "limited-drop:7"])
-            .env("VQ_REDIS__URL", redis.url())
-            .env("VQ_TARGETS__RANGES", crate::support::test_ranges_env());
+        c.env("VQ_REDIS__URL", redis.url()).env("VQ_TARGETS__RANGES", crate::support::test_ranges_env());
         c.output().unwrap()
     };
+    let run = |with_conf: bool| run_cmd(with_conf, &["sale", "pause", "limited-drop:7"]);
     // The instance's report reaches Redis within its 2-s round.
     crate::support::wait_until(std::time::Duration::from_secs(10), "the fleet report", async || {
         let o = run(false);
@@ -478,6 +563,16 @@ async fn vq_sale_refuses_to_run_with_another_shard_count_than_the_fleets() {
     assert!(err.contains("over 3 shards on the serving instance") && err.contains("over 1 here"), "{err}");
     let ok = run(true);
     assert!(!String::from_utf8_lossy(&ok.stderr).contains("shards"), "{}", String::from_utf8_lossy(&ok.stderr));
+    // The other commands that read or change a target's shards: stats (which would show one
+    // shard's figures as the target's) and a target's pinned batch.
+    for args in [&["stats", "--target", "limited-drop:7"][..], &["batch", "set", "7", "--target", "limited-drop:7"][..]]
+    {
+        let refused = run_cmd(false, args);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && err.contains("over 3 shards on the serving instance"), "{args:?}: {err}");
+        let ok = run_cmd(true, args);
+        assert!(ok.status.success(), "{args:?}: {}", String::from_utf8_lossy(&ok.stderr));
+    }
 }
 
 /// A shard's node gone: its users fail open (DIRECT_ADMITTED) as an unsharded target's would,

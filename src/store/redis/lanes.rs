@@ -416,7 +416,12 @@ impl RedisStore {
             let _: () = conn.set_ex(&credit_key, format!("{names}|{c}"), self.limits.key_ttl_s).await?;
         }
         let parts: Vec<QueueTarget> = groups.into_iter().flat_map(|(_, p)| p).collect();
-        self.admit_plan(target, &parts, won.as_deref().unwrap_or(&mine), tick, default_batch, tick_ms, instance).await
+        let out = self
+            .admit_plan(target, &parts, won.as_deref().unwrap_or(&mine), tick, default_batch, tick_ms, instance)
+            .await?;
+        let all_waiting = waiting.iter().flatten().sum();
+        self.announce_milestones(target, tick, batch, all_waiting, &out).await?;
+        Ok(out)
     }
 
     /// Each part's share of a stored plan (`a,b,c` in `parts`' order) admitted in the plan's

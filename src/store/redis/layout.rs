@@ -34,6 +34,7 @@ pub const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "wai
 pub const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 pub const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
 pub const OUTFLOW_SET_KEYS: &[&str] = &["outflow", "ledger", "events"];
+pub const ADMIT_MILESTONES_KEYS: &[&str] = &["milestones", "events"];
 /// After the per-user keys of `enter.lua` and `status.lua`.
 pub const SALE_KEYS: &[&str] = &["sale", "prequeue", "opening"];
 pub const ADMIT_KEYS: &[&str] = &[
@@ -357,6 +358,20 @@ script_args! {
 }
 
 script_args! {
+    /// `admit_milestones.lua`.
+    pub struct AdmitMilestonesArgs for "admit_milestones.lua" {
+        tick: u64,
+        admitted: u64,
+        batch: u64,
+        waiting: u64,
+        mark: u64,
+        admitted_every: u64,
+        events_max: u64,
+        events_ttl_s: u64,
+    } tail []
+}
+
+script_args! {
     /// `outflow_set.lua`: the arguments before the decision's fields.
     pub struct OutflowSetArgs<'a> for "outflow_set.lua" {
         key_ttl_s: u64,
@@ -477,6 +492,7 @@ const ALL: &[(&str, &[&str], &[&str])] = {
     of![
         ActiveCountArgs,
         AdmitArgs<'static>,
+        AdmitMilestonesArgs,
         EnterArgs,
         EventsLeaseArgs<'static>,
         EvictArgs,

@@ -1,10 +1,12 @@
 //! The adaptive outflow's storage on Redis: the purchase observations per interval and buyer
 //! (`outflow_observe.lua`), the claim
 //! of an interval's decision (`outflow_claim.lua`), the decision with its ledger row
-//! (`outflow_set.lua`), and the counts it reads: active buyers, tokens expired.
+//! (`outflow_set.lua`), and the counts it reads: active buyers, tokens expired (each added up
+//! over a sharded target's shards).
 
 use super::RedisStore;
 use super::codec;
+use super::keys;
 use super::layout::*;
 use super::scripts::{ACTIVE_COUNT, ACTIVE_COUNT_KEYS, TOKENS_EXPIRE, TOKENS_EXPIRE_KEYS};
 use super::scripts::{OUTFLOW_CLAIM, OUTFLOW_OBSERVE, OUTFLOW_SET, OUTFLOW_SET_KEYS, on_target};
@@ -54,7 +56,18 @@ impl OutflowOps for RedisStore {
             Some("decided") => Ok(OutflowClaim::Decided { current: current(reply.get(1)) }),
             Some("decide") if reply.len() >= 7 => {
                 let num = |i: usize| reply[i].parse::<u64>().ok();
-                let counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                let mut counters = TokensEnded { used: num(5).ok_or_else(bad)?, expired: num(6).ok_or_else(bad)? };
+                // The claim read shard 0's counters; a sharded target's tokens end on every shard.
+                for part in self.parts(target).into_iter().skip(1) {
+                    let (used, expired): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+                        .arg(keys::of(part, "waits"))
+                        .arg("tokens_used")
+                        .arg("tokens_expired")
+                        .query_async(&mut self.conn())
+                        .await?;
+                    counters.used += used.unwrap_or(0);
+                    counters.expired += expired.unwrap_or(0);
+                }
                 let ended = num(2).zip(num(3)).map(|(used, expired)| counters.since(TokensEnded { used, expired }));
                 let no_show_bp = num(4);
                 let mut seen = Observations::default();

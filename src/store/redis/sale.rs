@@ -51,7 +51,7 @@ impl RedisStore {
                 key_ttl_s: self.limits.key_ttl_s,
                 record_ttl_s: self.limits.record_ttl_s,
                 force: u8::from(force),
-                events_max: self.limits.events.max_len,
+                events_max: self.events_max(target),
             })
             .invoke_async(&mut self.conn())
             .await?)
@@ -108,7 +108,7 @@ impl RedisStore {
                 commitment: &crate::domain::seed_commitment(&seed),
                 expire_at_s: last_ms / 1000 + self.limits.key_ttl_s,
                 record_ttl_s: self.limits.record_ttl_s,
-                events_max: self.limits.events.max_len,
+                events_max: self.events_max(target),
             })
             .invoke_async(&mut self.conn())
             .await?;
@@ -328,7 +328,7 @@ impl SaleOps for RedisStore {
             opens_at_ms,
             key_ttl_s: self.limits.key_ttl_s,
             record_ttl_s: self.limits.record_ttl_s,
-            events_max: self.limits.events.max_len,
+            events_max: self.events_max(target),
         });
         for (seq, user) in places {
             inv.arg(*seq).arg(user.as_str());

@@ -72,6 +72,7 @@ macro_rules! def {
 const DEFS: &[Def] = &[
     def!("active_count.lua", NO_WRITES),
     def!("admit.lua"),
+    def!("admit_milestones.lua"),
     def!("enter.lua"),
     Def { file: "events_lease.lua", body: lua!("events_lease.lua"), prelude: false, flags: &[] },
     def!("evict.lua"),
@@ -393,6 +394,7 @@ pub(super) static SALE_READ: LazyLock<Function> = LazyLock::new(|| Function::of(
 pub(super) static TOKENS_EXPIRE: LazyLock<Function> = LazyLock::new(|| Function::of("tokens_expire.lua"));
 pub(super) static ACTIVE_COUNT: LazyLock<Function> = LazyLock::new(|| Function::of("active_count.lua"));
 pub(super) static OUTFLOW_SET: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_set.lua"));
+pub(super) static ADMIT_MILESTONES: LazyLock<Function> = LazyLock::new(|| Function::of("admit_milestones.lua"));
 pub(super) static OUTFLOW_OBSERVE: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_observe.lua"));
 pub(super) static OUTFLOW_CLAIM: LazyLock<Function> = LazyLock::new(|| Function::of("outflow_claim.lua"));
 pub(super) static USER_HOLD: LazyLock<Function> = LazyLock::new(|| Function::of("user_hold.lua"));
@@ -574,9 +576,10 @@ pub(super) mod tests {
             };
         }
         type Case = ((&'static str, &'static str), &'static [&'static str], &'static [&'static str]);
-        let cases: [Case; 16] = [
+        let cases: [Case; 17] = [
             (lua!("active_count.lua"), ACTIVE_COUNT_KEYS, &[]),
             (lua!("outflow_set.lua"), OUTFLOW_SET_KEYS, &[]),
+            (lua!("admit_milestones.lua"), crate::store::layout::ADMIT_MILESTONES_KEYS, &[]),
             (lua!("tokens_expire.lua"), TOKENS_EXPIRE_KEYS, &[]),
             (lua!("enter.lua"), ENTER_KEYS, SALE_KEYS),
             (lua!("status.lua"), STATUS_KEYS, SALE_KEYS),

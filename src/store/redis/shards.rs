@@ -20,6 +20,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use redis::AsyncCommands;
 
+use super::layout::{ADMIT_MILESTONES_KEYS, AdmitMilestonesArgs};
+use super::scripts::{ADMIT_MILESTONES, on_target};
 use super::{RedisStore, keys};
 use crate::domain::{QueueTarget, UserId, allot, user_shard};
 use crate::store::{AdmitOutcome, Evicted, SaleOps, StoreError, TargetSnapshot};
@@ -108,7 +110,43 @@ impl RedisStore {
             .arg(tick_ms * PLAN_KEPT_TICKS)
             .query_async(&mut conn)
             .await?;
-        self.admit_plan(target, &parts, won.as_deref().unwrap_or(&mine), tick, default_batch, tick_ms, instance).await
+        let out = self
+            .admit_plan(target, &parts, won.as_deref().unwrap_or(&mine), tick, default_batch, tick_ms, instance)
+            .await?;
+        self.announce_milestones(target, tick, batch, waiting.iter().sum(), &out).await?;
+        Ok(out)
+    }
+
+    /// The whole target's admission milestones in its event log, once a tick's plan is
+    /// applied (`admit_milestones.lua`; each shard's `admit.lua` announces none under a plan).
+    pub(super) async fn announce_milestones(
+        &self,
+        target: QueueTarget,
+        tick: u64,
+        batch: u64,
+        waiting: u64,
+        applied: &AdmitOutcome,
+    ) -> Result<(), StoreError> {
+        let _: u64 = on_target(&ADMIT_MILESTONES, target, ADMIT_MILESTONES_KEYS)
+            .args(&AdmitMilestonesArgs {
+                tick,
+                admitted: applied.admitted,
+                batch,
+                waiting,
+                mark: applied.mark,
+                admitted_every: self.limits.events.admitted_every,
+                events_max: self.limits.events.max_len,
+                events_ttl_s: self.limits.record_ttl_s,
+            })
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// The event log's length sent to a script working on `part`: 0 (no log) on a shard after
+    /// the first or a lane's part, whose target's log is its first shard's.
+    pub(super) fn events_max(&self, part: QueueTarget) -> u64 {
+        if part.shard.is_first() { self.limits.events.max_len } else { 0 }
     }
 
     /// Evicts up to `max` stale users from each shard.

@@ -86,9 +86,9 @@ impl RedisStore {
                 let mark = mark.max(self.fences.fence(target).mark);
                 let known_to = (departed.len() >= VIEW_DEPARTED_MAX).then(|| departed.last().copied()).flatten();
                 // A shard after the first has no pin of its own: the target's is shard 0's.
-                let batch = match target.shard.index {
-                    0 => batch,
-                    _ => {
+                let batch = match target.shard.is_first() {
+                    true => batch,
+                    false => {
                         let pinned: Option<u64> =
                             redis::AsyncCommands::get(&mut self.conn(), keys::of(target.whole(), "batch_size")).await?;
                         pinned.unwrap_or(0)
