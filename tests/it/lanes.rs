@@ -239,6 +239,15 @@ async fn a_presale_lane_is_admitted_before_the_public() {
         "public {public:?}, opening {opening_tick}"
     );
     assert!(lane.iter().min().is_some_and(|t| *t < opening_tick), "members {lane:?}, opening {opening_tick}");
+    // Each lane's pre-queued users were placed in the one seed's order (verifiable from the
+    // published seed, as a target without lanes is).
+    for (lane, users) in [("members", 101..=105u64), ("public", 1..=5u64)] {
+        let placed: Vec<String> =
+            redis.query(redis::cmd("ZRANGE").arg(format!("{}waiting", prefix(lane))).arg(0).arg(-1)).await;
+        let users: Vec<UserId> = users.map(user).collect();
+        let order: Vec<String> = vq::domain::opening_order(&[7u8; 32], &users).iter().map(|u| u.to_string()).collect();
+        assert_eq!(placed, order, "{lane} placed in the seed's order");
+    }
     let lane_opens: Option<String> =
         redis.query(redis::cmd("HGET").arg(format!("{}sale", prefix("members"))).arg("opens_at")).await;
     assert_eq!(lane_opens, Some((opens_at - 2000).to_string()), "the members' lane opens 2 s before");
@@ -461,6 +470,11 @@ async fn commands(redis: &RedisServer) -> u64 {
 async fn a_lane_adds_one_command_to_a_poll_and_a_target_without_lanes_none() {
     // The budget: commands a poll of a target with lanes costs beyond one without.
     const LANE_POLL_EXTRA: u64 = 1;
+    // The budget: commands an admission tick of a target with one lane costs beyond one
+    // without: measured 73 against 48 (the pin, each part's mark and waiting count, the
+    // carried shares' GET and SET, the plan's SET, the lane part's admit.lua with its share of
+    // the room, and admit_milestones.lua for the whole target).
+    const LANE_TICK_EXTRA: u64 = 25;
     let redis = RedisServer::spawn();
     let s = test_settings(Some(&redis));
     let store = open_store(&s);
@@ -477,6 +491,28 @@ async fn a_lane_adds_one_command_to_a_poll_and_a_target_without_lanes_none() {
         cost.push(commands(&redis).await);
     }
     assert_eq!(cost[1], cost[0] + LANE_POLL_EXTRA, "poll without lanes {}, with {}", cost[0], cost[1]);
+    // A new user's enter: the same one HGET more.
+    let mut enter = Vec::new();
+    for t in [plain, laned] {
+        let mut c = redis.conn().await;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+        store.enter(t, user(2), &"tok").await.unwrap();
+        enter.push(commands(&redis).await);
+    }
+    assert_eq!(enter[1], enter[0] + LANE_POLL_EXTRA, "enter without lanes {}, with {}", enter[0], enter[1]);
+    // An admission tick (both users of the public lane, the members' lane empty).
+    let mut tick = Vec::new();
+    for t in [plain, laned] {
+        next_tick(s.queue.tick_ms).await;
+        tick_room(s.queue.tick_ms, 200).await;
+        let mut c = redis.conn().await;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+        let a = store.admit_by(t, Users(10), Ms(s.queue.tick_ms), "a").await.unwrap();
+        assert_eq!(a.admitted, 2);
+        tick.push(commands(&redis).await);
+    }
+    println!("lane cost: poll {cost:?}, enter {enter:?}, admission tick {tick:?} (without, with one lane)");
+    assert!(tick[1] <= tick[0] + LANE_TICK_EXTRA, "a tick without lanes {}, with one lane {}", tick[0], tick[1]);
 }
 
 /// `vq lane` refuses what it cannot do with a clear error and a non-zero exit.
