@@ -544,6 +544,45 @@ async fn vq_lane_refuses_bad_names_shares_and_unknown_lanes() {
     assert_eq!(rows[0]["lane"], "public");
     assert_eq!((rows[1]["lane"].as_str(), rows[1]["share"].as_u64()), (Some("members"), Some(60)));
     assert!(run(&["remove", "limited-drop:9", "members"]).status.success());
+    // A lane added after the sale was scheduled is scheduled with it (its own opening earlier).
+    let opens = vq::domain::format_instant(vq::service::now_epoch_ms() + 3_600_000);
+    let opens = format!("{}Z", &opens[..19]);
+    let mut c = crate::support::vq_command();
+    let out = c
+        .args(["sale", "schedule", "limited-drop:9", "--opens-at", &opens])
+        .env("VQ_REDIS__URL", redis.url())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["add", "limited-drop:9", "vip", "--share", "20", "--opens-before", "600"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("scheduled with the sale"), "{out:?}");
+    let mut conn = redis.conn().await;
+    let (public, vip): (Option<u64>, Option<u64>) = redis::pipe()
+        .hget(format!("{}sale", prefix("public")), "opens_at")
+        .hget(format!("{}sale", prefix("vip")), "opens_at")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(vip, public.map(|p| p - 600_000), "the vip lane opens 10 minutes early");
+}
+
+/// `vq lane claim` prints what the shop's side computes: a claim vq verifies for that user.
+#[test]
+fn vq_lane_claim_prints_a_claim_that_verifies() {
+    let redis = RedisServer::spawn();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = lanes_config(&dir);
+    let out = crate::support::vq_command()
+        .args(["lane", "--config", &conf, "claim", "limited-drop:9", "members", "--user", "buyer-5"])
+        .env("VQ_REDIS__URL", redis.url())
+        .env("LANES_TEST_KEY", LANE_KEY)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let claim = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let now = vq::service::now_epoch_ms() / 1000;
+    let lane = vq::lane::verify_claim(Some(LANE_KEY.as_bytes()), target(), &user(5), &claim, now);
+    assert_eq!(lane, Ok(members()), "{claim}");
 }
 
 /// The README's "Presales and lanes" commands, run as written (the `vq serve` they talk to on
