@@ -83,10 +83,12 @@ impl RedisStore {
 
     /// The parts of `lane` of `target`: one, or one per shard of a sharded type.
     pub(super) fn lane_parts(&self, target: QueueTarget, lane: LaneName) -> Vec<QueueTarget> {
+        if lane.is_public() {
+            return self.parts_of_public(target.whole());
+        }
         let base = target.whole().in_lane(lane);
         match self.limits.shards(target.kind) {
-            n if n > 1 && !lane.is_public() => (0..n).map(|s| base.on_shard(s, n)).collect(),
-            _ if lane.is_public() => self.parts_of_public(target),
+            n if n > 1 => (0..n).map(|s| base.on_shard(s, n)).collect(),
             _ => vec![base],
         }
     }
@@ -146,12 +148,8 @@ impl RedisStore {
         code_hash: &str,
         lane: Option<LaneName>,
     ) -> Result<JoinOutcome, StoreError> {
-        let names: Vec<&str> = Vec::new();
         let lanes = self.lanes_of(target);
-        let names = lanes.iter().map(|l| l.name.as_str()).fold(names, |mut v, n| {
-            v.push(n);
-            v
-        });
+        let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
         let r: (u64, String) = on_target(&LANE_JOIN, target.whole(), LANE_JOIN_KEYS)
             .args(&LaneJoinArgs {
                 user: user.as_str(),
