@@ -68,6 +68,10 @@ async fn enter_fenced(c: &mut MultiplexedConnection, max: u64, f: Fence, users: 
         mark_seen: f.mark,
         tick_ms: 1000,
         record_ttl_s: 86_400,
+        hold_max: 0,
+        hold_target: "",
+        hold_generation: 0,
+        hold_generation_ms: 0,
     };
     call(c, &lua_as_sent(include_str!("../../lua/enter.lua")), layout::ENTER_KEYS, &args.argv(), users).await
 }
