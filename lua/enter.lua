@@ -240,13 +240,12 @@ if nfresh > 0 then
   local adds, refresh, every = {}, false, tonumber(ARGV[8])
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
-    -- The seq as a string once: ZADD and BITFIELD would each convert a number again.
-    local s = tostring(seq)
     out[3 * i + 1] = seq
-    adds[2 * j - 1], adds[2 * j] = s, ARGV[U + i]
-    seqBeats[#seqBeats + 1] = s
+    adds[2 * j - 1], adds[2 * j] = seq, ARGV[U + i]
     refresh = refresh or seq % every == 1
   end
+  -- Their heartbeats: one run of fields, from .. last.
+  beats_set_run(KEYS[9], from, nfresh, beat_tag(now))
   redis.call('ZADD', KEYS[1], unpack(adds))
   -- One entry time for all of them: seqs from .. last entered at `now`.
   redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)

@@ -214,6 +214,13 @@ end
 local function hold_generation(now, g, len)
   return math.min(3, math.max(1, math.floor(now / len) - g + 2))
 end
+-- Sets the heartbeats of `count` consecutive seqs from `from` to `tag`: one SETRANGE of their
+-- fields side by side (BITFIELD's u32 is big-endian), where beats_set sends four arguments a
+-- seq. New users' seqs are consecutive.
+local function beats_set_run(key, from, count, tag)
+  local b = string.char(math.floor(tag / 16777216) % 256, math.floor(tag / 65536) % 256, math.floor(tag / 256) % 256, tag % 256)
+  redis.call('SETRANGE', key, BEAT.bytes * from, string.rep(b, count))
+end
 
 -- Fences: after a failover that lost the last writes, Redis may hold a counter (the seq
 -- counter, the admission mark, the last tick) below a value an instance has already seen and
