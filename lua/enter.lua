@@ -137,14 +137,13 @@ if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
     end
   end
 end
--- The count's answer for a user about to be given a place: nil when they may take it (with
--- the field to write once they do, nil when it stays), else the TOO_MANY reply's list. A field
--- found in the previous generation moves to the current one either way.
+-- The count's answer for a user about to be given a place who holds queues already (holds[user]):
+-- nil when they may take it (with the field to write once they do, nil when it stays), else the
+-- TOO_MANY reply's list. A field found in the previous generation moves to the current one
+-- either way. A user who holds none is counted with holdEntry. The field is written once the
+-- user has their place (holdSet).
 local function hold_check(user)
   local v = holds[user]
-  if not v then
-    return nil, holdEntry
-  end
   local count, mine = 0, false
   for t in string.gmatch(v, '([^ =]+)=') do
     count = count + 1
@@ -164,12 +163,6 @@ local function hold_check(user)
   end
   return table.concat(ages, ' ')
 end
--- Counts the user (the field hold_check gave), once they have their place.
-local function hold_take(user, field)
-  if field then
-    holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
-  end
-end
 local ahead = ahead_counter(KEYS[7], mark)
 -- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
@@ -183,7 +176,11 @@ for i = 1, n do
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
-    local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    -- A new user (no seq, no token) in an open sale is the common case: nothing to look up.
+    local code, a, b, beat
+    if seqs[i] or toks[i] or phase == P_CLOSED then
+      code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    end
     if code then
       if beat then
         seqBeats[#seqBeats + 1] = a
@@ -195,8 +192,9 @@ for i = 1, n do
       beats[#beats + 1], beats[#beats + 2] = now, user
       out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
     else
-      local refused, field
-      if holdAt then
+      -- Counted unless they hold queues already (holds[user]: then hold_check decides).
+      local refused, field = nil, holdEntry
+      if holds[user] then
         refused, field = hold_check(user)
       end
       if refused then
@@ -212,7 +210,9 @@ for i = 1, n do
           preAdds[#preAdds + 1], preAdds[#preAdds + 2] = now, user
           beats[#beats + 1], beats[#beats + 2] = now, user
           prequeued = prequeued + 1
-          hold_take(user, field)
+          if field then
+            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+          end
           out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
         end
       else
@@ -224,7 +224,9 @@ for i = 1, n do
           out[o], out[o + 1], out[o + 2] = FULL, 0, 0
         else
           fresh[#fresh + 1] = i
-          hold_take(user, field)
+          if field then
+            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+          end
           out[o], out[o + 1], out[o + 2] = WAITING, 0, above
           above = above + 1
         end
@@ -274,14 +276,16 @@ if #holdSet > 0 then
   redis.call('HSET', key, unpack(holdSet))
   -- Kept through the next generation, where it is read as the previous one.
   redis.call('PEXPIREAT', key, (tonumber(ARGV[11]) + holdAt) * tonumber(ARGV[12]))
-  local from = {}
-  for k = 1, #holdSet, 2 do
-    if holdMoved[holdSet[k]] then
-      from[#from + 1] = holdSet[k]
+  if next(holdMoved) then
+    local from = {}
+    for k = 1, #holdSet, 2 do
+      if holdMoved[holdSet[k]] then
+        from[#from + 1] = holdSet[k]
+      end
     end
-  end
-  if #from > 0 then
-    redis.call('HDEL', KEYS[13 + n + holdAt - 2], unpack(from))
+    if #from > 0 then
+      redis.call('HDEL', KEYS[13 + n + holdAt - 2], unpack(from))
+    end
   end
 end
 if #preAdds > 0 then
