@@ -23,7 +23,8 @@ fn main() {
                 tick_ms: 2000,
                 record_ttl_s: 30 * 86_400,
                 hold_max: 0,
-                hold_target: "",
+                // Unread with hold_max 0; not empty, since the line is split on spaces.
+                hold_target: "-",
                 hold_generation: 0,
                 hold_generation_ms: 0,
             }
