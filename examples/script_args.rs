@@ -3,7 +3,7 @@
 //! vq's tests), so the benchmark keeps no argument list of its own: the target keys before the
 //! users' (one line, names after `queue:{T}:`), then the arguments before the users (one line).
 //! The benchmark's own choices are the values set here: a capacity nobody reaches, no fence,
-//! a 2 s tick, a 30-day record.
+//! a 2 s tick, a 30-day record, no count of the queues each user holds.
 //!
 //! Usage: cargo run --example script_args -- enter|status
 
@@ -22,6 +22,11 @@ fn main() {
                 mark_seen: 0,
                 tick_ms: 2000,
                 record_ttl_s: 30 * 86_400,
+                hold_max: 0,
+                // Unread with hold_max 0; not empty, since the line is split on spaces.
+                hold_target: "-",
+                hold_generation: 0,
+                hold_generation_ms: 0,
             }
             .argv(),
         ),

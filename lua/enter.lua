@@ -26,6 +26,10 @@
 -- KEYS[11+n] queue:{T}:prequeue      ZSET pre-queued users, arrival ms -> user, until the opening
 -- KEYS[12+n] queue:{T}:opening       ZSET the pre-queue frozen at the opening, until the pump has
 --                                    given it its order (sale_place.lua)
+-- KEYS[13+n] queue:holds:{h0}:<g-1>  HASH the queues each user holds (user_hold.lua), with the
+--                                    next two only when ARGV[9] > 0 (and with the sale keys)
+-- KEYS[14+n] queue:holds:{h0}:<g>    the generation vq takes for Redis' current one
+-- KEYS[15+n] queue:holds:{h0}:<g+1>
 -- ARGV[1] capacity: max capacity (users waiting or pre-queued and not yet admitted)
 -- ARGV[2] key_ttl_s: key ttl seconds (sliding)
 -- ARGV[3] seq_seen: fence: the highest seq this instance has seen given (0 when none)
@@ -37,7 +41,13 @@
 -- ARGV[7] record_ttl_s: record ttl seconds
 -- ARGV[8] ttl_refresh_every: TTL refresh period in seqs (`store::rules::TTL_REFRESH_EVERY`): see
 --                            below
--- ARGV[8+i] user: user i
+-- ARGV[9] hold_max: queue.max_queues_per_user when this call counts the target among the
+--                  queues each user given a place holds (a single node, where the holds' keys
+--                  and the target's are on one server), else 0 (no count, no hold keys)
+-- ARGV[10] hold_target: the target as the holds name it (the whole target, not a shard)
+-- ARGV[11] hold_generation: g, the generation of KEYS[14+n]
+-- ARGV[12] hold_generation_ms: a generation's length, ms
+-- ARGV[12+i] user: user i
 -- Heartbeats and entry times are Redis' TIME (now_ms), like every time a script keeps.
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING   a = seq, b = users ahead still waiting
@@ -47,6 +57,8 @@
 --   PRE_QUEUE recorded in the pre-queue (or in the frozen one, not yet placed)
 --   SCHEDULED before the pre-queue opens: not recorded
 --   CLOSED    the sale is closed: not recorded (admitted users still get their token)
+--   TOO_MANY  a = "TARGET=ms TARGET=ms ..." the queues the user holds (ms since each was
+--             counted), ARGV[9] of them already: not recorded
 -- then, when the sale keys are given: phase (0 no sale, 1 scheduled, 2 pre-queue, 3 opening,
 -- 4 open, 5 closed), opens_at ms or 0, prequeue_from ms or 0, paused 0|1, close message
 -- then always: the seq counter after this call, fenced (bits: 1 the seq counter was raised to
@@ -58,8 +70,11 @@
 -- At sale start this runs for every entry, so its calls are per call, not per user. Key TTLs
 -- are refreshed by admit.lua every tick while anyone waits, and here whenever a new seq is the
 -- first or a multiple of ARGV[8] plus one (so keys written before any pump runs still expire).
+-- A user given a place (a new seq or a new pre-queue entry) is counted with ARGV[9] > 0, in the
+-- same step: a user refused by the count gets no place, and one refused for capacity is not
+-- counted. A user the queue already knows is not counted again.
 -- Users start after the U fixed arguments.
-local U = 8
+local U = 12
 local n = #ARGV - U
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
@@ -89,6 +104,65 @@ if phase == P_PRE_QUEUE then
 end
 local preAdds = {}
 local toks = tokens_of(seqs, n, 9)
+-- The count of queues held (ARGV[9] > 0): the fields of the users who may be given a place, read
+-- once for the call (the current generation, then the previous one for those it lacks).
+local holdMax, holdAt = tonumber(ARGV[9]), nil
+local holds, holdMoved, holdSet, holdEntry = {}, {}, {}, nil
+if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
+  local g, len = tonumber(ARGV[11]), tonumber(ARGV[12])
+  holdAt = hold_generation(now, g, len)
+  holdEntry = ARGV[10] .. '=' .. now
+  local ask = {}
+  for i = 1, n do
+    if not (seqs[i] or toks[i] or pre[i]) then
+      ask[#ask + 1] = ARGV[U + i]
+    end
+  end
+  if #ask > 0 then
+    local found, missing = redis.call('HMGET', KEYS[13 + n + holdAt - 1], unpack(ask)), {}
+    for k, u in ipairs(ask) do
+      if found[k] then
+        holds[u] = found[k]
+      else
+        missing[#missing + 1] = u
+      end
+    end
+    if holdAt > 1 and #missing > 0 then
+      local older = redis.call('HMGET', KEYS[13 + n + holdAt - 2], unpack(missing))
+      for k, u in ipairs(missing) do
+        if older[k] then
+          holds[u], holdMoved[u] = older[k], true
+        end
+      end
+    end
+  end
+end
+-- The count's answer for a user about to be given a place who holds queues already (holds[user]):
+-- nil when they may take it (with the field to write once they do, nil when it stays), else the
+-- TOO_MANY reply's list. A field found in the previous generation moves to the current one
+-- either way. A user who holds none is counted with holdEntry. The field is written once the
+-- user has their place (holdSet).
+local function hold_check(user)
+  local v = holds[user]
+  local count, mine = 0, false
+  for t in string.gmatch(v, '([^ =]+)=') do
+    count = count + 1
+    mine = mine or t == ARGV[10]
+  end
+  if mine then
+    return nil, holdMoved[user] and v or nil
+  elseif count < holdMax then
+    return nil, v .. ' ' .. holdEntry
+  end
+  if holdMoved[user] then
+    holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, v
+  end
+  local ages = {}
+  for t, ms in string.gmatch(v, '([^ =]+)=(%d+)') do
+    ages[#ages + 1] = t .. '=' .. math.max(0, now - tonumber(ms))
+  end
+  return table.concat(ages, ' ')
+end
 local ahead = ahead_counter(KEYS[7], mark)
 -- Users waiting above the mark (all of them are ahead of a new user), counted when needed.
 local above
@@ -102,7 +176,11 @@ for i = 1, n do
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
-    local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    -- A new user (no seq, no token) in an open sale is the common case: nothing to look up.
+    local code, a, b, beat
+    if seqs[i] or toks[i] or phase == P_CLOSED then
+      code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    end
     if code then
       if beat then
         seqBeats[#seqBeats + 1] = a
@@ -113,30 +191,45 @@ for i = 1, n do
     elseif pre[i] then
       beats[#beats + 1], beats[#beats + 2] = now, user
       out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
-    elseif phase == P_PRE_QUEUE then
-      -- Pre-queued users count against the capacity like waiting ones.
-      if not above then
-        above = ahead(tonumber(st[3] or '0') + 1)
-      end
-      if above + prequeued >= max then
-        out[o], out[o + 1], out[o + 2] = FULL, 0, 0
-      else
-        preAdds[#preAdds + 1], preAdds[#preAdds + 2] = now, user
-        beats[#beats + 1], beats[#beats + 2] = now, user
-        prequeued = prequeued + 1
-        out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
-      end
     else
-      -- Everyone waiting above the mark is ahead of a new user.
-      if not above then
-        above = ahead(tonumber(st[3] or '0') + 1)
+      -- Counted unless they hold queues already (holds[user]: then hold_check decides).
+      local refused, field = nil, holdEntry
+      if holds[user] then
+        refused, field = hold_check(user)
       end
-      if above >= max then
-        out[o], out[o + 1], out[o + 2] = FULL, 0, 0
+      if refused then
+        out[o], out[o + 1], out[o + 2] = TOO_MANY, refused, 0
+      elseif phase == P_PRE_QUEUE then
+        -- Pre-queued users count against the capacity like waiting ones.
+        if not above then
+          above = ahead(tonumber(st[3] or '0') + 1)
+        end
+        if above + prequeued >= max then
+          out[o], out[o + 1], out[o + 2] = FULL, 0, 0
+        else
+          preAdds[#preAdds + 1], preAdds[#preAdds + 2] = now, user
+          beats[#beats + 1], beats[#beats + 2] = now, user
+          prequeued = prequeued + 1
+          if field then
+            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+          end
+          out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
+        end
       else
-        fresh[#fresh + 1] = i
-        out[o], out[o + 1], out[o + 2] = WAITING, 0, above
-        above = above + 1
+        -- Everyone waiting above the mark is ahead of a new user.
+        if not above then
+          above = ahead(tonumber(st[3] or '0') + 1)
+        end
+        if above >= max then
+          out[o], out[o + 1], out[o + 2] = FULL, 0, 0
+        else
+          fresh[#fresh + 1] = i
+          if field then
+            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+          end
+          out[o], out[o + 1], out[o + 2] = WAITING, 0, above
+          above = above + 1
+        end
       end
     end
   end
@@ -149,12 +242,12 @@ if nfresh > 0 then
   local adds, refresh, every = {}, false, tonumber(ARGV[8])
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
-    local user = ARGV[U + i]
     out[3 * i + 1] = seq
-    adds[2 * j - 1], adds[2 * j] = seq, user
-    seqBeats[#seqBeats + 1] = seq
+    adds[2 * j - 1], adds[2 * j] = seq, ARGV[U + i]
     refresh = refresh or seq % every == 1
   end
+  -- Their heartbeats: one run of fields, from .. last.
+  beats_set_run(KEYS[9], from, nfresh, beat_tag(now))
   redis.call('ZADD', KEYS[1], unpack(adds))
   -- One entry time for all of them: seqs from .. last entered at `now`.
   redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)
@@ -177,6 +270,23 @@ if #beats > 0 then
 end
 if #seqBeats > 0 then
   beats_set(KEYS[9], seqBeats, beat_tag(now))
+end
+if #holdSet > 0 then
+  local key = KEYS[13 + n + holdAt - 1]
+  redis.call('HSET', key, unpack(holdSet))
+  -- Kept through the next generation, where it is read as the previous one.
+  redis.call('PEXPIREAT', key, (tonumber(ARGV[11]) + holdAt) * tonumber(ARGV[12]))
+  if next(holdMoved) then
+    local from = {}
+    for k = 1, #holdSet, 2 do
+      if holdMoved[holdSet[k]] then
+        from[#from + 1] = holdSet[k]
+      end
+    end
+    if #from > 0 then
+      redis.call('HDEL', KEYS[13 + n + holdAt - 2], unpack(from))
+    end
+  end
 end
 if #preAdds > 0 then
   -- The seq key marks the target alive for the pump (forget_if_expired), also before any seq.

@@ -18,6 +18,7 @@ local ISSUE = 5
 local PRE_QUEUE = 6
 local SCHEDULED = 7
 local CLOSED = 8
+local TOO_MANY = 9
 -- The sale's phases in the replies' trailing items.
 local NO_SALE = 0
 local P_SCHEDULED = 1
@@ -192,8 +193,11 @@ local BEAT = {ms = 10, wrap = 4294967295, type = 'u32', bytes = 4}
 local function beat_tag(ms)
   return math.floor(ms / BEAT.ms) % BEAT.wrap + 1
 end
--- Sets the heartbeat of each seq in `seqs` to `tag` (0 forgets them), one BITFIELD per 1500.
+-- Sets the heartbeat of each seq in `seqs` (numbers or their strings) to `tag` (0 forgets them),
+-- one BITFIELD per 1500. The tag goes as one string: a number argument costs Redis a
+-- conversion per user.
 local function beats_set(key, seqs, tag)
+  tag = tostring(tag)
   for from = 1, #seqs, 1500 do
     local part = {}
     for i = from, math.min(from + 1499, #seqs) do
@@ -201,6 +205,21 @@ local function beats_set(key, seqs, tag)
     end
     redis.call('BITFIELD', key, unpack(part))
   end
+end
+
+-- The queues each user holds a place in (`queue.max_queues_per_user`): HASHes of one field per
+-- user ("TARGET=ms TARGET=ms ...", the ms each target was counted), in generations of `len` ms
+-- of Redis' clock (user_hold.lua says why). vq names three generations, g-1, g and g+1 (g by its
+-- own clock); this is the one of the three that is Redis' current one at `now` (1, 2 or 3).
+local function hold_generation(now, g, len)
+  return math.min(3, math.max(1, math.floor(now / len) - g + 2))
+end
+-- Sets the heartbeats of `count` consecutive seqs from `from` to `tag`: one SETRANGE of their
+-- fields side by side (BITFIELD's u32 is big-endian), where beats_set sends four arguments a
+-- seq. New users' seqs are consecutive.
+local function beats_set_run(key, from, count, tag)
+  local b = string.char(math.floor(tag / 16777216) % 256, math.floor(tag / 65536) % 256, math.floor(tag / 256) % 256, tag % 256)
+  redis.call('SETRANGE', key, BEAT.bytes * from, string.rep(b, count))
 end
 
 -- Fences: after a failover that lost the last writes, Redis may hold a counter (the seq

@@ -5,9 +5,11 @@
 --
 -- vq sends this script with lua/prelude.lua in front (Redis' clock, now_ms).
 --
--- A target's scripts cannot reach what a user holds in other targets, so the count is kept
--- here, in HASHes shared by the users of a bucket (one bucket on a single server; a fixed
--- number on a cluster, each in its own slot): one field per user, no key of their own. The
+-- The count is kept in HASHes shared by the users of a bucket (one bucket on a single server; a
+-- fixed number on a cluster, each in its own slot): one field per user, no key of their own.
+-- On a single server enter.lua counts a user given a place in the same call (the same fields,
+-- the same generations); this script counts on a cluster, where a target's scripts cannot
+-- reach the buckets, and drops targets (a token collected, a leave) everywhere. The
 -- count is checked against the targets only when it reaches its limit: vq asks each target
 -- counted long enough ago for its enter to have run whether the user still holds a place
 -- there, and drops the ones they left, were admitted from or evicted from.
@@ -30,7 +32,7 @@
 local now = now_ms()
 local g, len = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- Redis' generation among the three (vq's clock is corrected by the offset it measures).
-local cur = math.min(3, math.max(1, math.floor(now / len) - g + 2))
+local cur = hold_generation(now, g, len)
 
 local users, at = {}, {}
 for i = 3, #ARGV, 2 do

@@ -30,7 +30,18 @@ sha_enter=$(r script load "$(cat "$base_lua/prelude.lua")
 $(cat "$base_lua/enter.lua")")
 P='queue:{LIMITED_DROP:1}:'
 status_args=(9 ${P}waiting ${P}heartbeat ${P}admitted_count ${P}batch_size ${P}departed ${P}token:42 ${P}sale ${P}prequeue ${P}opening 0 1800 42)
-enter_args=(12 ${P}waiting ${P}heartbeat ${P}seq ${P}admitted_count ${P}batch_size ${P}entry_times ${P}departed ${P}record ${P}token:__rand_int__ ${P}sale ${P}prequeue ${P}opening 100000000 1800 0 0 0 2000 2592000 64 u__rand_int__)
+# enter.lua's arguments before its users; an enter.lua that counts the queues each user holds
+# takes four more (hold_max 0: no count, and no keys of the holds).
+enter_head() { # enter.lua -> its arguments before the users
+  echo 100000000 1800 0 0 0 2000 2592000 64
+  if grep -q 'hold_max' "$1"; then echo 0 - 0 0; fi
+}
+fcall_holds=()
+[[ "$(r --raw function list withcode)" != *hold_max* ]] || fcall_holds=(0 - 0 0)
+enter_keys=(12 ${P}waiting ${P}heartbeat ${P}seq ${P}admitted_count ${P}batch_size ${P}entry_times ${P}departed ${P}record ${P}token:__rand_int__ ${P}sale ${P}prequeue ${P}opening)
+# shellcheck disable=SC2207 # numbers and '-'
+evalsha_enter_args=("${enter_keys[@]}" $(enter_head "$base_lua/enter.lua") u__rand_int__)
+fcall_enter_args=("${enter_keys[@]}" 100000000 1800 0 0 0 2000 2592000 64 "${fcall_holds[@]}" u__rand_int__)
 ticks() { awk '{print $14 + $15}' /proc/$rpid/stat; }
 steal() { awk '/^cpu /{print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 hz=$(getconf CLK_TCK)
@@ -48,10 +59,10 @@ read -r s0 tot0 < <(steal)
 for i in $(seq "$rounds"); do
   one evalsha_status EVALSHA "$sha_status" "${status_args[@]}"
   one fcall_status FCALL "${lib}_status" "${status_args[@]}"
-  one fcall_enter FCALL "${lib}_enter" "${enter_args[@]}"
-  one evalsha_enter EVALSHA "$sha_enter" "${enter_args[@]}"
-  one evalsha_enter EVALSHA "$sha_enter" "${enter_args[@]}"
-  one fcall_enter FCALL "${lib}_enter" "${enter_args[@]}"
+  one fcall_enter FCALL "${lib}_enter" "${fcall_enter_args[@]}"
+  one evalsha_enter EVALSHA "$sha_enter" "${evalsha_enter_args[@]}"
+  one evalsha_enter EVALSHA "$sha_enter" "${evalsha_enter_args[@]}"
+  one fcall_enter FCALL "${lib}_enter" "${fcall_enter_args[@]}"
   one fcall_status FCALL "${lib}_status" "${status_args[@]}"
   one evalsha_status EVALSHA "$sha_status" "${status_args[@]}"
 done | tee "$dir/res"

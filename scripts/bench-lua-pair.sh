@@ -50,14 +50,22 @@ done
 P='queue:{LIMITED_DROP:1}:'
 r hset "${P}sale" opens_at 1 opened_at 2 frozen 0 >/dev/null
 enter_keys=(${P}waiting ${P}heartbeat ${P}seq ${P}admitted_count ${P}batch_size ${P}entry_times ${P}departed ${P}record)
-enter_head=(100000000 1800 0 0 0 2000 2592000 64)
+# enter.lua's arguments before its users, per side: an enter.lua that counts the queues each
+# user holds takes four more (hold_max 0: no count, and no keys of the holds).
+enter_head() { # dir -> its enter.lua's arguments before the users
+  echo 100000000 1800 0 0 0 2000 2592000 64
+  if grep -q 'hold_max' "$1/enter.lua"; then echo 0 - 0 0; fi
+}
+# shellcheck disable=SC2207 # numbers and '-'
+head_a=($(enter_head "$a")) head_b=($(enter_head "$b"))
 sale_keys=(${P}sale ${P}prequeue ${P}opening)
 # Known users u000000000000 .. (USERS of them, as redis-benchmark's __rand_int__ spells them).
 for i in $(seq 0 $((users - 1))); do
   u=$(printf 'u%012d' "$i")
-  r fcall pair_b_enter 12 "${enter_keys[@]}" "${P}token:$u" "${sale_keys[@]}" "${enter_head[@]}" "$u" >/dev/null
+  r fcall pair_b_enter 12 "${enter_keys[@]}" "${P}token:$u" "${sale_keys[@]}" "${head_b[@]}" "$u" >/dev/null
 done
-enter_new=(12 "${enter_keys[@]}" "${P}token:n__rand_int__" "${sale_keys[@]}" "${enter_head[@]}" n__rand_int__)
+enter_new_a=(12 "${enter_keys[@]}" "${P}token:n__rand_int__" "${sale_keys[@]}" "${head_a[@]}" n__rand_int__)
+enter_new_b=(12 "${enter_keys[@]}" "${P}token:n__rand_int__" "${sale_keys[@]}" "${head_b[@]}" n__rand_int__)
 status=(9 ${P}waiting ${P}heartbeat ${P}admitted_count ${P}batch_size ${P}departed ${P}token:u__rand_int__ "${sale_keys[@]}" 0 1800 u__rand_int__)
 admit=(17 ${P}waiting ${P}admitted_count ${P}last_tick ${P}batch_size ${P}admissions ${P}entry_times ${P}waits ${P}heartbeat ${P}seq ${P}evicted ${P}departed "${sale_keys[@]}" ${P}ledger ${P}record ${P}events
   1 1 1800 bench 10000 0 0 0 0 2592000 "120:1 600:10 3600:60" 60 10000 0 500 '')
@@ -78,7 +86,8 @@ for i in $(seq "$rounds"); do
   for side in a b b a; do
     for op in $ops; do
       case $op in
-        enter_new) one "enter_new_$side" "pair_${side}_enter" 1000000000 "${enter_new[@]}" ;;
+        enter_new) if [ "$side" = a ]; then new=("${enter_new_a[@]}"); else new=("${enter_new_b[@]}"); fi
+          one "enter_new_$side" "pair_${side}_enter" 1000000000 "${new[@]}" ;;
         status) one "status_$side" "pair_${side}_status" "$users" "${status[@]}" ;;
         admit) one "admit_$side" "pair_${side}_admit" 1 "${admit[@]}" ;;
         sale_path) one "sale_path_$side" "pair_${side}_sale_path" 1 1 "${P}sale" ;;

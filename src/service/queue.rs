@@ -16,13 +16,6 @@ use crate::token::{self, EntryToken};
 /// is one they left, not one still being entered.
 const HOLD_SETTLED: Duration = Duration::from_secs(10);
 
-/// Why [`QueueService::hold_queue`] did not count a target.
-enum Hold {
-    /// The user holds a place in these, the most they may.
-    TooMany(Vec<QueueTarget>),
-    Store(StoreError),
-}
-
 impl QueueService {
     fn candidate(&self, target: QueueTarget, user: &UserId) -> EntryToken {
         token::mint(&self.secret, target, user, self.now_s(), self.settings.token.ttl_s)
@@ -126,15 +119,25 @@ impl QueueService {
         if let Some(answer) = self.bypass_store(target, user) {
             return answer;
         }
-        if let Err(e) = self.hold_queue(target, user).await {
-            return match e {
-                Hold::TooMany(held) => Err(QueueError::TooManyQueues { target, held }),
-                Hold::Store(e) => self.failed("enter", target, user, &e),
-            };
-        }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(target, self.store.enter(target, user.clone(), &candidate)).await {
+        // A user given a place counts the target among their queues in the same step
+        // (`queue.max_queues_per_user`, 0: no limit); one this instance knows waiting here is
+        // counted already.
+        let mut max = self.settings.queue.max_queues_per_user;
+        if self.local_answer(target, user).is_some() {
+            max = 0;
+        }
+        let enter = || self.bounded(target, self.store.enter_counted(target, user.clone(), &candidate, max));
+        let mut outcome = enter().await;
+        if let Ok(EnterOutcome::TooMany(held)) = &outcome {
+            match self.drop_left_queues(target, user, held).await {
+                Ok(true) => outcome = enter().await,
+                Ok(false) => {}
+                Err(e) => return self.failed("enter", target, user, &e),
+            }
+        }
+        match outcome {
             Ok(EnterOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 self.register_active(target).await;
@@ -144,6 +147,9 @@ impl QueueService {
                 Ok(self.stored_token(target, user, self.count_issue(target, user, raw, &minted).await))
             }
             Ok(EnterOutcome::Full) => Err(QueueError::Full(target)),
+            Ok(EnterOutcome::TooMany(held)) => {
+                Err(QueueError::TooManyQueues { target, held: held.into_iter().map(|(t, _)| t).collect() })
+            }
             Ok(EnterOutcome::PreQueue(n)) => {
                 self.register_active(target).await;
                 Ok(Self::pre_queue(n))
@@ -195,37 +201,30 @@ impl QueueService {
         }
     }
 
-    /// Counts `target` among the queues `user` waits in, within `queue.max_queues_per_user`
-    /// (0: no limit). At the limit, the targets counted where the user no longer holds a
-    /// place (admitted, evicted, a sale closed) are dropped and the count is tried again.
-    async fn hold_queue(&self, target: QueueTarget, user: &UserId) -> Result<(), Hold> {
-        let max = self.settings.queue.max_queues_per_user;
-        if max == 0 || self.local_answer(target, user).is_some() {
-            return Ok(());
-        }
-        let hold = || self.bounded(target, self.store.hold_queue(user.clone(), target, max));
-        let held = hold().await.map_err(Hold::Store)?;
-        if held.is_empty() {
-            return Ok(());
-        }
-        // Only targets counted long enough ago for their enter to have run: one counted just
-        // now by a racing enter holds no place yet, and must not be dropped.
+    /// At the limit of queues (`queue.max_queues_per_user`): stops counting the targets of
+    /// `held` where the user no longer holds a place (admitted, evicted, a sale closed);
+    /// whether any was dropped, so that the enter is worth trying again.
+    async fn drop_left_queues(
+        &self,
+        target: QueueTarget,
+        user: &UserId,
+        held: &[(QueueTarget, u64)],
+    ) -> Result<bool, StoreError> {
+        // Only targets counted long enough ago for their enter to have run: on a cluster a
+        // target is counted before its enter, so one counted just now by a racing enter holds
+        // no place yet, and must not be dropped.
         let mut gone = Vec::new();
-        for &(t, age_ms) in &held {
+        for &(t, age_ms) in held {
             let settled = age_ms > HOLD_SETTLED.as_millis() as u64;
-            if settled && !self.bounded(target, self.store.holds_place(t, user.clone())).await.map_err(Hold::Store)? {
+            if settled && !self.bounded(target, self.store.holds_place(t, user.clone())).await? {
                 gone.push(t);
             }
         }
-        let names = |held: Vec<(QueueTarget, u64)>| held.into_iter().map(|(t, _)| t).collect();
         if gone.is_empty() {
-            return Err(Hold::TooMany(names(held)));
+            return Ok(false);
         }
-        self.bounded(target, self.store.release_queues(user.clone(), &gone)).await.map_err(Hold::Store)?;
-        match hold().await.map_err(Hold::Store)? {
-            held if held.is_empty() => Ok(()),
-            held => Err(Hold::TooMany(names(held))),
-        }
+        self.bounded(target, self.store.release_queues(user.clone(), &gone)).await?;
+        Ok(true)
     }
 
     /// Leaving is best effort: with Redis down the user is evicted later by the heartbeat.

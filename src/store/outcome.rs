@@ -73,6 +73,9 @@ pub enum EnterOutcome {
     Scheduled(SaleNotice),
     /// The sale is closed: not recorded.
     Closed(SaleNotice),
+    /// Refused by the count of queues (`QueueOps::enter_counted`): the user holds a place in
+    /// its `max` already, these (each with the ms since it was counted). Not recorded.
+    TooMany(Vec<(QueueTarget, u64)>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,6 +16,18 @@ pub trait QueueOps: Send + Sync + 'static {
         candidate: &dyn Candidate,
     ) -> impl Future<Output = Result<EnterOutcome, StoreError>> + Send;
 
+    /// As [`enter`](Self::enter), and a user given a place counts `target` among the queues
+    /// they hold (as [`hold_queue`](Self::hold_queue) does), unless `max` are counted already:
+    /// then [`EnterOutcome::TooMany`] and nothing is written. A user the queue knows already
+    /// (waiting, admitted, pre-queued) is not counted again. `max` 0: [`enter`](Self::enter).
+    fn enter_counted(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+        max: u64,
+    ) -> impl Future<Output = Result<EnterOutcome, StoreError>> + Send;
+
     /// The poll: refreshes the heartbeat, issues the token once the mark reaches the seq.
     fn status(
         &self,

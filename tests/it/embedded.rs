@@ -146,8 +146,9 @@ async fn strings_and_set_options_answer_as_redis_does() {
     .await;
 }
 
-/// The waiting users' heartbeats are 32-bit fields of a string (`BITFIELD u32 #seq`, read back
-/// in slices with `GETRANGE`): both answer as Redis does, past the end of the string included.
+/// The waiting users' heartbeats are 32-bit fields of a string (`BITFIELD u32 #seq`, a run of
+/// new users' fields written with `SETRANGE`, read back in slices with `GETRANGE`): both answer
+/// as Redis does, past the end of the string included.
 #[tokio::test]
 async fn bitfields_and_byte_ranges_answer_as_redis_does() {
     let mut b = Both::start().await;
@@ -173,6 +174,18 @@ async fn bitfields_and_byte_ranges_answer_as_redis_does() {
         &["HSET", "h", "f", "v"],
         &["BITFIELD", "h", "GET", "u8", "0"],
         &["GETRANGE", "h", "0", "1"],
+        &["SETRANGE", "r", "8", "abcd"],
+        &["GETRANGE", "r", "0", "-1"],
+        &["BITFIELD", "r", "GET", "u32", "#2"],
+        &["SETRANGE", "r", "2", "xy"],
+        &["SETRANGE", "r", "0", ""],
+        &["GETRANGE", "r", "0", "-1"],
+        &["SETRANGE", "empty", "5", ""],
+        &["EXISTS", "empty"],
+        &["SETRANGE", "r", "-1", "x"],
+        &["SETRANGE", "r", "x", "x"],
+        &["SETRANGE", "h", "0", "x"],
+        &["SETRANGE", "r"],
     ])
     .await;
 }

@@ -68,6 +68,10 @@ async fn enter_fenced(c: &mut MultiplexedConnection, max: u64, f: Fence, users: 
         mark_seen: f.mark,
         tick_ms: 1000,
         record_ttl_s: 86_400,
+        hold_max: 0,
+        hold_target: "",
+        hold_generation: 0,
+        hold_generation_ms: 0,
     };
     call(c, &lua_as_sent(include_str!("../../lua/enter.lua")), layout::ENTER_KEYS, &args.argv(), users).await
 }
@@ -415,4 +419,93 @@ async fn sale_read_of_the_prelude_names_the_codecs_fields() {
     let _: () = redis::cmd("HSET").arg(&key).arg(&fields).query_async(&mut c).await.unwrap();
     let got = prelude_eval(&mut c, body, std::slice::from_ref(&key), &names[..1]).await;
     assert_eq!(got, [101, 1]);
+}
+
+/// enter.lua counting the queues each user holds (`queue.max_queues_per_user`, a single
+/// server): a user given a place is counted in the same call; one at the limit gets TOO_MANY
+/// naming their queues and no place; one refused for capacity is not counted; a user the queue
+/// knows is not counted again; a count found in the previous generation moves to the current
+/// one.
+#[tokio::test]
+async fn enter_counts_the_queues_of_the_users_it_gives_a_place() {
+    use redis::AsyncCommands;
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let len = 3_600_000;
+    let g = redis_ms(&mut c).await / len;
+    let hk = |g: u64| format!("queue:holds:{{h0}}:{g}");
+    // User 2 holds two other queues, counted in the previous generation; user 3 one, now.
+    let _: () = c.hset(hk(g - 1), "2", "TICKETING_EVENT:1=5 TICKETING_EVENT:2=6").await.unwrap();
+    let _: () = c.hset(hk(g), "3", "TICKETING_EVENT:3=7").await.unwrap();
+    let enter = async |c: &mut MultiplexedConnection, users: &[u64]| {
+        let script = redis::Script::new(&lua_as_sent(include_str!("../../lua/enter.lua")));
+        let mut inv = script.prepare_invoke();
+        for name in layout::ENTER_KEYS {
+            inv.key(format!("{P}{name}"));
+        }
+        for u in users {
+            inv.key(format!("{P}token:{u}"));
+        }
+        for name in layout::SALE_KEYS {
+            inv.key(format!("{P}{name}"));
+        }
+        for g in [g - 1, g, g + 1] {
+            inv.key(hk(g));
+        }
+        let args = EnterArgs {
+            capacity: 3,
+            key_ttl_s: 1800,
+            seq_seen: 0,
+            seq_to: 0,
+            mark_seen: 0,
+            tick_ms: 1000,
+            record_ttl_s: 86_400,
+            hold_max: 2,
+            hold_target: "LIMITED_DROP:1",
+            hold_generation: g,
+            hold_generation_ms: len,
+        };
+        for a in args.argv() {
+            inv.arg(a);
+        }
+        for u in users {
+            inv.arg(u);
+        }
+        let reply: Vec<redis::Value> = inv.invoke_async(c).await.expect("script call");
+        reply
+            .into_iter()
+            .map(|v| match v {
+                redis::Value::Int(n) => n.to_string(),
+                redis::Value::BulkString(b) => String::from_utf8(b).expect("utf-8"),
+                other => panic!("unexpected reply item {other:?}"),
+            })
+            .collect::<Vec<_>>()
+    };
+    let r = enter(&mut c, &[1, 2, 3, 4, 5]).await;
+    let answer = |r: &[String], i: usize| (r[2 + 3 * i].clone(), r[3 + 3 * i].clone());
+    assert_eq!(answer(&r, 0), ("1".into(), "1".into()), "user 1 waits, seq 1: {r:?}");
+    let (code, held) = answer(&r, 1);
+    assert_eq!(code, "9", "user 2 holds the most already: TOO_MANY");
+    assert!(held.starts_with("TICKETING_EVENT:1=") && held.contains(" TICKETING_EVENT:2="), "{held}");
+    assert_eq!(answer(&r, 2), ("1".into(), "2".into()), "user 3 waits, seq 2");
+    assert_eq!(answer(&r, 3), ("1".into(), "3".into()), "user 4 waits, seq 3");
+    assert_eq!(answer(&r, 4).0, "3", "user 5: FULL");
+
+    let now: Vec<Option<String>> =
+        redis::cmd("HMGET").arg(hk(g)).arg(&["1", "2", "3", "4", "5"]).query_async(&mut c).await.unwrap();
+    assert!(now[0].as_deref().is_some_and(|v| v.starts_with("LIMITED_DROP:1=")), "{now:?}");
+    assert_eq!(now[1].as_deref(), Some("TICKETING_EVENT:1=5 TICKETING_EVENT:2=6"), "moved, unchanged");
+    assert!(now[2].as_deref().is_some_and(|v| v.starts_with("TICKETING_EVENT:3=7 LIMITED_DROP:1=")), "{now:?}");
+    assert!(now[3].is_some(), "{now:?}");
+    assert_eq!(now[4], None, "refused for capacity: not counted");
+    let before: Option<String> = c.hget(hk(g - 1), "2").await.unwrap();
+    assert_eq!(before, None, "the previous generation's field moved");
+    let waiting: u64 = c.zcard(format!("{P}waiting")).await.unwrap();
+    assert_eq!(waiting, 3, "TOO_MANY and FULL give no place");
+
+    // Entering again: the same place, the count unchanged.
+    let r = enter(&mut c, &[1]).await;
+    assert_eq!(answer(&r, 0), ("1".into(), "1".into()));
+    let again: Option<String> = c.hget(hk(g), "1").await.unwrap();
+    assert_eq!(again, now[0]);
 }

@@ -4,9 +4,10 @@
 //! them one after the other, each as if alone.
 //!
 //! A bucket is one set of HASHes (`keys::user_holds`, one field per user, in generations): one
-//! bucket on a single server, so a coalesced enter's users share one call; [`CLUSTER_BUCKETS`]
-//! on a cluster, each in a slot of its own, so the users spread over the nodes and one call
-//! carries the users of one bucket.
+//! bucket on a single server, where `enter.lua` counts the users it gives a place in the same
+//! call (`shared_calls.rs`) and this file only drops targets; [`CLUSTER_BUCKETS`] on a cluster,
+//! each in a slot of its own, so the users spread over the nodes and one call carries the
+//! users of one bucket (counted before their enter, `QueueOps::enter_counted`).
 
 use std::sync::Arc;
 

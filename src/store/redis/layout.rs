@@ -119,6 +119,12 @@ pub(super) fn user_hold_keys(bucket: u32, generation: u64) -> [String; 3] {
     [generation.saturating_sub(1), generation, generation + 1].map(|g| keys::user_holds(bucket, g))
 }
 
+/// `enter.lua`'s keys after the sale's when it counts the queues each user holds: the
+/// generations of the one bucket of a single server (`holds.rs`).
+pub(super) fn enter_hold_keys(generation: u64) -> [String; 3] {
+    user_hold_keys(0, generation)
+}
+
 /// Where a script call's arguments go: a command being built, an invocation, or bytes.
 #[doc(hidden)]
 pub trait Sink {
@@ -236,8 +242,10 @@ script_args! {
 }
 
 script_args! {
-    /// `enter.lua`: the arguments before its users.
-    pub struct EnterArgs for "enter.lua" {
+    /// `enter.lua`: the arguments before its users. The `hold_*` ones count the queues each
+    /// user given a place holds (`queue.max_queues_per_user`) in the same call, with the keys of
+    /// [`enter_hold_keys`] after the sale's; `hold_max` 0: no count, no such keys.
+    pub struct EnterArgs<'a> for "enter.lua" {
         capacity: u64,
         key_ttl_s: u64,
         seq_seen: u64,
@@ -246,6 +254,10 @@ script_args! {
         tick_ms: u64,
         record_ttl_s: u64,
         ttl_refresh_every = TTL_REFRESH_EVERY,
+        hold_max: u64,
+        hold_target: &'a str,
+        hold_generation: u64,
+        hold_generation_ms: u64,
     } tail [user]
 }
 
@@ -493,7 +505,7 @@ const ALL: &[(&str, &[&str], &[&str])] = {
         ActiveCountArgs,
         AdmitArgs<'static>,
         AdmitMilestonesArgs,
-        EnterArgs,
+        EnterArgs<'static>,
         EventsLeaseArgs<'static>,
         EvictArgs,
         FlagAckArgs<'static>,
@@ -605,14 +617,33 @@ mod tests {
             let want: Vec<String> = header_key_patterns(&script_text(file)).iter().map(|p| render(p)).collect();
             assert_eq!(built, want, "{file}: the keys its call builds and its header");
         }
+        // enter.lua's keys of the holds, after the target's and the sale's.
+        let holds: Vec<String> = header_key_patterns(&script_text("enter.lua"))
+            .iter()
+            .filter(|p| p.starts_with("queue:holds:"))
+            .map(|p| render(p))
+            .collect();
+        assert_eq!(enter_hold_keys(10).to_vec(), holds, "enter.lua: the holds' keys");
     }
 
     #[test]
     fn a_declaration_sends_its_fields_and_fixed_values_in_order() {
-        let args =
-            EnterArgs { capacity: 1, key_ttl_s: 2, seq_seen: 3, seq_to: 4, mark_seen: 5, tick_ms: 6, record_ttl_s: 7 };
+        let args = EnterArgs {
+            capacity: 1,
+            key_ttl_s: 2,
+            seq_seen: 3,
+            seq_to: 4,
+            mark_seen: 5,
+            tick_ms: 6,
+            record_ttl_s: 7,
+            hold_max: 8,
+            hold_target: "LIMITED_DROP:9",
+            hold_generation: 10,
+            hold_generation_ms: 11,
+        };
         let sent: Vec<String> = args.argv().into_iter().map(|a| String::from_utf8(a).expect("utf-8")).collect();
-        assert_eq!(sent, ["1", "2", "3", "4", "5", "6", "7", &TTL_REFRESH_EVERY.to_string()]);
+        let every = TTL_REFRESH_EVERY.to_string();
+        assert_eq!(sent, ["1", "2", "3", "4", "5", "6", "7", &every, "8", "LIMITED_DROP:9", "10", "11"]);
         assert_eq!(sent.len(), EnterArgs::NAMES.len());
     }
 }

@@ -26,30 +26,27 @@ impl QueueOps for RedisStore {
         user: UserId,
         candidate: &dyn Candidate,
     ) -> Result<EnterOutcome, StoreError> {
-        let target = self.user_place(target, &user).await?;
-        // A user admitted, then evicted or gone before the token was stored enters again.
-        for _ in 0..2 {
-            let mut answer = self.shared_call(Op::Enter, target, user.clone()).await?;
-            if let Answer::Issue = answer {
-                answer = self.issue(target, &user, candidate).await?;
+        self.enter_part(target, user, candidate, 0).await
+    }
+
+    async fn enter_counted(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+        max: u64,
+    ) -> Result<EnterOutcome, StoreError> {
+        if max > 0 && self.conn.is_cluster() {
+            // The holds' buckets and the target live on different nodes: counted first, in
+            // a call of the bucket's own (a place then not given leaves a count that the
+            // service drops once the limit is reached).
+            let held = self.hold_call(user.clone(), target, HoldOp::Count { max }).await?;
+            if !held.is_empty() {
+                return Ok(EnterOutcome::TooMany(held));
             }
-            match answer {
-                Answer::Waiting(w) => {
-                    return Ok(EnterOutcome::Waiting(self.lane_shown(w.in_whole_target(target), target)));
-                }
-                Answer::Admitted(token) => {
-                    // Handed to the buyer only once a failover cannot lose it.
-                    self.replicated(target).await?;
-                    return Ok(EnterOutcome::Admitted(token));
-                }
-                Answer::Full => return Ok(EnterOutcome::Full),
-                Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
-                Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
-                Answer::Closed(n) => return Ok(EnterOutcome::Closed(n)),
-                Answer::NotInQueue | Answer::Issue => {}
-            }
+            return self.enter_part(target, user, candidate, 0).await;
         }
-        Err(StoreError::Reply { what: "enter.lua", detail: "user left the queue while being admitted".into() })
+        self.enter_part(target, user, candidate, max).await
     }
 
     async fn status(
@@ -73,7 +70,7 @@ impl QueueOps for RedisStore {
             Answer::NotInQueue => Ok(StatusOutcome::NotInQueue),
             Answer::PreQueue(n) => Ok(StatusOutcome::PreQueue(n)),
             Answer::Closed(n) => Ok(StatusOutcome::Closed(n)),
-            Answer::Full | Answer::Issue | Answer::Scheduled(_) => Err(StoreError::Reply {
+            Answer::Full | Answer::Issue | Answer::Scheduled(_) | Answer::TooMany(_) => Err(StoreError::Reply {
                 what: "status.lua",
                 detail: "an enter-only answer (full, scheduled) or a second issue".into(),
             }),
@@ -173,6 +170,42 @@ impl QueueOps for RedisStore {
 }
 
 impl RedisStore {
+    /// A user's enter (`enter.lua`, shared with whatever else is queued for the target's part),
+    /// counting the queues the user holds in the same call when `hold_max` > 0.
+    async fn enter_part(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        candidate: &dyn Candidate,
+        hold_max: u64,
+    ) -> Result<EnterOutcome, StoreError> {
+        let target = self.user_place(target, &user).await?;
+        // A user admitted, then evicted or gone before the token was stored enters again.
+        for _ in 0..2 {
+            let mut answer = self.shared_call(Op::Enter { hold_max }, target, user.clone()).await?;
+            if let Answer::Issue = answer {
+                answer = self.issue(target, &user, candidate).await?;
+            }
+            match answer {
+                Answer::Waiting(w) => {
+                    return Ok(EnterOutcome::Waiting(self.lane_shown(w.in_whole_target(target), target)));
+                }
+                Answer::Admitted(token) => {
+                    // Handed to the buyer only once a failover cannot lose it.
+                    self.replicated(target).await?;
+                    return Ok(EnterOutcome::Admitted(token));
+                }
+                Answer::Full => return Ok(EnterOutcome::Full),
+                Answer::PreQueue(n) => return Ok(EnterOutcome::PreQueue(n)),
+                Answer::Scheduled(n) => return Ok(EnterOutcome::Scheduled(n)),
+                Answer::Closed(n) => return Ok(EnterOutcome::Closed(n)),
+                Answer::TooMany(held) => return Ok(EnterOutcome::TooMany(held)),
+                Answer::NotInQueue | Answer::Issue => {}
+            }
+        }
+        Err(StoreError::Reply { what: "enter.lua", detail: "user left the queue while being admitted".into() })
+    }
+
     pub(super) async fn evict_part(
         &self,
         target: QueueTarget,

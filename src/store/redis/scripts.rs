@@ -370,6 +370,8 @@ pub(super) enum Code {
     PreQueue = 6,
     Scheduled = 7,
     Closed = 8,
+    /// enter.lua only, when it counts the queues each user holds: `a` names them.
+    TooMany = 9,
 }
 
 impl Code {
@@ -543,7 +545,7 @@ pub(super) mod tests {
         let codes = lua.iter().filter(|(n, _)| !n.starts_with("P_") && n != "NO_SALE").count();
         assert_eq!(codes, Code::iter().count(), "a code in the prelude that Rust does not know: {lua:?}");
         assert_eq!(Code::of(0), None);
-        assert_eq!(Code::of(9), None);
+        assert_eq!(Code::of(10), None);
     }
 
     /// The target key names of `-- KEYS[<digits>] queue:{T}:<name>` lines, in order, and of

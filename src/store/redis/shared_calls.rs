@@ -23,9 +23,10 @@ impl RedisStore {
     pub(super) async fn shared_call(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
-            let fences = self.fences.clone();
+            let (fences, pulse, clock) = (self.fences.clone(), self.pulse.clone(), self.clock.clone());
             Coalescer::spawn(move |(op, target), jobs| {
-                execute(conn.clone(), limits.clone(), fences.clone(), op, target, jobs)
+                let now = super::store_now(clock.as_ref(), &pulse);
+                execute(conn.clone(), limits.clone(), fences.clone(), Call { op, target, now }, jobs)
             })
         });
         let (reply, answer) = oneshot::channel();
@@ -63,8 +64,21 @@ impl RedisStore {
 /// Which shared script a job is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
-    Enter,
+    /// `hold_max` > 0: the call also counts the queues each user given a place holds
+    /// (`queue.max_queues_per_user`), on a single node, where the holds' bucket and the target
+    /// are on one server (`holds.rs` counts them in calls of their own on a cluster).
+    Enter {
+        hold_max: u64,
+    },
     Status,
+}
+
+/// One shared call: its script, its target (or shard), and now by the store's clock (the
+/// holds' generation).
+pub(super) struct Call {
+    op: Op,
+    target: QueueTarget,
+    now: u64,
 }
 
 /// One user's enter or poll, waiting for its answer.
@@ -81,6 +95,8 @@ pub(super) enum Answer {
     NotInQueue,
     /// Admitted and still in the queue: sign a token and store it with `issue.lua`.
     Issue,
+    /// Refused by the count of queues: the ones the user holds, ms since each was counted.
+    TooMany(Vec<(QueueTarget, u64)>),
     PreQueue(SaleNotice),
     Scheduled(SaleNotice),
     Closed(SaleNotice),
@@ -92,14 +108,8 @@ pub(super) enum Answer {
 /// pile them up. A caller that gives up while the call is in Redis changes nothing here: the
 /// user keeps the place the call gave them (a client that hung up polls again); a request
 /// that failed open takes its user out itself (`QueueService::failed`).
-async fn execute(
-    conn: Conn,
-    limits: Arc<StoreLimits>,
-    fences: Arc<Fences>,
-    op: Op,
-    target: QueueTarget,
-    jobs: Vec<Job>,
-) {
+async fn execute(conn: Conn, limits: Arc<StoreLimits>, fences: Arc<Fences>, call: Call, jobs: Vec<Job>) {
+    let Call { op, target, now } = call;
     let (stale, jobs): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
@@ -109,11 +119,19 @@ async fn execute(
     }
     let fence = fences.fence(target);
     let (script, what, names): (&Function, _, &[&str]) = match op {
-        Op::Enter => (&ENTER, "enter.lua", ENTER_KEYS),
+        Op::Enter { .. } => (&ENTER, "enter.lua", ENTER_KEYS),
         Op::Status => (&STATUS, "status.lua", STATUS_KEYS),
     };
+    // The holds' generations, as holds.rs names them (a generation lasts the key TTL).
+    let hold_max = match op {
+        Op::Enter { hold_max } => hold_max,
+        Op::Status => 0,
+    };
+    let gen_ms = limits.key_ttl_s.max(1) * 1000;
+    let hold_keys = (hold_max > 0).then(|| enter_hold_keys(now / gen_ms));
     let mut conn = conn;
-    let mut cmd = script.cmd(&conn, names.len() + jobs.len() + SALE_KEYS.len());
+    let mut cmd =
+        script.cmd(&conn, names.len() + jobs.len() + SALE_KEYS.len() + hold_keys.as_ref().map_or(0, |k| k.len()));
     let prefix = keys::of(target, "");
     let mut key = String::with_capacity(prefix.len() + 24);
     for name in names {
@@ -130,8 +148,12 @@ async fn execute(
     for name in SALE_KEYS {
         cmd.arg(format!("{prefix}{name}"));
     }
+    for key in hold_keys.iter().flatten() {
+        cmd.arg(key.as_str());
+    }
+    let hold_target = target.whole().to_string();
     match op {
-        Op::Enter => script.put_args(
+        Op::Enter { .. } => script.put_args(
             &mut cmd,
             &EnterArgs {
                 // A shard's part of the target's capacity (the parts add up to it).
@@ -146,6 +168,10 @@ async fn execute(
                 mark_seen: fence.mark,
                 tick_ms: limits.tick_ms,
                 record_ttl_s: limits.record_ttl_s,
+                hold_max,
+                hold_target: &hold_target,
+                hold_generation: now / gen_ms,
+                hold_generation_ms: gen_ms,
             },
         ),
         Op::Status => script.put_args(&mut cmd, &StatusArgs { mark_seen: fence.mark, key_ttl_s: limits.key_ttl_s }),
@@ -159,7 +185,7 @@ async fn execute(
     };
     match answers {
         Ok((answers, seen)) => {
-            let seq = (op == Op::Enter).then_some(seen.seq);
+            let seq = matches!(op, Op::Enter { .. }).then_some(seen.seq);
             fences.observe(target, seq, seen.mark, None, seen.raised, false);
             for (job, answer) in jobs.into_iter().zip(answers) {
                 let _ = job.reply.send(Ok(answer));
@@ -240,8 +266,34 @@ fn parse_answers(
             (Some(Code::Full), _, _) => Ok(Answer::Full),
             (Some(Code::NotInQueue), _, _) => Ok(Answer::NotInQueue),
             (Some(Code::Issue), _, _) => Ok(Answer::Issue),
+            (Some(Code::TooMany), Value::BulkString(held), _) => Ok(Answer::TooMany(parse_held(held))),
             _ => Err(bad(&items)),
         })
         .collect::<Result<Vec<_>, _>>()
         .map(|answers| (answers, seen))
+}
+
+/// The queues a user holds, as `enter.lua` names them with TOO_MANY: "TARGET=ms TARGET=ms ...",
+/// the ms since each was counted. A target that no longer parses counts for nothing (as in
+/// `holds.rs`).
+fn parse_held(held: &[u8]) -> Vec<(QueueTarget, u64)> {
+    String::from_utf8_lossy(held)
+        .split(' ')
+        .filter_map(|e| {
+            let (t, ms) = e.rsplit_once('=')?;
+            Some((t.parse().ok()?, ms.parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_held_queues_of_a_refused_enter_are_read_by_name() {
+        let held = parse_held(b"LIMITED_DROP:1=1500 TICKETING_EVENT:4=0 not a target");
+        let t = |s: &str| s.parse::<QueueTarget>().expect("target");
+        assert_eq!(held, [(t("LIMITED_DROP:1"), 1500), (t("TICKETING_EVENT:4"), 0)]);
+    }
 }

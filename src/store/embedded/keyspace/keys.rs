@@ -122,6 +122,7 @@ impl Keyspace {
                 Ok(Reply::Bulk(byte_range(s, start, end).to_vec()))
             }
             "BITFIELD" => self.bitfield(a),
+            "SETRANGE" => self.set_range(a),
             "SETEX" | "PSETEX" => {
                 arity(a, 3, 3)?;
                 let t = int(&a[1])?;
@@ -174,6 +175,36 @@ impl Keyspace {
             }
             _ => Err(Fail::Unknown),
         }
+    }
+
+    /// `SETRANGE key offset value`: overwrites the string from byte `offset`, padding with zero
+    /// bytes up to it; the new length. An empty value changes nothing (and creates no key).
+    /// What `enter.lua` writes a run of new users' heartbeats with.
+    fn set_range(&mut self, a: Args) -> Result<Reply, Fail> {
+        arity(a, 3, 3)?;
+        let offset = int(&a[1])?;
+        let offset = usize::try_from(offset).map_err(|_| Fail::Reply(Reply::err("ERR offset is out of range")))?;
+        let value = &a[2];
+        if offset.saturating_add(value.len()) > 512 * 1024 * 1024 {
+            return Err(Fail::Reply(Reply::err("ERR string exceeds maximum allowed size (proto-max-bulk-len)")));
+        }
+        match self.live(&a[0]) {
+            Some(Entry { data: Data::Str(_), .. }) => {}
+            Some(_) => return Err(wrongtype()),
+            None if value.is_empty() => return Ok(Reply::Int(0)),
+            None => {
+                self.keys.insert(a[0].clone(), Entry { data: Data::Str(Vec::new()), expires_at: None });
+            }
+        }
+        let Some(Entry { data: Data::Str(e), .. }) = self.live(&a[0]) else { return Err(wrongtype()) };
+        if !value.is_empty() {
+            let end = offset + value.len();
+            if e.len() < end {
+                e.resize(end, 0);
+            }
+            e[offset..end].copy_from_slice(value);
+        }
+        Ok(Reply::Int(e.len() as i64))
     }
 
     /// `BITFIELD key [GET type offset] [SET type offset value] ...` with unsigned types
