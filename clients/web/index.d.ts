@@ -12,6 +12,8 @@ export interface StatusBody {
   pollAfterSeconds?: number;
   opensAt?: string;
   prequeueOpensAt?: string;
+  /** WAITING in a target with lanes: the lane the place is in (`public` or the one a code or claim joined). */
+  lane?: string;
   message?: string;
   paused?: true;
   /** identity.mode = "visitor": the token that names the visitor (sent back as X-Visitor-Token). */
@@ -42,6 +44,8 @@ export interface QueueState {
   paused: boolean;
   /** CLOSED: why (e.g. "Sold out"). */
   message: string | null;
+  /** WAITING in a target with lanes: the lane (`public`, or the one `laneCode`/`laneClaim` joined); `position` counts within it. Null without lanes. */
+  lane: string | null;
   opensAt: string | null;
   prequeueOpensAt: string | null;
   /** SCHEDULED and PRE_QUEUE: seconds to the opening (or the pre-queue), by the server's clock. */
@@ -116,6 +120,20 @@ interface CommonOptions {
    * worker-src): inline, in chunks of a few ms that yield to the event loop.
    */
   powWorker?: boolean;
+  /**
+   * Presales: an access code the shop handed out (`vq lane codes import`), sent with every enter
+   * as the JSON body's `laneCode`; the answer's `lane` names the lane joined. A wrong code makes
+   * wait() reject with a QueueError 403 LANE_CODE_INVALID, a code another buyer used 409
+   * LANE_CODE_USED; the buyer's place, if any, is kept (a new WaitingRoom without the code
+   * waits in the public lane).
+   */
+  laneCode?: string;
+  /**
+   * A lane claim the shop signed for this buyer (`<lane>.<expiresAtEpochSec>.<hex HMAC>`), sent
+   * with every enter as the JSON body's `laneClaim`; refused: a QueueError 403 LANE_CLAIM_INVALID.
+   * Not with `laneCode`.
+   */
+  laneClaim?: string;
 }
 
 /** identity.mode = "header" (the default): the shop names the buyer. */

@@ -250,6 +250,14 @@ export class WaitingRoom {
     if (!Number.isInteger(attempts) || attempts < 1) throw new TypeError("maxPowAttempts must be a positive integer");
     this.maxPowAttempts = attempts;
     this.powWorker = options.powWorker ?? true;
+    const { laneCode, laneClaim } = options;
+    if (laneCode !== undefined && laneClaim !== undefined) throw new TypeError("laneCode and laneClaim exclude each other");
+    for (const [name, v] of [["laneCode", laneCode], ["laneClaim", laneClaim]]) {
+      if (v !== undefined && (typeof v !== "string" || v === "")) throw new TypeError(`${name} must be a non-empty string`);
+    }
+    /** The enter's JSON body: the proof of a lane, or null (an enter without a body). */
+    this.enterBody = laneCode !== undefined ? JSON.stringify({ laneCode })
+      : laneClaim !== undefined ? JSON.stringify({ laneClaim }) : null;
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.headers = options.headers ?? {};
     this.onUpdate = options.onUpdate ?? (() => {});
@@ -264,11 +272,12 @@ export class WaitingRoom {
     return Date.now() + this.skewMs;
   }
 
-  async call(method, path, signal, extra) {
+  async call(method, path, signal, extra, sent) {
     const headers = { ...this.headers, ...extra };
     if (!this.visitor) headers["X-User-Id"] = this.userId;
     else if (this.visitorToken) headers["X-Visitor-Token"] = this.visitorToken;
-    const resp = await this.fetch(this.api + path, { method, headers, cache: "no-store", signal });
+    if (sent) headers["Content-Type"] = "application/json";
+    const resp = await this.fetch(this.api + path, { method, headers, cache: "no-store", signal, body: sent ?? undefined });
     const date = Date.parse(resp.headers.get("date") ?? "");
     if (!Number.isNaN(date)) this.skewMs = date - Date.now();
     const retryAfter = Number(resp.headers.get("retry-after")) || null;
@@ -288,7 +297,7 @@ export class WaitingRoom {
   state(body) {
     const s = { status: body.status, position: body.position ?? null, aheadCount: body.aheadCount ?? 0,
       etaSeconds: body.etaSeconds ?? 0, paused: body.paused === true, message: body.message ?? null,
-      opensAt: body.opensAt ?? null, prequeueOpensAt: body.prequeueOpensAt ?? null, secondsToOpen: null,
+      lane: body.lane ?? null, opensAt: body.opensAt ?? null, prequeueOpensAt: body.prequeueOpensAt ?? null, secondsToOpen: null,
       entryToken: body.entryToken ?? null, tokenExpiresAt: body.tokenExpiresAt ?? null };
     const at = Date.parse(body.status === "SCHEDULED" ? (body.prequeueOpensAt ?? body.opensAt) : body.opensAt);
     if (!Number.isNaN(at)) s.secondsToOpen = Math.max(0, Math.ceil((at - this.serverNow()) / 1000));
@@ -360,7 +369,8 @@ export class WaitingRoom {
       let r;
       const sent = polling ? null : proof;
       try {
-        r = await this.call(polling ? "GET" : "POST", polling ? "/entries/me" : "/entries", signal, sent ?? undefined);
+        r = polling ? await this.call("GET", "/entries/me", signal)
+          : await this.call("POST", "/entries", signal, sent ?? undefined, this.enterBody);
       } catch (e) {
         if (signal?.aborted) throw abortError(signal);
         // Offline or no answer: try the same step again, waiting longer each time.

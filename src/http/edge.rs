@@ -124,7 +124,9 @@ fn preflight_answer() -> Response {
     h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, DELETE"));
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, Content-Type"),
+        HeaderValue::from_static(
+            "X-User-Id, X-Entry-Token, X-Visitor-Token, X-Pow-Seed, X-Pow-Nonce, X-VQ-Lane, Content-Type",
+        ),
     );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE_S.into());
     r

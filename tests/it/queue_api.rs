@@ -377,7 +377,14 @@ async fn cors_lets_the_configured_origins_call_the_queue_api_and_no_other() {
     assert_eq!(ok.status(), 204);
     let h = ok.headers();
     assert_eq!(h["access-control-allow-origin"], "https://shop.example");
-    assert!(h["access-control-allow-headers"].to_str().unwrap().contains("X-User-Id"));
+    let allowed = h["access-control-allow-headers"].to_str().unwrap();
+    // Every header a waiting page sends: the buyer, the token, the visitor, the proof of work,
+    // a signed lane claim and the JSON body of a lane code.
+    for name in
+        ["X-User-Id", "X-Entry-Token", "X-Visitor-Token", "X-Pow-Seed", "X-Pow-Nonce", "X-VQ-Lane", "Content-Type"]
+    {
+        assert!(allowed.split(", ").any(|a| a == name), "{name} not in {allowed}");
+    }
     assert!(h["access-control-allow-methods"].to_str().unwrap().contains("POST"));
     let other = preflight("https://evil.example").await.unwrap();
     assert!(other.headers().get("access-control-allow-origin").is_none(), "{:?}", other.headers());

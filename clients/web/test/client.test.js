@@ -3,7 +3,7 @@
 // and closed sales; a full queue's 429 and an overloaded instance's 503 are waited out as
 // Retry-After says; abort leaves the queue; a proof of work at entry is solved (in a Blob
 // worker or inline), a refused one gets a fresh challenge and endless refusals end the wait;
-// visitor mode keeps vq's visitor token. VQ_BIN names the vq binary (default: the debug build
+// visitor mode keeps vq's visitor token; a presale code joins its lane. VQ_BIN names the vq binary (default: the debug build
 // of this checkout).
 
 import { test, before, after } from "node:test";
@@ -213,6 +213,41 @@ test("the typed answer is the OpenAPI document's Status, field for field", () =>
     assert.equal(optional === "", status.required.includes(name), `${name}: required in one, optional in the other`);
   }
   assert.deepEqual([...STATUSES].sort(), [...status.properties.status.enum].sort());
+});
+
+test("a presale code joins its lane once: the state names the lane; another buyer's use of the code and a wrong code end the wait with vq's answer", async () => {
+  vq("lane", "add", "limited-drop:49", "members", "--share", "50");
+  const env = { ...clean, VQ_REDIS__URL: redisUrl, VQ_TOKEN_SECRET: SECRET, VQ_TARGETS__RANGES: TARGETS };
+  execFileSync(VQ, ["lane", "codes", "import", "limited-drop:49", "members"], { env, input: "FAN-7Q2K\n" });
+  // The serving instance reads its lanes every flag refresh: until then an enter has no lane.
+  let probe = 0;
+  await until("the instance serves the lane", async () => {
+    const r = await fetch(`${fast}/virtual-queues/limited-drop/49/entries`, { method: "POST", headers: { "X-User-Id": `probe-${probe++}` } });
+    return (await r.json()).lane === "public";
+  });
+  const seen = [];
+  const done = await new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 49, userId: "fan-1", laneCode: "FAN-7Q2K",
+    onUpdate: (s) => seen.push(s) }).wait();
+  assert.equal(done.status, "ADMITTED");
+  assert.ok(seen.some((s) => s.status === "WAITING" && s.lane === "members"), JSON.stringify(seen));
+  vq("verify", done.entryToken, "--target", "limited-drop:49", "--user", "fan-1");
+  await assert.rejects(new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 49, userId: "fan-2", laneCode: "FAN-7Q2K" }).wait(),
+    { name: "QueueError", status: 409, code: "LANE_CODE_USED" });
+  await assert.rejects(new WaitingRoom({ baseUrl: fast, type: "limited-drop", id: 49, userId: "fan-3", laneCode: "FAN-0000" }).wait(),
+    { name: "QueueError", status: 403, code: "LANE_CODE_INVALID" });
+  // A lane claim goes as the JSON body's laneClaim, with every enter.
+  const sent = [];
+  const answer = { code: "LANE_CLAIM_INVALID", detail: "the claim's signature does not match" };
+  const claimed = new WaitingRoom({ baseUrl: "http://x", type: "limited-drop", id: 49, userId: "fan-4", laneClaim: "members.9.ab",
+    fetch: async (url, init) => { sent.push(init); return new Response(JSON.stringify(answer), { status: 403 }); } });
+  await assert.rejects(claimed.wait(), { status: 403, code: "LANE_CLAIM_INVALID" });
+  assert.equal(sent[0].method, "POST");
+  assert.equal(sent[0].headers["Content-Type"], "application/json");
+  assert.deepEqual(JSON.parse(sent[0].body), { laneClaim: "members.9.ab" });
+  const at = { baseUrl: "http://x", type: "limited-drop", id: 49, userId: "7" };
+  assert.throws(() => new WaitingRoom({ ...at, laneCode: "A", laneClaim: "B" }), TypeError);
+  assert.throws(() => new WaitingRoom({ ...at, laneCode: "" }), TypeError);
+  assert.throws(() => new WaitingRoom({ ...at, laneClaim: 7 }), TypeError);
 });
 
 test("an answer it cannot wait out ends the wait with a QueueError", async () => {
