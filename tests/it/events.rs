@@ -262,8 +262,9 @@ async fn a_receiver_that_was_down_gets_what_it_missed_once_each_from_one_of_two_
     let close = SaleControl::Close { message: String::new(), source: SaleSource::Command };
     assert!(store.control_sale(t(), close).await.unwrap());
     assert_eq!(store.clear_sale(t(), true).await.unwrap(), vq::store::ClearOutcome::Cleared);
-    // Down for a few seconds: every instance that tries is refused, and retries.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Down for 30 s: every instance that tries is refused, and retries (backing off to 400 ms
+    // here; the default backs off to a minute).
+    tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(inbox.got().len(), 1);
     receiver.restart().await;
     inbox.wait_until("what it missed", |g| g.len() >= 5).await;
