@@ -91,7 +91,8 @@ async fn a_redis_restarted_mid_run_gets_the_library_again_and_calls_go_on() {
 }
 
 /// `FUNCTION FLUSH` while enters and polls run: none fails, each node-less call loads the
-/// library (concurrent loads find it there) and runs again.
+/// library (concurrent loads find it there) and runs again (a call that finds it flushed again
+/// after each of its loads runs once as EVALSHA); once the flushes stop, calls are FCALLs.
 #[tokio::test]
 async fn function_flush_mid_run_fails_no_call() {
     let redis = RedisServer::spawn();
@@ -113,15 +114,21 @@ async fn function_flush_mid_run_fails_no_call() {
     while !tasks.iter().all(|t| t.is_finished()) {
         let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut c).await.expect("flush");
         flushes += 1;
-        // Paces the flushes between the calls (the interleaving is what is tested).
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // As fast as one connection flushes: calls find the library gone between their load
+        // and their run again, often.
+        tokio::task::yield_now().await;
     }
     for task in tasks {
         task.await.expect("no call failed");
     }
     assert!(flushes >= 2, "flushed while the calls ran");
     assert!(calls(&redis, "function|load").await >= 2, "loaded again after a flush");
-    assert_eq!(calls(&redis, "evalsha").await, 0);
+    // No lasting switch to EVALSHA: the next calls are FCALLs of the loaded library.
+    let (evalsha, fcall) = (calls(&redis, "evalsha").await, calls(&redis, "fcall").await);
+    enter_waits(&store, 99_999).await;
+    poll_waits(&store, 99_999).await;
+    assert_eq!(calls(&redis, "evalsha").await, evalsha);
+    assert!(calls(&redis, "fcall").await >= fcall + 2);
 }
 
 /// A Redis that refuses functions (an ACL: one user without `FUNCTION`, so the library cannot

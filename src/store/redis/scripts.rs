@@ -211,27 +211,36 @@ impl Function {
     }
 
     /// Runs `cmd` (from [`Function::cmd`]). A function missing on the node (a new node, a
-    /// restart, `FUNCTION FLUSH`) loads the library there and runs again; functions refused,
-    /// it runs as EVALSHA, which loads the script on NOSCRIPT.
+    /// restart, `FUNCTION FLUSH`) loads the library there and runs again; missing again each
+    /// time (the library flushed between the load and the call, [`LOADS_PER_CALL`] times),
+    /// this one call runs as EVALSHA, so it never fails for it. Functions refused, it runs as
+    /// EVALSHA, which loads the script on NOSCRIPT.
     pub(super) async fn call<T: FromRedisValue>(&self, conn: &mut Conn, cmd: &Cmd) -> RedisResult<T> {
         if !is_fcall(cmd) {
             return self.evalsha(conn, cmd).await;
         }
-        match cmd.query_async(conn).await {
-            Err(e) if function_missing(&e) => match load_library(conn, first_key(cmd)).await {
-                Ok(()) => cmd.query_async(conn).await,
-                Err(e) => {
-                    tracing::warn!("redis did not load vq's functions ({e}): scripts go as EVALSHA for a while");
-                    conn.refuse_functions();
-                    self.evalsha(conn, &self.as_evalsha(cmd)).await
+        let mut loads = 0;
+        loop {
+            match cmd.query_async(conn).await {
+                Err(e) if function_missing(&e) && loads == LOADS_PER_CALL => {
+                    tracing::debug!("vq's functions were gone again after {loads} loads: this call goes as EVALSHA");
+                    return self.evalsha(conn, &self.as_evalsha(cmd)).await;
                 }
-            },
-            Err(e) if functions_refused(&e) => {
-                tracing::warn!("redis refuses functions ({e}): scripts go as EVALSHA for a while");
-                conn.refuse_functions();
-                self.evalsha(conn, &self.as_evalsha(cmd)).await
+                Err(e) if function_missing(&e) => {
+                    loads += 1;
+                    if let Err(e) = load_library(conn, first_key(cmd)).await {
+                        tracing::warn!("redis did not load vq's functions ({e}): scripts go as EVALSHA for a while");
+                        conn.refuse_functions();
+                        return self.evalsha(conn, &self.as_evalsha(cmd)).await;
+                    }
+                }
+                Err(e) if functions_refused(&e) => {
+                    tracing::warn!("redis refuses functions ({e}): scripts go as EVALSHA for a while");
+                    conn.refuse_functions();
+                    return self.evalsha(conn, &self.as_evalsha(cmd)).await;
+                }
+                other => return other,
             }
-            other => other,
         }
     }
 
@@ -259,6 +268,10 @@ impl Function {
         cmd
     }
 }
+
+/// Loads of the library one call makes when its function is missing before it runs as EVALSHA
+/// (the library flushed again between each load and the call).
+const LOADS_PER_CALL: u32 = 3;
 
 fn is_fcall(cmd: &Cmd) -> bool {
     matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(b"FCALL")))
