@@ -16,7 +16,8 @@
 #       of several as report.n.json). Table: enters/s offered and answered, enter and poll
 #       P50/P95/P99, 5xx, the most purchases reaching the sink in one tick, and CPU µs per
 #       request of loadgen, vq serve and Redis. Exits 3 when loadgen's --assert-… bounds
-#       (always --assert-no-5xx) broke in any round.
+#       (always --assert-no-5xx) broke in any round. CMDSTATS=prefix keeps each round's Redis
+#       INFO commandstats as prefix.ROUND.
 #   scripts/bench.sh naive [LOADGEN-FLAGS...]
 #       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
 #   scripts/bench.sh starved [LOADGEN-FLAGS...]
@@ -240,6 +241,9 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
     "$vq" loadgen "${flags[@]}" $extra "$@"
   r1=$(ticks_of "$REDIS_PID"); v1=$(ticks_of "$vq_pid")
   local machine_now; machine_now=$(window_end)
+  # CMDSTATS=prefix keeps the round's INFO commandstats (every call and command of the sale)
+  # as prefix.ROUND, for a breakdown per step.
+  [ -z "${CMDSTATS:-}" ] || redis-cli -p "$REDIS_PORT" info commandstats >"$CMDSTATS.$round"
   for h in "${hogs[@]}"; do stop_pid "$h"; done
   stop_pid "$vq_pid"; stop_pid "$REDIS_PID"
   if ! [ -s "$json" ]; then
