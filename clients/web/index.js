@@ -272,12 +272,12 @@ export class WaitingRoom {
     return Date.now() + this.skewMs;
   }
 
-  async call(method, path, signal, extra, sent) {
+  async call(method, path, signal, extra, json) {
     const headers = { ...this.headers, ...extra };
     if (!this.visitor) headers["X-User-Id"] = this.userId;
     else if (this.visitorToken) headers["X-Visitor-Token"] = this.visitorToken;
-    if (sent) headers["Content-Type"] = "application/json";
-    const resp = await this.fetch(this.api + path, { method, headers, cache: "no-store", signal, body: sent ?? undefined });
+    if (json) headers["Content-Type"] = "application/json";
+    const resp = await this.fetch(this.api + path, { method, headers, cache: "no-store", signal, body: json ?? undefined });
     const date = Date.parse(resp.headers.get("date") ?? "");
     if (!Number.isNaN(date)) this.skewMs = date - Date.now();
     const retryAfter = Number(resp.headers.get("retry-after")) || null;

@@ -219,29 +219,30 @@ impl Function {
         if !is_fcall(cmd) {
             return self.evalsha(conn, cmd).await;
         }
+        // Why functions are set aside for a while, if they are; this one call goes as EVALSHA
+        // either way once the loop ends.
         let mut loads = 0;
-        loop {
+        let refused = loop {
             match cmd.query_async(conn).await {
-                Err(e) if function_missing(&e) && loads == LOADS_PER_CALL => {
-                    tracing::debug!("vq's functions were gone again after {loads} loads: this call goes as EVALSHA");
-                    return self.evalsha(conn, &self.as_evalsha(cmd)).await;
-                }
-                Err(e) if function_missing(&e) => {
+                Err(e) if function_missing(&e) && loads < LOADS_PER_CALL => {
                     loads += 1;
                     if let Err(e) = load_library(conn, first_key(cmd)).await {
-                        tracing::warn!("redis did not load vq's functions ({e}): scripts go as EVALSHA for a while");
-                        conn.refuse_functions();
-                        return self.evalsha(conn, &self.as_evalsha(cmd)).await;
+                        break Some(format!("redis did not load vq's functions ({e})"));
                     }
                 }
-                Err(e) if functions_refused(&e) => {
-                    tracing::warn!("redis refuses functions ({e}): scripts go as EVALSHA for a while");
-                    conn.refuse_functions();
-                    return self.evalsha(conn, &self.as_evalsha(cmd)).await;
+                Err(e) if function_missing(&e) => {
+                    tracing::debug!("vq's functions were gone again after {loads} loads: this call goes as EVALSHA");
+                    break None;
                 }
+                Err(e) if functions_refused(&e) => break Some(format!("redis refuses functions ({e})")),
                 other => return other,
             }
+        };
+        if let Some(why) = refused {
+            tracing::warn!("{why}: scripts go as EVALSHA for a while");
+            conn.refuse_functions();
         }
+        self.evalsha(conn, &self.as_evalsha(cmd)).await
     }
 
     /// Runs an EVALSHA; on NOSCRIPT (Redis restarted, failover, a new cluster node) loads the
