@@ -13,10 +13,17 @@
 -- KEYS[6] queue:{T}:unused           ZSET user -> expiry ms of a token issued and not used yet
 --                                    (a purchase takes it out; tokens_expire.lua counts the rest)
 -- KEYS[7] queue:{T}:token:{user}     STRING token (or "used:<token>"), EX token ttl
+-- KEYS[8] queue:holds:{h0}:<g-1>     HASH the queues each user holds (optional, with ARGV[5]): on
+--                                    a single server the target is dropped from the user's
+-- KEYS[9] queue:holds:{h0}:<g>       field when their token is stored now (`hold_drop` in
+-- KEYS[10] queue:holds:{h0}:<g+1>    prelude.lua)
 -- ARGV[1] user: user id
 -- ARGV[2] token: the token signed by the caller
 -- ARGV[3] token_ttl_s: token ttl seconds
 -- ARGV[4] record_ttl_s: record ttl seconds
+-- ARGV[5] hold_target: the target as the holds name it (the whole target), or '' for no drop
+-- ARGV[6] hold_generation: g, the generation of KEYS[9]
+-- ARGV[7] hold_generation_ms: a generation's length, ms
 -- returns the shape of a one-user status.lua reply: {mark, 0, code, a, 0, 0, 0} with
 --   ADMITTED      a = the caller's token if stored now, else the stored one
 --   NOT_IN_QUEUE  neither waiting nor holding a token
@@ -33,6 +40,9 @@ if seq and tonumber(seq) <= mark then
   redis.call('HSET', KEYS[5], 'ti_last', now)
   redis.call('ZADD', KEYS[6], now + ttl * 1000, ARGV[1])
   redis.call('EXPIRE', KEYS[6], ttl + 600)
+  if ARGV[5] ~= '' then
+    hold_drop({KEYS[8], KEYS[9], KEYS[10]}, ARGV[1], ARGV[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+  end
   return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end
 local tok = redis.call('GET', KEYS[7])

@@ -214,6 +214,42 @@ end
 local function hold_generation(now, g, len)
   return math.min(3, math.max(1, math.floor(now / len) - g + 2))
 end
+
+-- Drops `target` from the queues `user` holds, in the same call that ends their place there (a
+-- token issued, a leave) on a single server, where user_hold.lua would take a call of its own:
+-- the same field and generations (`gens`: the keys of g-1, g and g+1; `g`, `len` as above). A
+-- field found in the previous generation only moves to the current one, as user_hold.lua moves it.
+local function hold_drop(gens, user, target, now, g, len)
+  local cur = hold_generation(now, g, len)
+  local v, moved = redis.call('HGET', gens[cur], user), false
+  if not v and cur > 1 then
+    v, moved = redis.call('HGET', gens[cur - 1], user), true
+  end
+  if not v then
+    return
+  end
+  local kept, found = {}, false
+  for t, ms in string.gmatch(v, '([^ =]+)=(%d+)') do
+    if t == target then
+      found = true
+    else
+      kept[#kept + 1] = t .. '=' .. ms
+    end
+  end
+  if not (found or moved) then
+    return
+  end
+  if #kept > 0 then
+    redis.call('HSET', gens[cur], user, table.concat(kept, ' '))
+    -- Kept through the next generation, where it is read as the previous one.
+    redis.call('PEXPIREAT', gens[cur], (g + cur) * len)
+  elseif not moved then
+    redis.call('HDEL', gens[cur], user)
+  end
+  if moved then
+    redis.call('HDEL', gens[cur - 1], user)
+  end
+end
 -- Sets the heartbeats of `count` consecutive seqs from `from` to `tag`: one SETRANGE of their
 -- fields side by side (BITFIELD's u32 is big-endian), where beats_set sends four arguments a
 -- seq. New users' seqs are consecutive.

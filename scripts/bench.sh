@@ -17,7 +17,9 @@
 #       P50/P95/P99, 5xx, the most purchases reaching the sink in one tick, and CPU µs per
 #       request of loadgen, vq serve and Redis. Exits 3 when loadgen's --assert-… bounds
 #       (always --assert-no-5xx) broke in any round. CMDSTATS=prefix keeps each round's Redis
-#       INFO commandstats as prefix.ROUND.
+#       INFO commandstats as prefix.ROUND; PROFILE=prefix has Redis log every call (SLOWLOG at
+#       0 µs, which slows it: CPU figures of such a round are not comparable) and writes each
+#       round's calls and time per buyer by script (scripts/slowlog-profile.py) as prefix.ROUND.
 #   scripts/bench.sh naive [LOADGEN-FLAGS...]
 #       the same sale with naive clients: every one polls every 2–3 s whatever the server says.
 #   scripts/bench.sh starved [LOADGEN-FLAGS...]
@@ -206,7 +208,9 @@ EOF
 loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, sets RC
   local round=$1 follow=$2; shift 2
   local vq_port sink_port vq_pid json wrapper=() hogs=() h
-  start_redis --maxmemory 512mb --maxmemory-policy noeviction
+  local profile=()
+  [ -z "${PROFILE:-}" ] || profile=(--slowlog-log-slower-than 0 --slowlog-max-len 10000000)
+  start_redis --maxmemory 512mb --maxmemory-policy noeviction "${profile[@]}"
   vq_port=$(free_port); sink_port=$(free_port)
   # starved: nice execs vq, so the PID measured and stopped is vq's.
   [ "$scenario" != starved ] || wrapper=(nice -n "${NICE:-10}")
@@ -244,6 +248,8 @@ loadgen_round() { # round follow(0|1) flags... -> appends a row to $WORK/rows, s
   # CMDSTATS=prefix keeps the round's INFO commandstats (every call and command of the sale)
   # as prefix.ROUND, for a breakdown per step.
   [ -z "${CMDSTATS:-}" ] || redis-cli -p "$REDIS_PORT" info commandstats >"$CMDSTATS.$round"
+  # PROFILE=prefix: Redis logged every call (SLOWLOG at 0 µs); the round's calls per script.
+  [ -z "${PROFILE:-}" ] || python3 scripts/slowlog-profile.py "$REDIS_PORT" "$users" >"$PROFILE.$round"
   for h in "${hogs[@]}"; do stop_pid "$h"; done
   stop_pid "$vq_pid"; stop_pid "$REDIS_PID"
   if ! [ -s "$json" ]; then

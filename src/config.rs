@@ -373,6 +373,7 @@ impl Settings {
             record_ttl_s: self.queue.record_ttl_days * 86_400,
             tick_ms: self.queue.tick_ms,
             durable: DurableWrites { replicas: self.redis.wait_replicas, timeout_ms: self.redis.wait_timeout_ms },
+            hold_queues: self.queue.max_queues_per_user > 0,
             events: EventLimits { max_len: self.events.max_len, admitted_every: self.events.admitted_every },
         }
     }

@@ -50,6 +50,7 @@ impl QueueService {
         if minted.get().is_some_and(|c| c.raw == raw) {
             crate::metrics::token_issued();
             if self.settings.queue.max_queues_per_user > 0
+                && !self.store.drops_holds_itself()
                 && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
             {
                 self.degraded.record("release", target, &e);
@@ -238,6 +239,7 @@ impl QueueService {
             self.degraded.record("leave", target, &e);
         }
         if self.settings.queue.max_queues_per_user > 0
+            && !self.store.drops_holds_itself()
             && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
         {
             self.degraded.record("leave", target, &e);

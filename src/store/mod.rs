@@ -97,6 +97,8 @@ pub struct StoreLimits {
     pub durable: DurableWrites,
     /// The event logs' length and the admission milestones (`[events]`).
     pub events: EventLimits,
+    /// Whether the queues each user holds are counted (`queue.max_queues_per_user` > 0).
+    pub hold_queues: bool,
 }
 
 /// What the scripts that append to a target's event log are told (`[events]`).

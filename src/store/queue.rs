@@ -51,6 +51,13 @@ pub trait QueueOps: Send + Sync + 'static {
         max: u64,
     ) -> impl Future<Output = Result<Vec<(QueueTarget, u64)>, StoreError>> + Send;
 
+    /// Whether a token issued (by `enter` or `status`) and a `leave` stop counting the target
+    /// among the user's queues in the same call, so the caller sends no `release_queues` for
+    /// them: the Redis store on a single server, where the counts and the target are on one node.
+    fn drops_holds_itself(&self) -> bool {
+        false
+    }
+
     /// Stops counting `targets` among `user`'s queues.
     fn release_queues(
         &self,

@@ -90,9 +90,9 @@ const BUDGET: &[Budget] = &[
     // (the first waiting seq, the beats' expiry, one GETRANGE, the sweep's new state): 6
     // commands in this tick, where one ZRANGEBYSCORE of the heartbeat ZSET was.
     Budget { step: Step::Admission, scripts: 0.06, commands: 1.2 },
-    // status.lua, issue.lua, user_hold.lua dropping the target (HMGET, HDEL; shared with
-    // whatever else its bucket has queued).
-    Budget { step: Step::TokenIssue, scripts: 3.0, commands: 17.0 },
+    // status.lua, issue.lua, which drops the target from the user's count of queues in the same
+    // call on a single server (HGET, HDEL).
+    Budget { step: Step::TokenIssue, scripts: 2.0, commands: 17.0 },
     // token_claim.lua, gate_pace.lua, the record's count (MULTI HINCRBY×2 EXPIRE EXEC), the
     // claim confirmed.
     Budget { step: Step::Purchase, scripts: 2.0, commands: 19.0 },
@@ -100,8 +100,9 @@ const BUDGET: &[Budget] = &[
     // (HINCRBY, PEXPIRETIME, PEXPIREAT the first time): its first purchase does not mark the
     // token used (ZADD, ZRANGE, PEXPIREAT, SET skipped), its second does.
     Budget { step: Step::PurchaseLimited, scripts: 2.0, commands: LIMITED_PURCHASE_COMMANDS },
-    // leave.lua, user_hold.lua dropping the target (HMGET, HDEL).
-    Budget { step: Step::Leave, scripts: 2.0, commands: 10.0 },
+    // leave.lua, which drops the target from the user's count of queues in the same call on a
+    // single server (HGET, HDEL).
+    Budget { step: Step::Leave, scripts: 1.0, commands: 10.0 },
 ];
 
 /// What a purchase may cost Redis with purchase limits on ([`Step::PurchaseLimited`]).

@@ -5,7 +5,7 @@
 
 use redis::aio::MultiplexedConnection;
 
-use vq::store::layout::{self, EnterArgs, ScriptArgs, StatusArgs};
+use vq::store::layout::{self, EnterArgs, LeaveArgs, ScriptArgs, StatusArgs};
 
 use crate::support::{RedisServer, lua_as_sent};
 
@@ -508,4 +508,58 @@ async fn enter_counts_the_queues_of_the_users_it_gives_a_place() {
     assert_eq!(answer(&r, 0), ("1".into(), "1".into()));
     let again: Option<String> = c.hget(hk(g), "1").await.unwrap();
     assert_eq!(again, now[0]);
+}
+
+/// `leave.lua` on a single server drops the target from the user's count of queues in the same
+/// call (`hold_drop` in the prelude, which `issue.lua` shares): the other targets stay, a field
+/// left empty goes, one found in the previous generation moves to the current one without the
+/// target, and a call without a hold target touches no count.
+#[tokio::test]
+async fn leave_drops_the_target_from_the_users_queues_in_the_same_call() {
+    use redis::AsyncCommands;
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let len = 3_600_000;
+    let g = redis_ms(&mut c).await / len;
+    let hk = |g: u64| format!("queue:holds:{{h0}}:{g}");
+    let _: () = c.hset(hk(g), "1", "TICKETING_EVENT:1=5 LIMITED_DROP:1=6").await.unwrap();
+    let _: () = c.hset(hk(g), "2", "LIMITED_DROP:1=6").await.unwrap();
+    let _: () = c.hset(hk(g - 1), "3", "LIMITED_DROP:1=6 TICKETING_EVENT:2=7").await.unwrap();
+    let _: () = c.hset(hk(g), "4", "LIMITED_DROP:1=6").await.unwrap();
+    let leave = async |c: &mut MultiplexedConnection, user: &str, hold_target: &str| {
+        let script = redis::Script::new(&lua_as_sent(include_str!("../../lua/leave.lua")));
+        let mut inv = script.prepare_invoke();
+        for name in layout::LEAVE_KEYS {
+            inv.key(format!("{P}{name}"));
+        }
+        for g in [g - 1, g, g + 1] {
+            inv.key(hk(g));
+        }
+        let args = LeaveArgs {
+            user,
+            key_ttl_s: 1800,
+            record_ttl_s: 86_400,
+            hold_target,
+            hold_generation: g,
+            hold_generation_ms: len,
+        };
+        for a in args.argv() {
+            inv.arg(a);
+        }
+        let _: u64 = inv.invoke_async(c).await.expect("script call");
+    };
+    for user in ["1", "2", "3"] {
+        leave(&mut c, user, "LIMITED_DROP:1").await;
+    }
+    leave(&mut c, "4", "").await;
+    let now: Vec<Option<String>> =
+        redis::cmd("HMGET").arg(hk(g)).arg(&["1", "2", "3", "4"]).query_async(&mut c).await.unwrap();
+    assert_eq!(now[0].as_deref(), Some("TICKETING_EVENT:1=5"), "the other queue stays");
+    assert_eq!(now[1], None, "no queue left: the field goes");
+    assert_eq!(now[2].as_deref(), Some("TICKETING_EVENT:2=7"), "moved to the current generation, without the target");
+    assert_eq!(now[3].as_deref(), Some("LIMITED_DROP:1=6"), "no hold target: untouched");
+    let before: Option<String> = c.hget(hk(g - 1), "3").await.unwrap();
+    assert_eq!(before, None, "the previous generation's field moved");
+    let ttl: i64 = c.pttl(hk(g)).await.unwrap();
+    assert!(ttl > 0, "the current generation expires: {ttl}");
 }

@@ -48,7 +48,39 @@ pub(super) struct HoldJob {
 /// Held targets per entry.
 type Held = Vec<(QueueTarget, u64)>;
 
+/// Where a call that ends a user's place (`issue.lua`, `leave.lua`) drops the target from their
+/// holds itself: the target as the holds name it, the generation now and its length.
+pub(super) struct HoldDrop {
+    pub target: String,
+    pub generation: u64,
+    pub generation_ms: u64,
+}
+
+impl HoldDrop {
+    /// `(hold_target, hold_generation, hold_generation_ms)` as the scripts take them: no drop
+    /// is an empty target.
+    pub fn args(drop: Option<&Self>) -> (&str, u64, u64) {
+        drop.map_or(("", 0, 0), |d| (d.target.as_str(), d.generation, d.generation_ms))
+    }
+}
+
 impl RedisStore {
+    /// Whether the calls that end a user's place drop the target from their holds themselves:
+    /// the holds are counted and live on the target's node (a single server, or the embedded
+    /// store).
+    pub(super) fn drops_holds_in_call(&self) -> bool {
+        self.limits.hold_queues && !self.conn.is_cluster()
+    }
+
+    /// What such a call sends to drop `target` (its whole target) from a user's holds, when
+    /// [`drops_holds_in_call`](Self::drops_holds_in_call).
+    pub(super) fn hold_drop(&self, target: QueueTarget) -> Option<HoldDrop> {
+        self.drops_holds_in_call().then(|| {
+            let generation_ms = self.limits.key_ttl_s.max(1) * 1000;
+            HoldDrop { target: target.whole().to_string(), generation: self.now_ms() / generation_ms, generation_ms }
+        })
+    }
+
     /// One user's entry, sent with whatever else is queued for the same bucket.
     pub(super) async fn hold_call(&self, user: UserId, target: QueueTarget, op: HoldOp) -> Result<Held, StoreError> {
         let buckets = if self.conn.is_cluster() { CLUSTER_BUCKETS } else { 1 };

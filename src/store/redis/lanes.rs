@@ -171,11 +171,15 @@ impl RedisStore {
     /// whether they were waiting there.
     pub async fn leave_public(&self, target: QueueTarget, user: &UserId) -> Result<bool, StoreError> {
         let part = self.user_part(target.whole(), user);
+        // Still in the target (in the other lane): their holds keep it.
         let removed: u64 = on_target(&LEAVE, part, LEAVE_KEYS)
             .args(&LeaveArgs {
                 user: user.as_str(),
                 key_ttl_s: self.limits.key_ttl_s,
                 record_ttl_s: self.limits.record_ttl_s,
+                hold_target: "",
+                hold_generation: 0,
+                hold_generation_ms: 0,
             })
             .invoke_async(&mut self.conn())
             .await?;

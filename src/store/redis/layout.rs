@@ -107,10 +107,21 @@ pub(super) fn token_claim_keys(target: QueueTarget, user: &UserId) -> [String; 4
     ]
 }
 
-/// `issue.lua`: the target's keys of [`ISSUE_KEYS`], then the user's token key.
-pub(super) fn issue_keys(target: QueueTarget, user: &UserId) -> Vec<String> {
+/// `issue.lua`: the target's keys of [`ISSUE_KEYS`], the user's token key, then, when the call
+/// drops the target from the user's holds (`hold_generation`), the generations of the one bucket
+/// of a single server.
+pub(super) fn issue_keys(target: QueueTarget, user: &UserId, hold_generation: Option<u64>) -> Vec<String> {
     let mut out: Vec<String> = ISSUE_KEYS.iter().map(|k| keys::of(target, k)).collect();
     out.push(keys::token(target, user));
+    out.extend(hold_generation.into_iter().flat_map(enter_hold_keys));
+    out
+}
+
+/// `leave.lua`: the target's keys of [`LEAVE_KEYS`], then, when the call drops the target from
+/// the user's holds (`hold_generation`), the generations of the one bucket of a single server.
+pub(super) fn leave_keys(target: QueueTarget, hold_generation: Option<u64>) -> Vec<String> {
+    let mut out: Vec<String> = LEAVE_KEYS.iter().map(|k| keys::of(target, k)).collect();
+    out.extend(hold_generation.into_iter().flat_map(enter_hold_keys));
     out
 }
 
@@ -326,6 +337,9 @@ script_args! {
         token: &'a str,
         token_ttl_s: u64,
         record_ttl_s: u64,
+        hold_target: &'a str,
+        hold_generation: u64,
+        hold_generation_ms: u64,
     } tail []
 }
 
@@ -346,6 +360,9 @@ script_args! {
         user: &'a str,
         key_ttl_s: u64,
         record_ttl_s: u64,
+        hold_target: &'a str,
+        hold_generation: u64,
+        hold_generation_ms: u64,
     } tail []
 }
 
@@ -601,9 +618,10 @@ mod tests {
                 .replace("<g>", "10")
         };
         let owned = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
-        let cases: [(&str, Vec<String>); 10] = [
+        let cases: [(&str, Vec<String>); 11] = [
             ("events_lease.lua", events_lease_keys("w").to_vec()),
-            ("issue.lua", issue_keys(target, &user)),
+            ("issue.lua", issue_keys(target, &user, Some(10))),
+            ("leave.lua", leave_keys(target, Some(10))),
             ("flag_ack.lua", owned(&FLAG_ACK_KEYS)),
             ("flag_acks.lua", owned(&FLAG_ACK_KEYS)),
             ("flag_set.lua", owned(&FLAG_SET_KEYS)),

@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 
 use super::RedisStore;
-use super::holds::HoldOp;
+use super::holds::{HoldDrop, HoldOp};
 use super::keys;
 use super::layout::*;
-use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, LEAVE_KEYS, num, on_target};
+use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, num, on_target};
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
 use crate::domain::{Ms, QueueTarget, UserId, Users, WaitHistogram};
@@ -79,11 +79,17 @@ impl QueueOps for RedisStore {
 
     async fn leave(&self, target: QueueTarget, user: UserId) -> Result<bool, StoreError> {
         let target = self.user_place(target, &user).await?;
-        let removed: u64 = on_target(&LEAVE, target, LEAVE_KEYS)
+        let drop = self.hold_drop(target);
+        let (hold_target, hold_generation, hold_generation_ms) = HoldDrop::args(drop.as_ref());
+        let removed: u64 = LEAVE
+            .key(&leave_keys(target, drop.as_ref().map(|d| d.generation))[..])
             .args(&LeaveArgs {
                 user: user.as_str(),
                 key_ttl_s: self.limits.key_ttl_s,
                 record_ttl_s: self.limits.record_ttl_s,
+                hold_target,
+                hold_generation,
+                hold_generation_ms,
             })
             .invoke_async(&mut self.conn())
             .await?;
@@ -97,6 +103,10 @@ impl QueueOps for RedisStore {
         max: u64,
     ) -> Result<Vec<(QueueTarget, u64)>, StoreError> {
         self.hold_call(user, target, HoldOp::Count { max }).await
+    }
+
+    fn drops_holds_itself(&self) -> bool {
+        self.drops_holds_in_call()
     }
 
     async fn release_queues(&self, user: UserId, targets: &[QueueTarget]) -> Result<(), StoreError> {

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 
 use super::conn::Conn;
 use super::fence::Fences;
+use super::holds::HoldDrop;
 use super::layout::*;
 use super::scripts::{Code, ENTER, ENTER_KEYS, Function, ISSUE, SALE_KEYS, STATUS, STATUS_KEYS};
 use super::{RedisStore, keys};
@@ -44,13 +45,18 @@ impl RedisStore {
         user: &UserId,
         candidate: &dyn Candidate,
     ) -> Result<Answer, StoreError> {
+        let drop = self.hold_drop(target);
+        let (hold_target, hold_generation, hold_generation_ms) = HoldDrop::args(drop.as_ref());
         let reply: Value = ISSUE
-            .key(&issue_keys(target, user)[..])
+            .key(&issue_keys(target, user, drop.as_ref().map(|d| d.generation))[..])
             .args(&IssueArgs {
                 user: user.as_str(),
                 token: &candidate.token(),
                 token_ttl_s: self.limits.token_ttl_s,
                 record_ttl_s: self.limits.record_ttl_s,
+                hold_target,
+                hold_generation,
+                hold_generation_ms,
             })
             .invoke_async(&mut self.conn())
             .await?;
