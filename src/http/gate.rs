@@ -176,8 +176,11 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
     // The purchase API's time, without the client's upload.
     let took = forwarded.as_ref().map_or_else(|_| sent.elapsed(), |(_, took)| *took);
     let mut result = forwarded.map(|(r, _)| r).map_err(|e| upstream.error(e));
-    if let Some(target) = paced_target.filter(|_| !client_fault) {
-        st.service.record_purchase(target, sent_tick, result.as_ref().ok().map(|r| r.status().as_u16()));
+    let status = result.as_ref().ok().map(|r| r.status().as_u16());
+    // The purchase's count in the target's record: settled with the claim, or on its own.
+    let recorded = paced_target.filter(|_| !client_fault);
+    if let (Some(target), None) = (recorded, &claim) {
+        st.service.record_purchase(target, sent_tick, status);
     }
     if let (Some(target), Some(buyer)) = (paced_target, token_buyer)
         && !client_fault
@@ -202,8 +205,12 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
         st.service.close_by_purchase_api(target, message).await;
     }
     if let Some(claim) = claim {
-        let succeeded = result.as_ref().is_ok_and(|r| r.status().is_success());
-        st.service.settle_claim(claim, succeeded).await;
+        if recorded.is_some() {
+            st.service.settle_purchase(claim, sent_tick, status).await;
+        } else {
+            let succeeded = result.as_ref().is_ok_and(|r| r.status().is_success());
+            st.service.settle_claim(claim, succeeded).await;
+        }
     }
     result.unwrap_or_else(IntoResponse::into_response)
 }

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use super::QueueService;
-use crate::domain::{Ms, PurchaseLimits, PurchaseRefusal, QueueTarget, Ticks, UserId, Users};
+use crate::domain::{AnswerClass, Ms, PurchaseLimits, PurchaseRefusal, QueueTarget, Ticks, UserId, Users};
 use crate::store::prelude::*;
-use crate::store::{StoreError, StoreErrorKind, TokenClaim};
+use crate::store::{RecordedPurchase, StoreError, StoreErrorKind, TokenClaim};
 use crate::token::{self, TokenError};
 
 /// What the gate lets through.
@@ -275,11 +275,29 @@ impl QueueService {
 
     /// After the upstream answered: a 2xx consumes the token, anything else gives it back.
     pub async fn settle_claim(&self, claim: PendingClaim, purchase_succeeded: bool) {
+        self.settle(claim, purchase_succeeded, None).await;
+    }
+
+    /// After the upstream answered a purchase the gate forwarded and the target's record counts
+    /// (`record_purchase`, sent in `tick`, `status` the purchase API's or none): settles the
+    /// claim, and on a 2xx counts the purchase in the same round trip as the token's use.
+    pub async fn settle_purchase(&self, claim: PendingClaim, tick: u64, status: Option<u16>) {
+        let answer = status.map_or(AnswerClass::Unreached, AnswerClass::of_status);
+        if answer != AnswerClass::Success {
+            self.record_purchase(claim.target, tick, status);
+            self.settle(claim, false, None).await;
+            return;
+        }
+        self.settle(claim, true, Some(RecordedPurchase { tick, answer })).await;
+    }
+
+    async fn settle(&self, claim: PendingClaim, purchase_succeeded: bool, recorded: Option<RecordedPurchase>) {
         let result = if purchase_succeeded {
             // The queue's own token is what the claim found stored for the user.
             let through_queue = claim.previous.as_deref() == Some(claim.token.as_str());
             crate::metrics::token_consumed(through_queue);
-            self.bounded(claim.target, self.store.confirm_token_used(claim.target, claim.user, through_queue)).await
+            let confirm = self.store.confirm_token_used(claim.target, claim.user, through_queue, recorded);
+            self.bounded(claim.target, confirm).await
         } else {
             let release =
                 self.store.release_token(claim.target, claim.user, &claim.token, claim.previous, claim.limits);

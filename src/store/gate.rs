@@ -4,7 +4,15 @@
 use std::future::Future;
 
 use super::{PaceSlot, StoreError, TokenClaim};
-use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
+use crate::domain::{AnswerClass, Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
+
+/// A forwarded purchase as the target's record counts it (`SaleOps::record_purchase`): the tick
+/// it was sent in and the purchase API's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedPurchase {
+    pub tick: u64,
+    pub answer: AnswerClass,
+}
 
 /// What the gate checks per purchase. Every method is one atomic step.
 pub trait GateOps: Send + Sync + 'static {
@@ -32,12 +40,15 @@ pub trait GateOps: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Counts a token consumed by a successful purchase: one the queue issued (no longer
-    /// waiting to expire unused), or a stateless one.
+    /// waiting to expire unused), or a stateless one; with `recorded`, also counts the purchase
+    /// in the target's record as `SaleOps::record_purchase` does, in the same round trip where
+    /// the user's part of the target is the whole target (no shards, no lanes).
     fn confirm_token_used(
         &self,
         target: QueueTarget,
         user: UserId,
         through_queue: bool,
+        recorded: Option<RecordedPurchase>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Marks `id` (a proof of work's challenge, a release receipt's nonce) used at `target` until `until_ms` (epoch ms,

@@ -42,7 +42,7 @@ pub use self::error::{BUSY_WAIT_MAX, BackendError, StoreError, StoreErrorKind};
 pub use self::events::EventOps;
 pub use self::flag::FlagOps;
 pub use self::fleet::FleetOps;
-pub use self::gate::GateOps;
+pub use self::gate::{GateOps, RecordedPurchase};
 pub use self::outcome::*;
 pub use self::outflow::OutflowOps;
 pub use self::queue::{Candidate, QueueOps};

@@ -19,10 +19,9 @@
 use std::sync::Arc;
 
 use vq::config::Settings;
-use vq::domain::{AnswerClass, QueueTarget, UserId};
+use vq::domain::{QueueTarget, UserId};
 use vq::pump::Pump;
 use vq::service::{ClaimMode, GatePass, QueueService, QueueStatus};
-use vq::store::prelude::*;
 
 use crate::support::{RedisServer, flag_on_before_start, open_store, secret, test_settings};
 
@@ -93,9 +92,9 @@ const BUDGET: &[Budget] = &[
     // status.lua, issue.lua, which drops the target from the user's count of queues in the same
     // call on a single server (HGET, HDEL).
     Budget { step: Step::TokenIssue, scripts: 2.0, commands: 17.0 },
-    // token_claim.lua, gate_pace.lua, the record's count (MULTI HINCRBY×2 EXPIRE EXEC), the
-    // claim confirmed.
-    Budget { step: Step::Purchase, scripts: 2.0, commands: 19.0 },
+    // token_claim.lua, gate_pace.lua, then one MULTI after the 2xx: the claim confirmed and
+    // the purchase's count in the record (HINCRBY×3 EXPIRE ZREM).
+    Budget { step: Step::Purchase, scripts: 2.0, commands: 18.0 },
     // As Purchase, and token_claim.lua counts the user (HGET, HINCRBY, EXPIRE) and the token
     // (HINCRBY, PEXPIRETIME, PEXPIREAT the first time): its first purchase does not mark the
     // token used (ZADD, ZRANGE, PEXPIREAT, SET skipped), its second does.
@@ -106,7 +105,7 @@ const BUDGET: &[Budget] = &[
 ];
 
 /// What a purchase may cost Redis with purchase limits on ([`Step::PurchaseLimited`]).
-const LIMITED_PURCHASE_COMMANDS: f64 = 23.0;
+const LIMITED_PURCHASE_COMMANDS: f64 = 22.0;
 
 /// New users entering at once in [`Step::EnterCrowd`].
 const CROWD: u64 = 200;
@@ -233,20 +232,15 @@ async fn local_poll(service: &QueueService, u: &UserId) {
     }
 }
 
-/// A purchase as the gate makes it (`http/gate.rs`): claim, pace, forward (a 2xx here), count
-/// it in the record, settle the claim.
+/// A purchase as the gate makes it (`http/gate.rs`): claim, pace, forward (a 2xx here), settle
+/// the claim and count it in the record.
 async fn purchase(service: &QueueService, u: &UserId, token: &str) {
     let claim = match service.gate_check(target(), Some(u.clone()), Some(token), ClaimMode::Claim).await {
         Ok(GatePass::Verified { claim: Some(claim) }) => claim,
         other => panic!("{u}: {other:?}"),
     };
     assert_eq!(service.pace_purchase(target()).await, vq::service::Pace::Now, "{u}");
-    service
-        .store
-        .record_purchase(target(), service.purchase_tick(), AnswerClass::of_status(200))
-        .await
-        .expect("record");
-    service.settle_claim(claim, true).await;
+    service.settle_purchase(claim, service.purchase_tick(), Some(200)).await;
 }
 
 /// A buyer's whole life on another target, so every script is loaded and every connection
@@ -268,8 +262,7 @@ async fn warm_up(redis: &RedisServer, service: &QueueService, pump: &Pump) {
         other => panic!("{other:?}"),
     };
     service.pace_purchase(t).await;
-    service.store.record_purchase(t, service.purchase_tick(), AnswerClass::of_status(200)).await.expect("record");
-    service.settle_claim(claim, true).await;
+    service.settle_purchase(claim, service.purchase_tick(), Some(200)).await;
     service.sync_local_views().await;
     service.leave(t, &b).await;
     // The pump walks only the measured target from now on.

@@ -11,12 +11,12 @@ use redis::FromRedisValue;
 use sha2::{Digest, Sha256};
 use vq::config::Settings;
 use vq::domain::{
-    QueueTarget, QueueTargetType, SaleControl, SaleSchedule, UserId, hex, opening_order, shard_tag, tag_slot,
-    user_shard,
+    AnswerClass, QueueTarget, QueueTargetType, SaleControl, SaleSchedule, UserId, hex, opening_order, shard_tag,
+    tag_slot, user_shard,
 };
 use vq::pump::Pump;
 use vq::store::prelude::*;
-use vq::store::{AnyStore, ClearOutcome, EnterOutcome, ScheduleOutcome, StatusOutcome};
+use vq::store::{AnyStore, ClearOutcome, EnterOutcome, RecordedPurchase, ScheduleOutcome, StatusOutcome};
 
 use crate::support::{RedisCluster, RedisServer, cluster_settings, next_tick, open_store, test_settings, tick_room};
 use vq::domain::{Ms, Users};
@@ -213,6 +213,15 @@ async fn one_place_and_one_token_per_user(redis: Redis) {
             assert_eq!(held.is_some(), s == shard_of(u), "user {u}'s token only in their shard");
         }
     }
+    // Their purchases: each token's use counted in the user's shard, each purchase in the
+    // whole target's record (settled with the token's use or, across shards, on its own).
+    let recorded = RecordedPurchase { tick: 5, answer: AnswerClass::Success };
+    for u in 1..=12 {
+        a.confirm_token_used(target(), user(u), true, Some(recorded)).await.unwrap();
+    }
+    let r = a.target_record(target()).await.unwrap().expect("a record");
+    assert_eq!(r.tokens_used, 12);
+    assert_eq!(r.purchases[&5].get(AnswerClass::Success), 12, "{:?}", r.purchases);
 }
 
 #[tokio::test]

@@ -180,6 +180,11 @@ pub(super) fn decode_outflow(fields: &HashMap<String, String>) -> Option<Outflow
     })
 }
 
+/// The record's field counting purchases forwarded in `tick` that got `answer` (`p:<tick>:<name>`).
+pub(super) fn purchase_field(tick: u64, answer: AnswerClass) -> String {
+    format!("p:{tick}:{}", answer.name())
+}
+
 /// The record's field counting purchases refused for `why` (`rf:<name>`).
 pub(super) fn refusal_field(why: PurchaseRefusal) -> String {
     format!("rf:{}", why.name())

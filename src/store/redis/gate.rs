@@ -3,12 +3,12 @@
 //! (`gate_pace.lua`).
 
 use super::RedisStore;
-use super::keys;
 use super::layout::*;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
+use super::{codec, keys};
 use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
-use crate::store::{PaceSlot, StoreError, TokenClaim};
+use crate::store::{PaceSlot, RecordedPurchase, StoreError, TokenClaim};
 
 impl GateOps for RedisStore {
     async fn claim_token(
@@ -77,24 +77,31 @@ impl GateOps for RedisStore {
         target: QueueTarget,
         user: UserId,
         through_queue: bool,
+        recorded: Option<RecordedPurchase>,
     ) -> Result<(), StoreError> {
-        let target = self.user_place(target, &user).await?;
+        let part = self.user_place(target, &user).await?;
         let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
-        let record = keys::of(target, "record");
-        // One MULTI (the keys share the target's slot): the counts, and a queue token's place
-        // among the unused ones, together.
+        let record = keys::of(part, "record");
+        // One MULTI (the keys share the part's slot): the counts, and a queue token's place
+        // among the unused ones, together; and the purchase's count in the record when the
+        // record is the part's own.
         let mut p = redis::pipe();
-        p.atomic()
-            .hincr(keys::of(target, "waits"), field, 1)
-            .ignore()
-            .hincr(&record, in_record, 1)
-            .ignore()
-            .expire(&record, self.limits.record_ttl_s as i64)
-            .ignore();
+        p.atomic().hincr(keys::of(part, "waits"), field, 1).ignore().hincr(&record, in_record, 1).ignore();
+        let (with, apart) = match recorded {
+            Some(r) if part == target => (Some(r), None),
+            r => (None, r),
+        };
+        if let Some(r) = with {
+            p.hincr(&record, codec::purchase_field(r.tick, r.answer), 1).ignore();
+        }
+        p.expire(&record, self.limits.record_ttl_s as i64).ignore();
         if through_queue {
-            p.zrem(keys::of(target, "unused"), user.as_str()).ignore();
+            p.zrem(keys::of(part, "unused"), user.as_str()).ignore();
         }
         let _: () = p.query_async(&mut self.conn()).await?;
+        if let Some(r) = apart {
+            crate::store::SaleOps::record_purchase(self, target, r.tick, r.answer).await?;
+        }
         Ok(())
     }
 

@@ -249,7 +249,7 @@ impl SaleOps for RedisStore {
     async fn record_purchase(&self, target: QueueTarget, tick: u64, answer: AnswerClass) -> Result<(), StoreError> {
         let key = keys::of(target, "record");
         let _: () = redis::pipe()
-            .hincr(&key, format!("p:{tick}:{}", answer.name()), 1)
+            .hincr(&key, codec::purchase_field(tick, answer), 1)
             .ignore()
             .expire(&key, self.limits.record_ttl_s as i64)
             .ignore()

@@ -38,9 +38,9 @@ async fn a_claimed_queue_token_is_still_the_users_and_a_release_restores_it() {
         s.release_token(t(), UserId::from(2), "direct", None, Default::default()).await.unwrap();
         assert!(!s.token_used(t(), UserId::from(2), "direct").await.unwrap());
         assert_eq!(s.status(t(), UserId::from(2), &"x").await.unwrap(), StatusOutcome::NotInQueue);
-        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
-        s.confirm_token_used(t(), u.clone(), true).await.unwrap();
-        s.confirm_token_used(t(), UserId::from(2), false).await.unwrap();
+        s.confirm_token_used(t(), u.clone(), true, None).await.unwrap();
+        s.confirm_token_used(t(), u.clone(), true, None).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(2), false, None).await.unwrap();
         let snap = s.snapshot(t()).await.unwrap();
         assert_eq!((snap.tokens_issued, snap.tokens_used, snap.direct_tokens_used), (1, 2, 1));
     })
@@ -63,7 +63,7 @@ async fn a_token_issued_and_never_used_is_counted_expired_once() {
             for u in 1..=3 {
                 assert!(matches!(s.status(t(), UserId::from(u), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
             }
-            s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
+            s.confirm_token_used(t(), UserId::from(1), true, None).await.unwrap();
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 0, "none has expired yet");
             time.pass(1100).await;
             assert_eq!(s.expire_tokens(t()).await.unwrap(), 2, "users 2 and 3 never bought");
@@ -147,7 +147,7 @@ async fn a_challenge_is_spent_once_and_active_buyers_are_counted() {
         assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "admitted, not yet told");
         s.status(t(), UserId::from(1), &"t1").await.unwrap();
         assert_eq!(s.active_buyers(t()).await.unwrap(), 2, "one told, holding an unused token");
-        s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(1), true, None).await.unwrap();
         assert_eq!(s.active_buyers(t()).await.unwrap(), 1, "user 1 bought");
     })
     .await;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use vq::domain::{AnswerClass, LedgerEntry, SaleControl, SaleSchedule, SaleSource};
-use vq::store::{ClearOutcome, RedisStore, ScheduleOutcome};
+use vq::store::{ClearOutcome, RecordedPurchase, RedisStore, ScheduleOutcome};
 
 use super::*;
 use vq::domain::{Ms, Users};
@@ -39,9 +39,10 @@ async fn the_record_counts_every_step_and_expires_a_record_ttl_after_its_last_wr
         assert_eq!(a.admitted, 2);
         assert!(matches!(s.status(t(), UserId::from(1), &"tok").await.unwrap(), StatusOutcome::Admitted(_)));
         assert!(s.leave(t(), UserId::from(4)).await.unwrap());
-        s.confirm_token_used(t(), UserId::from(1), true).await.unwrap();
-        s.confirm_token_used(t(), UserId::from(9), false).await.unwrap();
-        s.record_purchase(t(), 77, AnswerClass::Success).await.unwrap();
+        // A purchase's count in the record goes with its token's use, or on its own.
+        let recorded = RecordedPurchase { tick: 77, answer: AnswerClass::Success };
+        s.confirm_token_used(t(), UserId::from(1), true, Some(recorded)).await.unwrap();
+        s.confirm_token_used(t(), UserId::from(9), false, None).await.unwrap();
         s.record_purchase(t(), 77, AnswerClass::ServerError).await.unwrap();
         s.record_purchase(t(), 78, AnswerClass::Unreached).await.unwrap();
         assert!(s.control_sale(t(), SaleControl::Pause).await.unwrap());
