@@ -5,7 +5,9 @@
 --
 -- Admission lets one batch through per tick, but admitted users learn it at their next poll
 -- (0-3 s later), so their purchases from consecutive batches can bunch in one tick: this
--- smooths them into the downstream's budget instead of refusing them.
+-- smooths them into the downstream's budget instead of refusing them. A purchase's first
+-- reservation is usually made by token_claim.lua, with its claim (`pace_reserve` in
+-- prelude.lua); this script makes the others.
 --
 -- KEYS[1] queue:{T}:forwarded    HASH tick -> purchases forwarded (reserved) in that tick
 -- KEYS[2] queue:{T}:batch_size   STRING runtime batch size for this target (optional)
@@ -17,16 +19,8 @@
 -- returns {1, ms until the reserved tick starts, ms until it ends} with a reserved place (by
 -- Redis' clock: the gate forwards only inside that window, else reserves again), or
 -- {0, ms until the next tick} when full
-local now = now_ms()
-local tick_ms = tonumber(ARGV[1])
-local budget = tonumber(redis.call('GET', KEYS[2]) or ARGV[2])
-local first = math.floor((now + tonumber(ARGV[3])) / tick_ms)
-for tick = first, first + tonumber(ARGV[4]) do
-  if redis.call('HINCRBY', KEYS[1], tick, 1) <= budget then
-    redis.call('HDEL', KEYS[1], first - 2, first - 3)
-    redis.call('PEXPIRE', KEYS[1], tick_ms * (tonumber(ARGV[4]) + 4))
-    return {1, math.max(0, tick * tick_ms - now), (tick + 1) * tick_ms - now}
-  end
-  redis.call('HINCRBY', KEYS[1], tick, -1)
+local tick, a, b = pace_reserve(KEYS[1], KEYS[2], now_ms(), tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]))
+if tick then
+  return {1, a, b}
 end
-return {0, (math.floor(now / tick_ms) + 1) * tick_ms - now}
+return {0, a}

@@ -258,6 +258,30 @@ local function beats_set_run(key, from, count, tag)
   redis.call('SETRANGE', key, BEAT.bytes * from, string.rep(b, count))
 end
 
+-- Pacing (gate_pace.lua; token_claim.lua with a purchase's first reservation): reserves one
+-- purchase a place in the earliest tick of Redis' clock, from the one `guard` ms from now to
+-- `ahead` ticks later, whose count in `key` (HASH tick -> purchases reserved) is still under the
+-- budget (`batchKey`'s runtime batch size, else `default`). Returns the tick reserved, ms until
+-- it starts and ms until it ends; or nil and ms until the next tick when every one is full.
+local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
+  local budget = tonumber(redis.call('GET', batchKey) or default)
+  local first = math.floor((now + guard) / tick_ms)
+  for tick = first, first + ahead do
+    local n = redis.call('HINCRBY', key, tick, 1)
+    if n <= budget then
+      -- A tick's first reservation tidies the hash (the ticks before the last two go) and
+      -- extends its life: once per tick, not per purchase.
+      if n == 1 then
+        redis.call('HDEL', key, first - 2, first - 3)
+        redis.call('PEXPIRE', key, tick_ms * (ahead + 4))
+      end
+      return tick, math.max(0, tick * tick_ms - now), (tick + 1) * tick_ms - now
+    end
+    redis.call('HINCRBY', key, tick, -1)
+  end
+  return nil, (math.floor(now / tick_ms) + 1) * tick_ms - now
+end
+
 -- Fences: after a failover that lost the last writes, Redis may hold a counter (the seq
 -- counter, the admission mark, the last tick) below a value an instance has already seen and
 -- told buyers about. The instance sends the highest value it has seen (`seen`); a counter below

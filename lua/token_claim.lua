@@ -18,26 +18,59 @@
 -- KEYS[4] queue:{T}:bought         HASH user -> purchases claimed in the sale (ARGV[4] > 0 only);
 --                                  expires ARGV[6] s after the target's last claim, deleted by
 --                                  a sale's clear (sale_control.lua)
+-- KEYS[5] queue:{T}:forwarded      HASH tick -> purchases reserved (optional, with ARGV[7] >
+--                                  0): the purchase's first place in a tick, reserved
+--                                  before the claim (`pace_reserve` in prelude.lua, as
+--                                  gate_pace.lua) and given back when the claim is refused
+-- KEYS[6] queue:{T}:batch_size     STRING runtime batch size (optional, as KEYS[5])
 -- ARGV[1] token: the token presented
 -- ARGV[2] ttl_s: seconds until the token expires (its mark lives as long)
 -- ARGV[3] per_admission: purchases per admission (≥ 1)
 -- ARGV[4] per_user: purchases per user (0 = no limit)
 -- ARGV[5] user: the user id
 -- ARGV[6] key_ttl_s: key ttl seconds (queue.key_ttl_s)
+-- ARGV[7] pace_tick_ms: tick length ms to reserve the purchase's place in a tick first, 0: no
+--         reservation
+-- ARGV[8] pace_budget: budget per tick without a runtime batch size
+-- ARGV[9] pace_guard_ms: as gate_pace.lua's guard_ms
+-- ARGV[10] pace_ahead: ticks ahead the gate may wait at most
 -- returns {1, previous value of KEYS[1] or ''} when claimed, {0} when the token is used up,
--- {2} when the user made their purchases
+-- {2} when the user made their purchases; with a reservation asked, a claim's reply goes on
+-- with ms until the reserved tick starts and ms until it ends, and {3, ms until the next tick}
+-- means every tick is full: nothing claimed, nothing reserved
 local now = now_ms()
+local paceTick, starts, ends
+if tonumber(ARGV[7]) > 0 then
+  paceTick, starts, ends = pace_reserve(KEYS[5], KEYS[6], now, tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]))
+  if not paceTick then
+    return {3, starts}
+  end
+end
+-- A refused claim gives its place in the tick back.
+local function refused(code)
+  if paceTick then
+    redis.call('HINCRBY', KEYS[5], paceTick, -1)
+  end
+  return {code}
+end
+-- A claim's reply.
+local function claimed(previous)
+  if paceTick then
+    return {1, previous, starts, ends}
+  end
+  return {1, previous}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local used = used_mark(ARGV[1])
 local v = redis.call('GET', KEYS[1])
 if v == used or redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  return {0}
+  return refused(0)
 end
 local ttl = tonumber(ARGV[2])
 local perUser = tonumber(ARGV[4])
 if perUser > 0 then
   if tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0') >= perUser then
-    return {2}
+    return refused(2)
   end
   redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[6]))
@@ -50,11 +83,11 @@ if perAdmission > 1 then
     redis.call('PEXPIREAT', KEYS[3], until_ms)
   end
   if n < perAdmission then
-    return {1, v or ''}
+    return claimed(v or '')
   end
 end
 redis.call('ZADD', KEYS[2], now + ttl * 1000, ARGV[1])
 local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))
 redis.call('SET', KEYS[1], used, 'EX', ttl)
-return {1, v or ''}
+return claimed(v or '')

@@ -92,6 +92,7 @@ pub(super) fn denied(e: &GateDenial) -> ApiError {
         GateDenial::Overloaded => ApiError::overloaded(e.to_string()),
         GateDenial::NotRecorded(_) => ApiError::not_replicated(e.to_string()),
         GateDenial::UnknownTarget(t) => ApiError::unknown_target(*t),
+        GateDenial::Busy => ApiError::new(ErrorCode::DownstreamBusy, e.to_string()),
     }
 }
 
@@ -145,12 +146,13 @@ async fn gate_and_forward(st: &SharedState, mut parts: Parts, path: CanonicalPat
                     token_buyer = buyer;
                     claim
                 }
+                Err(GateDenial::Busy) => return busy(st.service.settings().queue.tick_ms),
                 Err(e) => return denied(&e).into_response(),
             }
         }
     };
     if let Some(target) = paced_target {
-        match st.service.pace_purchase(target).await {
+        match st.service.pace_purchase(target, claim.as_ref()).await {
             Pace::Now => {}
             Pace::Full => {
                 if let Some(claim) = claim {

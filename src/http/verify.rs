@@ -140,23 +140,26 @@ pub async fn verify(State(st): State<SharedState>, request_uri: Uri, headers: He
     let user = gate_user(&headers, &st);
     let token = header_str(&headers, "x-entry-token");
     let visitor = (st.service.settings().identity.mode == IdentityMode::Visitor).then(|| user.clone()).flatten();
+    // Every tick the check may wait for full: a 403 that says when to retry, the token unused.
+    let busy = || {
+        let tick_s = st.service.settings().queue.tick_ms.div_ceil(1000);
+        ApiError::new(ErrorCode::QueueBypassDenied, GateDenial::Busy.to_string()).retry_after(tick_s).into_response()
+    };
     let claim = match st.service.gate_check(target, user, token, ClaimMode::Claim).await {
         Ok(GatePass::FlagOff) => None,
         Ok(GatePass::Verified { claim }) => {
             let guard = ClaimGuard { service: st.service.clone(), claim };
-            match st.service.pace_purchase(target).await {
+            match st.service.pace_purchase(target, guard.claim.as_ref()).await {
                 Pace::Now => guard.keep(),
                 Pace::Full => {
                     if let Some(claim) = guard.keep() {
                         st.service.settle_claim(claim, false).await;
                     }
-                    let tick_s = st.service.settings().queue.tick_ms.div_ceil(1000);
-                    let detail = "the purchase API takes one batch per tick and the next ticks are full: retry \
-                                  shortly (your entry token is still valid)";
-                    return ApiError::new(ErrorCode::QueueBypassDenied, detail).retry_after(tick_s).into_response();
+                    return busy();
                 }
             }
         }
+        Err(GateDenial::Busy) => return busy(),
         // nginx passes only 401 and 403 on to the buyer (anything else becomes a 500), so an
         // overloaded check, or a claim the replicas did not acknowledge, is a 403 that says so
         // and when to retry.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::QueueService;
 use crate::domain::{AnswerClass, Ms, PurchaseLimits, PurchaseRefusal, QueueTarget, Ticks, UserId, Users};
 use crate::store::prelude::*;
-use crate::store::{RecordedPurchase, StoreError, StoreErrorKind, TokenClaim};
+use crate::store::{PaceSlot, PacedClaim, RecordedPurchase, StoreError, StoreErrorKind, TokenClaim};
 use crate::token::{self, TokenError};
 
 /// What the gate lets through.
@@ -29,6 +29,17 @@ pub struct PendingClaim {
     previous: Option<String>,
     /// The limits the claim counted against, to give the use back to the same counts.
     limits: PurchaseLimits,
+    /// The purchase's place in a tick, reserved with the claim (`gate.pace`), for
+    /// [`QueueService::pace_purchase`]'s first attempt.
+    reserved: Option<Reserved>,
+}
+
+/// A place in a tick the store reserved, and when this instance asked and heard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reserved {
+    slot: PaceSlot,
+    asked: tokio::time::Instant,
+    answered: tokio::time::Instant,
 }
 
 /// Why the gate does not let a request through.
@@ -60,6 +71,11 @@ pub enum GateDenial {
     /// The gated route names a target nobody declared: nothing is forwarded.
     #[error("there is no queue for {0}: the target is not declared (vq target add)")]
     UnknownTarget(QueueTarget),
+    /// Every tick the purchase may wait for is full (`gate.pace`): nothing claimed.
+    #[error(
+        "the purchase API takes one batch per tick and the next ticks are full: retry shortly (your entry token is still valid)"
+    )]
+    Busy,
 }
 
 /// When a verified purchase may go to the purchase API (see `gate.pace`).
@@ -174,23 +190,53 @@ impl QueueService {
             }
             ClaimMode::Claim => {
                 let ttl_s = claims.expires_at - now;
-                let claim = || self.bounded(target, self.store.claim_token(target, user.clone(), raw, ttl_s, limits));
+                // With pacing, the purchase's first place in a tick is reserved in the same step.
+                let pace = self.pace_ask(target);
+                let claim = async || {
+                    let asked = tokio::time::Instant::now();
+                    let claimed = match pace {
+                        Some(p) => {
+                            self.bounded(
+                                target,
+                                self.store.claim_token_paced(target, user.clone(), raw, ttl_s, limits, p),
+                            )
+                            .await
+                        }
+                        None => self
+                            .bounded(target, self.store.claim_token(target, user.clone(), raw, ttl_s, limits))
+                            .await
+                            .map(|c| PacedClaim::Claim(c, None)),
+                    };
+                    (claimed, asked, tokio::time::Instant::now())
+                };
                 let mut claimed = claim().await;
                 // The connection broke under the claim while Redis answers (a failover moved
                 // it): once more, on the connection made again.
-                if claimed.as_ref().is_err_and(|e| self.connection_broke(target, e)) {
+                if claimed.0.as_ref().is_err_and(|e| self.connection_broke(target, e)) {
                     claimed = claim().await;
                 }
+                let (claimed, asked, answered) = claimed;
                 match claimed {
-                    Ok(TokenClaim::AlreadyUsed) => {
+                    Ok(PacedClaim::Full) => return Err(GateDenial::Busy),
+                    Ok(PacedClaim::Claim(TokenClaim::AlreadyUsed, _)) => {
                         return Err(GateDenial::TokenUsedUp { limit: limits.per_admission });
                     }
-                    Ok(TokenClaim::UserLimit) => {
+                    Ok(PacedClaim::Claim(TokenClaim::UserLimit, _)) => {
                         return Err(GateDenial::PurchaseLimit { target, limit: limits.per_user });
                     }
-                    Ok(TokenClaim::Claimed { previous }) => GatePass::Verified {
-                        claim: Some(PendingClaim { target, user, token: raw.to_owned(), previous, limits }),
-                    },
+                    Ok(PacedClaim::Claim(TokenClaim::Claimed { previous }, slot)) => {
+                        let reserved = slot.map(|slot| Reserved { slot, asked, answered });
+                        GatePass::Verified {
+                            claim: Some(PendingClaim {
+                                target,
+                                user,
+                                token: raw.to_owned(),
+                                previous,
+                                limits,
+                                reserved,
+                            }),
+                        }
+                    }
                     Err(e) => return self.unchecked(target, &e),
                 }
             }
@@ -222,18 +268,13 @@ impl QueueService {
             && !self.store.silent(Some(target))
     }
 
-    /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
-    /// place, waits for its tick, and answers [`Pace::Now`] only while that tick lasts. A
-    /// process paused past the reserved tick (a long GC pause, a throttled container) reserves
-    /// again instead of forwarding late. Without Redis the purchase goes at once (fail-open;
-    /// the downstream database is the last line); an instance too busy to reserve in time
-    /// (Redis answering) does not forward: [`Pace::Full`].
-    pub async fn pace_purchase(&self, target: QueueTarget) -> Pace {
+    /// The purchase is paced (`gate.pace`): its budget per tick, the tick and how many ticks
+    /// ahead it may wait, as the store reserves a place with them.
+    fn pace_ask(&self, target: QueueTarget) -> Option<(Users, Ms, Ticks)> {
         let gate = &self.settings.gate;
-        if !gate.pace || self.store.silent(Some(target)) {
-            return Pace::Now;
+        if !gate.pace {
+            return None;
         }
-        let tick_ms = self.settings.queue.tick_ms;
         // Adaptive outflow: the batch moves up to queue.batch_max, the most the operator says
         // the purchase API takes per tick; pacing caps at that.
         let batch = match self.settings.type_outflow(target.kind) {
@@ -242,19 +283,35 @@ impl QueueService {
             // Active buyers: at most max_active hold a token, so at most that many buy at once.
             crate::config::Outflow::Active => self.settings.type_max_active(target.kind),
         };
+        Some((Users(batch), Ms(self.settings.queue.tick_ms), Ticks(gate.pace_max_ticks)))
+    }
+
+    /// Keeps verified purchases within one batch per tick per target (`gate.pace`): reserves a
+    /// place (or takes the one `claim` reserved with the token's claim), waits for its tick, and
+    /// answers [`Pace::Now`] only while that tick lasts. A process paused past the reserved tick
+    /// (a long GC pause, a throttled container) reserves again instead of forwarding late.
+    /// Without Redis the purchase goes at once (fail-open; the downstream database is the last
+    /// line); an instance too busy to reserve in time (Redis answering) does not forward:
+    /// [`Pace::Full`].
+    pub async fn pace_purchase(&self, target: QueueTarget, claim: Option<&PendingClaim>) -> Pace {
+        let Some((batch, tick, ahead)) = self.pace_ask(target) else { return Pace::Now };
+        let mut reserved = claim.and_then(|c| c.reserved);
+        if reserved.is_none() && self.store.silent(Some(target)) {
+            return Pace::Now;
+        }
         for _ in 0..PACE_ATTEMPTS {
-            let asked = tokio::time::Instant::now();
-            match self
-                .bounded(
-                    target,
-                    self.store.pace_purchase(target, Users(batch), Ms(tick_ms), Ticks(gate.pace_max_ticks)),
-                )
-                .await
-            {
+            let (slot, asked, answered) = match reserved.take() {
+                Some(r) => (Ok(Some(r.slot)), r.asked, r.answered),
+                None => {
+                    let asked = tokio::time::Instant::now();
+                    let slot = self.bounded(target, self.store.pace_purchase(target, batch, tick, ahead)).await;
+                    (slot, asked, tokio::time::Instant::now())
+                }
+            };
+            match slot {
                 Ok(Some(slot)) => {
                     // Both ends err on the safe side: the start counts from the answer, the
                     // end from the question (Redis' clock read in between).
-                    let answered = tokio::time::Instant::now();
                     let starts = answered + Duration::from_millis(slot.starts_in_ms);
                     let forward_by =
                         asked + Duration::from_millis(slot.ends_in_ms.saturating_sub(PACE_FORWARD_MARGIN_MS));

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use super::{PaceSlot, StoreError, TokenClaim};
+use super::{PaceSlot, PacedClaim, StoreError, TokenClaim};
 use crate::domain::{AnswerClass, Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 
 /// A forwarded purchase as the target's record counts it (`SaleOps::record_purchase`): the tick
@@ -27,6 +27,21 @@ pub trait GateOps: Send + Sync + 'static {
         ttl_s: u64,
         limits: PurchaseLimits,
     ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send;
+
+    /// [`Self::claim_token`], and first the purchase's place in a tick as
+    /// [`Self::pace_purchase`] reserves it (`default_budget`, `tick`, `ahead` as there), in the
+    /// same step where the user's keys and the target's pacing share a node (the user's part
+    /// of the target is the whole target: no shards, no lanes); a refused claim gives the place
+    /// back, and with every tick full nothing is claimed.
+    fn claim_token_paced(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+        limits: PurchaseLimits,
+        pace: (Users, Ms, Ticks),
+    ) -> impl Future<Output = Result<PacedClaim, StoreError>> + Send;
 
     /// Undoes a claim after a purchase that did not succeed: the use goes back to the token's
     /// count and the user's (`limits` as the claim was made with).

@@ -155,6 +155,17 @@ pub enum TokenClaim {
     UserLimit,
 }
 
+/// What [`super::GateOps::claim_token_paced`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PacedClaim {
+    /// The claim's outcome, and the purchase's place in a tick when it was reserved in the same
+    /// step (`None`: not reserved there, reserve it with `pace_purchase`). A refused claim
+    /// holds no place.
+    Claim(TokenClaim, Option<PaceSlot>),
+    /// Every tick the purchase may wait for is full: nothing claimed, nothing reserved.
+    Full,
+}
+
 /// A place reserved for one purchase in a tick (see [`super::GateOps::pace_purchase`]), as times
 /// from the moment the store answered, by its clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

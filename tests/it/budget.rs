@@ -92,20 +92,21 @@ const BUDGET: &[Budget] = &[
     // status.lua, issue.lua, which drops the target from the user's count of queues in the same
     // call on a single server (HGET, HDEL).
     Budget { step: Step::TokenIssue, scripts: 2.0, commands: 17.0 },
-    // token_claim.lua, gate_pace.lua, then one MULTI after the 2xx: the claim confirmed and
+    // token_claim.lua, which reserves the purchase's place in a tick first (GET HINCRBY, and
+    // HDEL PEXPIRE for a tick's first), then one MULTI after the 2xx: the claim confirmed and
     // the purchase's count in the record (HINCRBY×3 EXPIRE ZREM).
-    Budget { step: Step::Purchase, scripts: 2.0, commands: 18.0 },
+    Budget { step: Step::Purchase, scripts: 1.0, commands: 16.5 },
     // As Purchase, and token_claim.lua counts the user (HGET, HINCRBY, EXPIRE) and the token
     // (HINCRBY, PEXPIRETIME, PEXPIREAT the first time): its first purchase does not mark the
     // token used (ZADD, ZRANGE, PEXPIREAT, SET skipped), its second does.
-    Budget { step: Step::PurchaseLimited, scripts: 2.0, commands: LIMITED_PURCHASE_COMMANDS },
+    Budget { step: Step::PurchaseLimited, scripts: 1.0, commands: LIMITED_PURCHASE_COMMANDS },
     // leave.lua, which drops the target from the user's count of queues in the same call on a
     // single server (HGET, HDEL).
     Budget { step: Step::Leave, scripts: 1.0, commands: 10.0 },
 ];
 
 /// What a purchase may cost Redis with purchase limits on ([`Step::PurchaseLimited`]).
-const LIMITED_PURCHASE_COMMANDS: f64 = 22.0;
+const LIMITED_PURCHASE_COMMANDS: f64 = 19.5;
 
 /// New users entering at once in [`Step::EnterCrowd`].
 const CROWD: u64 = 200;
@@ -239,7 +240,7 @@ async fn purchase(service: &QueueService, u: &UserId, token: &str) {
         Ok(GatePass::Verified { claim: Some(claim) }) => claim,
         other => panic!("{u}: {other:?}"),
     };
-    assert_eq!(service.pace_purchase(target()).await, vq::service::Pace::Now, "{u}");
+    assert_eq!(service.pace_purchase(target(), Some(&claim)).await, vq::service::Pace::Now, "{u}");
     service.settle_purchase(claim, service.purchase_tick(), Some(200)).await;
 }
 
@@ -261,7 +262,7 @@ async fn warm_up(redis: &RedisServer, service: &QueueService, pump: &Pump) {
         Ok(GatePass::Verified { claim: Some(claim) }) => claim,
         other => panic!("{other:?}"),
     };
-    service.pace_purchase(t).await;
+    service.pace_purchase(t, Some(&claim)).await;
     service.settle_purchase(claim, service.purchase_tick(), Some(200)).await;
     service.sync_local_views().await;
     service.leave(t, &b).await;

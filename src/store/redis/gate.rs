@@ -8,7 +8,65 @@ use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_t
 use super::{codec, keys};
 use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
-use crate::store::{PaceSlot, RecordedPurchase, StoreError, TokenClaim};
+use crate::store::{PaceSlot, PacedClaim, RecordedPurchase, StoreError, TokenClaim};
+
+impl RedisStore {
+    /// `token_claim.lua`, reserving the purchase's place in a tick first with `pace` where the
+    /// user's part is the whole target (its pacing keys then share the user's slot).
+    async fn claim(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+        limits: PurchaseLimits,
+        pace: Option<(Users, Ms, Ticks)>,
+    ) -> Result<PacedClaim, StoreError> {
+        let part = self.user_place(target, &user).await?;
+        let pace = pace.filter(|_| part == target);
+        let keys = match pace {
+            Some(_) => token_claim_paced_keys(part, &user),
+            None => token_claim_keys(part, &user).to_vec(),
+        };
+        let (budget, tick, ahead) = pace.map_or((0, 0, 0), |(b, t, a)| (b.get(), t.get(), a.get()));
+        let r: Vec<String> = TOKEN_CLAIM
+            .key(&keys[..])
+            .args(&TokenClaimArgs {
+                token,
+                ttl_s: ttl_s.max(1),
+                per_admission: limits.per_admission,
+                per_user: limits.per_user,
+                user: user.as_str(),
+                key_ttl_s: self.limits.key_ttl_s,
+                pace_tick_ms: tick,
+                pace_budget: budget,
+                pace_ahead: ahead,
+            })
+            .invoke_async(&mut self.conn())
+            .await?;
+        let ms = |i: usize| r.get(i).and_then(|v| v.parse::<u64>().ok());
+        match r.first().map(String::as_str) {
+            Some("1") => {
+                let previous = r.get(1).filter(|p| !p.is_empty()).cloned();
+                let slot = ms(2).zip(ms(3)).map(|(starts_in_ms, ends_in_ms)| PaceSlot { starts_in_ms, ends_in_ms });
+                if pace.is_some() && slot.is_none() {
+                    return Err(reply_err("token_claim.lua", &r));
+                }
+                // Forwarded only once a failover cannot lose the mark; otherwise given back, so
+                // the buyer can try again with the same token (a place reserved stays taken).
+                if let Err(e) = self.replicated(part).await {
+                    self.release_token(part, user, token, previous, limits).await?;
+                    return Err(e);
+                }
+                Ok(PacedClaim::Claim(TokenClaim::Claimed { previous }, slot))
+            }
+            Some("0") => Ok(PacedClaim::Claim(TokenClaim::AlreadyUsed, None)),
+            Some("2") => Ok(PacedClaim::Claim(TokenClaim::UserLimit, None)),
+            Some("3") if pace.is_some() => Ok(PacedClaim::Full),
+            _ => Err(reply_err("token_claim.lua", &r)),
+        }
+    }
+}
 
 impl GateOps for RedisStore {
     async fn claim_token(
@@ -19,34 +77,24 @@ impl GateOps for RedisStore {
         ttl_s: u64,
         limits: PurchaseLimits,
     ) -> Result<TokenClaim, StoreError> {
-        let target = self.user_place(target, &user).await?;
-        let r: Vec<String> = TOKEN_CLAIM
-            .key(&token_claim_keys(target, &user)[..])
-            .args(&TokenClaimArgs {
-                token,
-                ttl_s: ttl_s.max(1),
-                per_admission: limits.per_admission,
-                per_user: limits.per_user,
-                user: user.as_str(),
-                key_ttl_s: self.limits.key_ttl_s,
-            })
-            .invoke_async(&mut self.conn())
-            .await?;
-        match r.first().map(String::as_str) {
-            Some("1") => {
-                let previous = r.get(1).filter(|p| !p.is_empty()).cloned();
-                // Forwarded only once a failover cannot lose the mark; otherwise given back, so
-                // the buyer can try again with the same token.
-                if let Err(e) = self.replicated(target).await {
-                    self.release_token(target, user, token, previous, limits).await?;
-                    return Err(e);
-                }
-                Ok(TokenClaim::Claimed { previous })
+        match self.claim(target, user, token, ttl_s, limits, None).await? {
+            PacedClaim::Claim(claim, _) => Ok(claim),
+            PacedClaim::Full => {
+                Err(StoreError::Reply { what: "token_claim.lua", detail: "full without pacing".into() })
             }
-            Some("0") => Ok(TokenClaim::AlreadyUsed),
-            Some("2") => Ok(TokenClaim::UserLimit),
-            _ => Err(reply_err("token_claim.lua", &r)),
         }
+    }
+
+    async fn claim_token_paced(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+        limits: PurchaseLimits,
+        pace: (Users, Ms, Ticks),
+    ) -> Result<PacedClaim, StoreError> {
+        self.claim(target, user, token, ttl_s, limits, Some(pace)).await
     }
 
     async fn release_token(

@@ -107,6 +107,14 @@ pub(super) fn token_claim_keys(target: QueueTarget, user: &UserId) -> [String; 4
     ]
 }
 
+/// `token_claim.lua` reserving the purchase's place in a tick first: the user's keys of
+/// [`token_claim_keys`], then the target's pacing keys ([`GATE_PACE_KEYS`]).
+pub(super) fn token_claim_paced_keys(target: QueueTarget, user: &UserId) -> Vec<String> {
+    let mut out = token_claim_keys(target, user).to_vec();
+    out.extend(GATE_PACE_KEYS.iter().map(|k| keys::of(target, k)));
+    out
+}
+
 /// `issue.lua`: the target's keys of [`ISSUE_KEYS`], the user's token key, then, when the call
 /// drops the target from the user's holds (`hold_generation`), the generations of the one bucket
 /// of a single server.
@@ -474,6 +482,10 @@ script_args! {
         per_user: u64,
         user: &'a str,
         key_ttl_s: u64,
+        pace_tick_ms: u64,
+        pace_budget: u64,
+        pace_guard_ms = PACE_GUARD_MS,
+        pace_ahead: u64,
     } tail []
 }
 
@@ -627,7 +639,7 @@ mod tests {
             ("flag_set.lua", owned(&FLAG_SET_KEYS)),
             ("outflow_claim.lua", outflow_claim_keys(target, 7).to_vec()),
             ("outflow_observe.lua", outflow_observe_keys(target, 7).to_vec()),
-            ("token_claim.lua", token_claim_keys(target, &user).to_vec()),
+            ("token_claim.lua", token_claim_paced_keys(target, &user)),
             ("token_release.lua", token_claim_keys(target, &user).to_vec()),
             ("user_hold.lua", user_hold_keys(3, 10).to_vec()),
         ];
