@@ -30,19 +30,9 @@
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mark = tonumber(redis.call('GET', KEYS[3]) or '0')
 if seq and tonumber(seq) <= mark then
-  local ttl = tonumber(ARGV[3])
-  redis.call('SET', KEYS[7], ARGV[2], 'EX', ttl)
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HINCRBY', KEYS[4], 'tokens_issued', 1)
-  record_incr(KEYS[5], tonumber(ARGV[4]), {'ti', 1})
-  local now = now_ms()
-  redis.call('HSET', KEYS[5], 'ti_last', now)
-  redis.call('ZADD', KEYS[6], now + ttl * 1000, ARGV[1])
-  redis.call('EXPIRE', KEYS[6], ttl + 600)
-  if ARGV[5] ~= '' then
-    hold_drop({KEYS[8], KEYS[9], KEYS[10]}, ARGV[1], ARGV[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
-  end
+  local k = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[4], record = KEYS[5], unused = KEYS[6], token = KEYS[7]}
+  local hold = ARGV[5] ~= '' and {{KEYS[8], KEYS[9], KEYS[10]}, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])} or nil
+  issue_token(k, ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), now_ms(), hold)
   return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end
 local tok = redis.call('GET', KEYS[7])

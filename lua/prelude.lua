@@ -313,6 +313,25 @@ local function record_incr(rec, ttl, fields)
   redis.call('EXPIRE', rec, ttl)
 end
 
+-- Stores `token` for `user`, found admitted (their seq at or below the mark), and takes them out
+-- of the queue: the token key (EX `ttl` s), their place, the counts of tokens issued and the
+-- expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
+-- queues they hold (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record, unused,
+-- token. issue.lua and status.lua (a poll that finds its user admitted) store tokens so.
+local function issue_token(k, user, token, ttl, recordTtl, now, hold)
+  redis.call('SET', k.token, token, 'EX', ttl)
+  redis.call('ZREM', k.waiting, user)
+  redis.call('ZREM', k.heartbeat, user)
+  redis.call('HINCRBY', k.waits, 'tokens_issued', 1)
+  record_incr(k.record, recordTtl, {'ti', 1})
+  redis.call('HSET', k.record, 'ti_last', now)
+  redis.call('ZADD', k.unused, now + ttl * 1000, user)
+  redis.call('EXPIRE', k.unused, ttl + 600)
+  if hold then
+    hold_drop(hold[1], user, hold[2], now, hold[3], hold[4])
+  end
+end
+
 -- One of the sale's events in its record (a ledger row: schedule, open, pause, resume, close,
 -- clear) as field e:<n>: the ledger's admission rows push old rows out, the record keeps these.
 local function record_event(rec, ttl, row)

@@ -1,6 +1,7 @@
 -- status.lua: polls in one round trip. Refreshes each waiting user's heartbeat and tells
--- where they are; once the mark has reached a user's seq, the caller signs a token and
--- issue.lua stores it (once) and takes the user out of the queue.
+-- where they are; once the mark has reached a user's seq, stores the token the caller signed
+-- for them (`issue_token` in prelude.lua, as issue.lua does) and takes them out of the queue,
+-- so the poll that finds a user admitted hands them their token in the same call.
 --
 -- One call carries every poll for this target that reached an instance while its previous
 -- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
@@ -16,19 +17,30 @@
 -- KEYS[5] queue:{T}:departed         ZSET seqs of users who left or were evicted above the mark
 -- KEYS[6] queue:{T}:beats            STRING the heartbeats of users with a seq (prelude.lua's
 --                                    beat_tag)
--- KEYS[6+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
--- KEYS[7+n] queue:{T}:sale           HASH the sale (optional, with the next two)
--- KEYS[8+n] queue:{T}:prequeue       ZSET pre-queued users until the opening
--- KEYS[9+n] queue:{T}:opening        ZSET the frozen pre-queue until its order is written
+-- KEYS[7] queue:{T}:waits            HASH target counters (tokens_issued)
+-- KEYS[8] queue:{T}:record           HASH the sale's record: ti (tokens issued), ti_last (ms)
+-- KEYS[9] queue:{T}:unused           ZSET user -> expiry ms of a token issued and not used yet
+-- KEYS[9+i] queue:{T}:token:{user i} STRING token (or "used:<token>"), EX token ttl
+-- KEYS[10+n] queue:{T}:sale          HASH the sale (optional, with the next two)
+-- KEYS[11+n] queue:{T}:prequeue      ZSET pre-queued users until the opening
+-- KEYS[12+n] queue:{T}:opening       ZSET the frozen pre-queue until its order is written
+-- KEYS[13+n] queue:holds:{h0}:<g-1>  HASH the queues each user holds (optional, after the sale's
+-- KEYS[14+n] queue:holds:{h0}:<g>    keys, with ARGV[5]): on a single server the target leaves
+-- KEYS[15+n] queue:holds:{h0}:<g+1>  the user's when their token is stored (`hold_drop`)
 -- ARGV[1] mark_seen: fence: the highest admission mark this instance has seen (see `fence` in
 --                    prelude.lua)
 -- ARGV[2] key_ttl_s: key ttl seconds (of the mark, when the fence raises it)
--- ARGV[2+i] user: user i (heartbeats are Redis' TIME)
+-- ARGV[3] token_ttl_s: token ttl seconds
+-- ARGV[4] record_ttl_s: record ttl seconds
+-- ARGV[5] hold_target: the target as the holds name it (the whole target), or '' for no drop
+-- ARGV[6] hold_generation: g, the generation of KEYS[14+n]
+-- ARGV[7] hold_generation_ms: a generation's length, ms
+-- ARGV[7+i] user: user i (heartbeats are Redis' TIME)
+-- ARGV[7+n+i] token: the token signed for user i, stored if this call finds them admitted
 -- returns {mark, batch_override_or_0, then per user i: code, a, b}, the codes named in prelude.lua
 --   WAITING       a = seq, b = users ahead still waiting
---   ADMITTED      a = token (issued before)
+--   ADMITTED      a = token: issued before, or the caller's, stored now (b = 1)
 --   NOT_IN_QUEUE
---   ISSUE         admitted and still waiting: the caller signs a token, calls issue.lua
 --   PRE_QUEUE     pre-queued (heartbeat refreshed)
 --   CLOSED        the sale is closed and the user was not admitted
 -- then, when the sale keys are given, the sale as in enter.lua: phase, opens_at, prequeue_from,
@@ -39,32 +51,40 @@
 -- Polls are most of the traffic (every waiting user, every 2-3 s), so the calls are per call,
 -- not per user; no TTL refresh (admit.lua refreshes the target's keys every tick while anyone
 -- waits).
-local n = #ARGV - 2
+local U = 7
+local n = (#ARGV - U) / 2
 local st = redis.call('MGET', KEYS[3], KEYS[4])
 local mark, markRaised = fence(KEYS[3], tonumber(st[1] or '0'), tonumber(ARGV[1]), tonumber(ARGV[1]), tonumber(ARGV[2]))
 local batch = tonumber(st[2] or '0')
 local now = now_ms()
-local saleKey, preKey, openKey = KEYS[7 + n], KEYS[8 + n], KEYS[9 + n]
+local saleKey, preKey, openKey = KEYS[10 + n], KEYS[11 + n], KEYS[12 + n]
 local phase, sale = sale_phase(saleKey, now)
-local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 3, 2 + n))
+local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, U + 1, U + n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
 local pre = {}
 if phase == P_PRE_QUEUE or phase == P_OPENING then
-  pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, 3, 2 + n))
+  pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, U + 1, U + n))
 end
-local toks = tokens_of(seqs, n, 6)
+local toks = tokens_of(seqs, n, 9)
+-- Where an admitted user's token goes (issue_token).
+local issueKeys = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[7], record = KEYS[8], unused = KEYS[9]}
+local hold = ARGV[5] ~= '' and {{KEYS[13 + n], KEYS[14 + n], KEYS[15 + n]}, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])} or nil
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
 for i = 1, n do
-  local user = ARGV[2 + i]
+  local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
   if j then
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
     local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
-    if not code then
+    if code == ISSUE then
+      issueKeys.token = KEYS[9 + i]
+      issue_token(issueKeys, user, ARGV[U + n + i], tonumber(ARGV[3]), tonumber(ARGV[4]), now, hold)
+      code, a, b = ADMITTED, ARGV[U + n + i], 1
+    elseif not code then
       code, a, b, beat = NOT_IN_QUEUE, 0, 0, false
       if pre[i] then
         code, beat = PRE_QUEUE, true

@@ -541,16 +541,20 @@ lua_scenario() {
   cargo build -q --example script_args || die "examples/script_args.rs does not build"
   calls() { # enter|status sha
     target/debug/examples/script_args "$1" >"$WORK/layout.$1" || die "no layout for $1"
-    python3 - "$WORK/layout.$1" "$2" "$n" "$b" <<'EOF'
+    python3 - "$WORK/layout.$1" "$2" "$n" "$b" "$1" <<'EOF'
 import sys
-layout, sha, n, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-names, head = (line.split() for line in open(layout).read().splitlines())
+layout, sha, n, b, op = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+names, head = open(layout).read().splitlines()
+names, head = names.split(), head.split("\t")
 p = "queue:{LIMITED_DROP:1}:"
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]
     args = ["EVALSHA", sha, str(len(names) + len(users))] + [p + k for k in names]
     args += [p + "token:" + u for u in users] + head + users
+    if op == "status":
+        # status.lua's token for each user, stored if the poll finds them admitted.
+        args += ["bench-token-" + u for u in users]
     out.write(("*%d\r\n" % len(args)).encode())
     for a in args:
         out.write(("$%d\r\n%s\r\n" % (len(a.encode()), a)).encode())

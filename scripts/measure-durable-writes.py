@@ -5,7 +5,7 @@ Each run starts a fresh redis-server primary, a replica of it (`--replicaof`), a
 stand-in answering 200, and one `vq serve` of the binary under test (tick 200 ms, batch 1000,
 gate pacing off, so what is timed is the Redis work, not a wait for a tick). USERS users enter;
 once the pump has admitted them, each is timed for its first poll answered ADMITTED (the token
-issued: status.lua + issue.lua, and with the replicas' confirmation, WAIT) and for its purchase
+issued: status.lua, and with the replicas' confirmation, WAIT) and for its purchase
 through the gate (token_claim.lua, and WAIT, then the forward). Runs alternate A B B A ... for
 PAIRS pairs; the table gives each run's medians and the median of each binary's medians, with
 the steal time (/proc/stat) over the whole measurement.

@@ -34,9 +34,10 @@ impl QueueService {
         QueueStatus::Admitted(token)
     }
 
-    /// The store asks for a candidate only when it issues the token in this call, and keeps
-    /// it unless another call issued one first. (Two calls in the same second mint equal
-    /// candidates, so a race can rarely count twice.)
+    /// The store asks for a candidate when it may issue the token in this call (a poll sends
+    /// one along, an enter asks only once it found the user admitted), and keeps it unless
+    /// another call issued one first. (Two calls in the same second mint equal candidates, so
+    /// a race can rarely count twice.)
     /// Admitted now, the user no longer holds a place at `target`: it stops counting among
     /// their queues (`queue.max_queues_per_user`; best effort, a stale count is dropped when
     /// the limit is reached).

@@ -110,8 +110,10 @@ pub trait QueueOps: Send + Sync + 'static {
     fn snapshot(&self, target: QueueTarget) -> impl Future<Output = Result<TargetSnapshot, StoreError>> + Send;
 }
 
-/// The token to store if a call admits the user now. Made only then: signing costs an HMAC,
-/// and nearly every enter and poll finds the user waiting.
+/// The token to store if a call admits the user now. An enter makes it only then (signing
+/// costs an HMAC, and nearly every enter finds the user new or waiting); a poll that reaches
+/// the store makes it first and sends it along, so the call that finds its user admitted
+/// stores it there and then.
 pub trait Candidate: Sync {
     fn token(&self) -> String;
 }

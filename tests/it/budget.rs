@@ -89,9 +89,10 @@ const BUDGET: &[Budget] = &[
     // (the first waiting seq, the beats' expiry, one GETRANGE, the sweep's new state): 6
     // commands in this tick, where one ZRANGEBYSCORE of the heartbeat ZSET was.
     Budget { step: Step::Admission, scripts: 0.06, commands: 1.2 },
-    // status.lua, issue.lua, which drops the target from the user's count of queues in the same
-    // call on a single server (HGET, HDEL).
-    Budget { step: Step::TokenIssue, scripts: 2.0, commands: 17.0 },
+    // status.lua, which stores the token the poll carries once it finds the user admitted
+    // (SET, ZREM×2, HINCRBY×2, EXPIRE×2, HSET, ZADD) and drops the target from the user's count
+    // of queues on a single server (HGET, HDEL).
+    Budget { step: Step::TokenIssue, scripts: 1.0, commands: 15.0 },
     // token_claim.lua, which reserves the purchase's place in a tick first (GET HINCRBY, and
     // HDEL PEXPIRE for a tick's first), then one MULTI after the 2xx: the claim confirmed and
     // the purchase's count in the record (HINCRBY×3 EXPIRE ZREM).

@@ -21,6 +21,18 @@ async fn call(
     head: &[Vec<u8>],
     users: &[u64],
 ) -> Vec<String> {
+    call_with_tail(c, script, names, head, users, &[]).await
+}
+
+/// [`call`], with `tail` after the users.
+async fn call_with_tail(
+    c: &mut MultiplexedConnection,
+    script: &str,
+    names: &[&str],
+    head: &[Vec<u8>],
+    users: &[u64],
+    tail: &[Vec<u8>],
+) -> Vec<String> {
     let script = redis::Script::new(script);
     let mut inv = script.prepare_invoke();
     for name in names {
@@ -34,6 +46,9 @@ async fn call(
     }
     for u in users {
         inv.arg(u);
+    }
+    for a in tail {
+        inv.arg(a);
     }
     let reply: Vec<redis::Value> = inv.invoke_async(c).await.expect("script call");
     reply
@@ -80,9 +95,23 @@ async fn status(c: &mut MultiplexedConnection, users: &[u64]) -> Vec<String> {
     status_fenced(c, 0, users).await
 }
 
+/// A poll of `users`, each with the token `issued-<user>` to store if the call finds them
+/// admitted.
 async fn status_fenced(c: &mut MultiplexedConnection, mark: u64, users: &[u64]) -> Vec<String> {
-    let args = StatusArgs { mark_seen: mark, key_ttl_s: 1800 };
-    call(c, &lua_as_sent(include_str!("../../lua/status.lua")), layout::STATUS_KEYS, &args.argv(), users).await
+    let args = StatusArgs {
+        mark_seen: mark,
+        key_ttl_s: 1800,
+        token_ttl_s: 300,
+        record_ttl_s: 86_400,
+        hold_target: "",
+        hold_generation: 0,
+        hold_generation_ms: 0,
+    };
+    let head = args.argv();
+    // call() sends the head, then the users; the tokens go after the users.
+    let tokens: Vec<Vec<u8>> = users.iter().map(|u| format!("issued-{u}").into_bytes()).collect();
+    call_with_tail(c, &lua_as_sent(include_str!("../../lua/status.lua")), layout::STATUS_KEYS, &head, users, &tokens)
+        .await
 }
 
 /// Redis' clock, epoch ms: the scripts keep times by it, never by the caller's.
@@ -181,12 +210,28 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     let seq: u64 = cmd(&["GET", &format!("{P}seq")]).query_async(&mut c).await.unwrap();
     assert_eq!(seq, 4, "a full queue gives no seq");
 
-    // Polls: waiting, admitted without a token, holding a token, unknown, twice in the call.
+    // Polls: waiting, admitted without a token (given the one the call carries for them, in
+    // the same call), holding a token, unknown, twice in the call.
     let poll_from = redis_ms_after(&mut c, second_to).await;
     let got = status(&mut c, &[3, 1, 4, 9, 3, 6, 2]).await;
     let poll_to = redis_ms(&mut c).await;
-    let want = [(1, "3", 0), (5, "1", 0), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
+    let want = [(1, "3", 0), (2, "issued-1", 1), (2, "tok-4", 0), (4, "0", 0), (1, "3", 0), (1, "4", 1), (4, "0", 0)];
     assert_eq!(got, answers(1, 7, &want, 0, 0));
+    let (token, waiting, issued): (Option<String>, Option<f64>, Option<u64>) = redis::pipe()
+        .get(format!("{P}token:1"))
+        .zscore(format!("{P}waiting"), "1")
+        .hget(format!("{P}waits"), "tokens_issued")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        (token.as_deref(), waiting, issued),
+        (Some("issued-1"), None, Some(1)),
+        "stored, out of the queue, counted"
+    );
+    // Polled again: the token stored, not the one the new call carries.
+    let got = status(&mut c, &[1]).await;
+    assert_eq!(got, answers(1, 7, &[(2, "issued-1", 0)], 0, 0));
     let beats = beats_within(&mut c, &[1, 2, 3, 4], poll_from, poll_to).await;
     let want = [(1, false), (2, false), (3, true), (4, true)];
     assert_eq!(beats, want, "a poll refreshes the waiting above the mark");
@@ -214,14 +259,14 @@ async fn fences_raise_counters_redis_lost_and_never_lower_them() {
     let got = enter_fenced(&mut c, 100, fence, &[4, 2]).await;
     assert_eq!(got, answers(2, 0, &[(1, "16", 13), (5, "2", 0)], 16, 3), "seq and mark raised");
     let got = status_fenced(&mut c, 2, &[2, 3]).await;
-    assert_eq!(got, answers(2, 0, &[(5, "2", 0), (1, "3", 0)], 0, 0), "already raised: nothing to do");
+    assert_eq!(got, answers(2, 0, &[(2, "issued-2", 1), (1, "3", 0)], 0, 0), "already raised: nothing to do");
 
     // Fences below what Redis holds change nothing.
     let got = enter_fenced(&mut c, 100, Fence { seq_seen: 5, seq_to: 9, mark: 1 }, &[5]).await;
     assert_eq!(got, answers(2, 0, &[(1, "17", 14)], 17, 0));
     // A poll through an instance that saw a higher mark raises it (user 3 admitted).
     let got = status_fenced(&mut c, 3, &[3]).await;
-    assert_eq!(got, answers(3, 0, &[(5, "3", 0)], 0, 2));
+    assert_eq!(got, answers(3, 0, &[(2, "issued-3", 1)], 0, 2));
     let ttl: i64 = redis::cmd("TTL").arg(format!("{P}admitted_count")).query_async(&mut c).await.unwrap();
     assert!(ttl > 0, "a raised key keeps the sliding TTL: {ttl}");
 }

@@ -29,7 +29,8 @@ pub use super::codec::SALE_FIELDS;
 /// and the sale's keys follow where the script's header says.
 pub const ENTER_KEYS: &[&str] =
     &["waiting", "heartbeat", "seq", "admitted_count", "batch_size", "entry_times", "departed", "record", "beats"];
-pub const STATUS_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "beats"];
+pub const STATUS_KEYS: &[&str] =
+    &["waiting", "heartbeat", "admitted_count", "batch_size", "departed", "beats", "waits", "record", "unused"];
 pub const ISSUE_KEYS: &[&str] = &["waiting", "heartbeat", "admitted_count", "waits", "record", "unused"];
 pub const TOKENS_EXPIRE_KEYS: &[&str] = &["unused", "waits"];
 pub const ACTIVE_COUNT_KEYS: &[&str] = &["waiting", "admitted_count", "unused"];
@@ -466,11 +467,16 @@ script_args! {
 }
 
 script_args! {
-    /// `status.lua`: the arguments before its users.
-    pub struct StatusArgs for "status.lua" {
+    /// `status.lua`: the arguments before its users (the users, then a token for each).
+    pub struct StatusArgs<'a> for "status.lua" {
         mark_seen: u64,
         key_ttl_s: u64,
-    } tail [user]
+        token_ttl_s: u64,
+        record_ttl_s: u64,
+        hold_target: &'a str,
+        hold_generation: u64,
+        hold_generation_ms: u64,
+    } tail [user, token]
 }
 
 script_args! {
@@ -551,7 +557,7 @@ const ALL: &[(&str, &[&str], &[&str])] = {
         SalePlaceArgs<'static>,
         SaleReadArgs,
         SaleScheduleArgs<'static>,
-        StatusArgs,
+        StatusArgs<'static>,
         TokenClaimArgs<'static>,
         TokenReleaseArgs<'static>,
         TokensExpireArgs,

@@ -56,7 +56,7 @@ impl QueueOps for RedisStore {
         candidate: &dyn Candidate,
     ) -> Result<StatusOutcome, StoreError> {
         let target = self.user_place(target, &user).await?;
-        let mut answer = self.shared_call(Op::Status, target, user.clone()).await?;
+        let mut answer = self.shared_call(Op::Status, target, user.clone(), Some(candidate)).await?;
         if let Answer::Issue = answer {
             answer = self.issue(target, &user, candidate).await?;
         }
@@ -192,7 +192,7 @@ impl RedisStore {
         let target = self.user_place(target, &user).await?;
         // A user admitted, then evicted or gone before the token was stored enters again.
         for _ in 0..2 {
-            let mut answer = self.shared_call(Op::Enter { hold_max }, target, user.clone()).await?;
+            let mut answer = self.shared_call(Op::Enter { hold_max }, target, user.clone(), None).await?;
             if let Answer::Issue = answer {
                 answer = self.issue(target, &user, candidate).await?;
             }

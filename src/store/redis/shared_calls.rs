@@ -1,6 +1,7 @@
 //! The Redis side of the shared enter/poll calls: builds the one `enter.lua` (`status.lua`)
 //! call that carries every user `store::coalesce` gathered for a target, splits its reply into
-//! per-user answers, and stores an admitted user's token (`issue.lua`). `store/coalesce.rs` is
+//! per-user answers, and stores the token of a user an enter found admitted (`issue.lua`; a
+//! poll's call stores it itself). `store/coalesce.rs` is
 //! the backend-neutral part: the per-target lanes that gather the users and hand them here.
 
 use std::fmt::Write as _;
@@ -20,8 +21,16 @@ use crate::store::coalesce::Coalescer;
 use crate::store::{Candidate, SaleNotice, StoreError, StoreLimits, Waiting};
 
 impl RedisStore {
-    /// One user's enter or poll, sent with whatever else is queued for the same target.
-    pub(super) async fn shared_call(&self, op: Op, target: QueueTarget, user: UserId) -> Result<Answer, StoreError> {
+    /// One user's enter or poll, sent with whatever else is queued for the same target; a
+    /// poll carries the token signed for its user (`candidate`), stored if the call finds them
+    /// admitted.
+    pub(super) async fn shared_call(
+        &self,
+        op: Op,
+        target: QueueTarget,
+        user: UserId,
+        candidate: Option<&dyn Candidate>,
+    ) -> Result<Answer, StoreError> {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
             let (fences, pulse, clock) = (self.fences.clone(), self.pulse.clone(), self.clock.clone());
@@ -31,7 +40,7 @@ impl RedisStore {
             })
         });
         let (reply, answer) = oneshot::channel();
-        let job = Job { user, reply };
+        let job = Job { user, token: candidate.map(|c| c.token()), reply };
         if lanes.submit((op, target), job).is_err() {
             return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
         }
@@ -90,6 +99,8 @@ pub(super) struct Call {
 /// One user's enter or poll, waiting for its answer.
 pub(super) struct Job {
     user: UserId,
+    /// A poll's candidate token (`status.lua` stores it if the user is admitted).
+    token: Option<String>,
     reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
@@ -134,7 +145,13 @@ async fn execute(conn: Conn, limits: Arc<StoreLimits>, fences: Arc<Fences>, call
         Op::Status => 0,
     };
     let gen_ms = limits.key_ttl_s.max(1) * 1000;
-    let hold_keys = (hold_max > 0).then(|| enter_hold_keys(now / gen_ms));
+    // An enter counts the target among the user's queues; a poll that stores a token drops it
+    // (a single server, where the holds and the target share the node).
+    let holds = match op {
+        Op::Enter { hold_max } => hold_max > 0,
+        Op::Status => limits.hold_queues && !conn.is_cluster(),
+    };
+    let hold_keys = holds.then(|| enter_hold_keys(now / gen_ms));
     let mut conn = conn;
     let mut cmd =
         script.cmd(&conn, names.len() + jobs.len() + SALE_KEYS.len() + hold_keys.as_ref().map_or(0, |k| k.len()));
@@ -180,10 +197,26 @@ async fn execute(conn: Conn, limits: Arc<StoreLimits>, fences: Arc<Fences>, call
                 hold_generation_ms: gen_ms,
             },
         ),
-        Op::Status => script.put_args(&mut cmd, &StatusArgs { mark_seen: fence.mark, key_ttl_s: limits.key_ttl_s }),
+        Op::Status => script.put_args(
+            &mut cmd,
+            &StatusArgs {
+                mark_seen: fence.mark,
+                key_ttl_s: limits.key_ttl_s,
+                token_ttl_s: limits.token_ttl_s,
+                record_ttl_s: limits.record_ttl_s,
+                hold_target: if holds { &hold_target } else { "" },
+                hold_generation: now / gen_ms,
+                hold_generation_ms: gen_ms,
+            },
+        ),
     }
     for job in &jobs {
         cmd.arg(job.user.as_str());
+    }
+    if op == Op::Status {
+        for job in &jobs {
+            cmd.arg(job.token.as_deref().unwrap_or_default());
+        }
     }
     let answers = match script.call::<Value>(&mut conn, &cmd).await {
         Ok(reply) => parse_answers(what, reply, jobs.len(), true),
