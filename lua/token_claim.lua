@@ -7,12 +7,16 @@
 --
 -- Every token a user bought with is remembered until it expires, whichever tokens they hold
 -- besides (a user may hold several valid ones: fail-open tokens from an outage, a queue token):
--- alternating them must not make any of them usable past its limit.
+-- alternating them must not make any of them usable past its limit. The token key holds the
+-- mark of the last token used up, for as long as that token lives; a mark about to be replaced
+-- by another token's moves into KEYS[2] first, with its expiry, so a user with one used token
+-- (nearly all) has no KEYS[2].
 --
 -- KEYS[1] queue:{T}:token:{user}   STRING token, or its used mark (`used_mark` in prelude.lua)
 --                                  for the last one used up
--- KEYS[2] queue:{T}:used:{user}    ZSET token -> expiry (ms, Redis' clock) of each used-up
---                                  token; pruned of expired members here, expires with its last one
+-- KEYS[2] queue:{T}:used:{user}    ZSET token -> expiry (ms, Redis' clock) of the used-up
+--                                  tokens whose mark KEYS[1] no longer holds; a member past its
+--                                  expiry counts for nothing; expires with its last one
 -- KEYS[3] queue:{T}:uses:{user}    HASH token -> purchases claimed with it (ARGV[3] > 1 only);
 --                                  expires with its longest-lived token
 -- KEYS[4] queue:{T}:bought         HASH user -> purchases claimed in the sale (ARGV[4] > 0 only);
@@ -60,10 +64,13 @@ local function claimed(previous)
   end
   return {1, previous}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local used = used_mark(ARGV[1])
 local v = redis.call('GET', KEYS[1])
-if v == used or redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+if v == used then
+  return refused(0)
+end
+local until_used = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if until_used and tonumber(until_used) > now then
   return refused(0)
 end
 local ttl = tonumber(ARGV[2])
@@ -86,8 +93,19 @@ if perAdmission > 1 then
     return claimed(v or '')
   end
 end
-redis.call('ZADD', KEYS[2], now + ttl * 1000, ARGV[1])
-local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))
+-- The key holds another token's mark: that token stays used, in KEYS[2], until it expires.
+if v and v ~= stored_token(v) then
+  local left = redis.call('PTTL', KEYS[1])
+  -- A mark without an expiry (never written so) is kept a key TTL.
+  if left == -1 then
+    left = tonumber(ARGV[6]) * 1000
+  end
+  if left > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    redis.call('ZADD', KEYS[2], now + left, stored_token(v))
+    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))
+  end
+end
 redis.call('SET', KEYS[1], used, 'EX', ttl)
 return claimed(v or '')

@@ -93,13 +93,15 @@ const BUDGET: &[Budget] = &[
     // (SET, ZREM×2, HINCRBY×2, EXPIRE×2, HSET, ZADD) and drops the target from the user's count
     // of queues on a single server (HGET, HDEL).
     Budget { step: Step::TokenIssue, scripts: 1.0, commands: 15.0 },
-    // token_claim.lua, which reserves the purchase's place in a tick first (GET HINCRBY, and
-    // HDEL PEXPIRE for a tick's first), then one MULTI after the 2xx: the claim confirmed and
-    // the purchase's count in the record (HINCRBY×3 EXPIRE ZREM).
-    Budget { step: Step::Purchase, scripts: 1.0, commands: 16.5 },
+    // token_claim.lua (GET, ZSCORE, SET of the used mark; the user's set of used tokens only
+    // when a second token's mark replaces the first's), which reserves the purchase's place in
+    // a tick first (GET HINCRBY, and HDEL PEXPIRE for a tick's first), then one MULTI after the
+    // 2xx: the claim confirmed and the purchase's count in the record (HINCRBY×3 EXPIRE ZREM).
+    Budget { step: Step::Purchase, scripts: 1.0, commands: 12.5 },
     // As Purchase, and token_claim.lua counts the user (HGET, HINCRBY, EXPIRE) and the token
     // (HINCRBY, PEXPIRETIME, PEXPIREAT the first time): its first purchase does not mark the
-    // token used (ZADD, ZRANGE, PEXPIREAT, SET skipped), its second does.
+    // token used, its second does, moving the mark of the queue token the buyer used before
+    // into their set of used tokens (PTTL, ZREMRANGEBYSCORE, ZADD, ZRANGE, PEXPIREAT).
     Budget { step: Step::PurchaseLimited, scripts: 1.0, commands: LIMITED_PURCHASE_COMMANDS },
     // leave.lua, which drops the target from the user's count of queues in the same call on a
     // single server (HGET, HDEL).
