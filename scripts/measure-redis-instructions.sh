@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# What one small sale costs Redis in instructions, for vq builds side by side, where CPU time
+# on this shared machine moves by a fifth and more from one run to the next: redis-server runs
+# under valgrind's callgrind, which counts the instructions it executes in user space (the
+# same count for the same work, whatever the machine is doing; the kernel's side of each
+# round trip, its read and write, is not counted). Each run: a fresh redis-server under
+# callgrind, one `vq serve` of the binary, `vq loadgen` with USERS=1000 buyers arriving at
+# RATE=100/s for DURATION=10 s, polling as the server says, buying through the gate (batch
+# BATCH=200 per 2-s tick; Redis timeouts raised, as callgrind slows Redis some fifty times);
+# then the same without load (IDLE: the probes, ticks and cron alone), whose count is
+# subtracted. Runs alternate over the binaries RUNS=2 times.
+#
+#   scripts/measure-redis-instructions.sh BINARY...
+#
+# Prints per binary and run: instructions in all, less the idle run's, per buyer entered, and
+# the buyers admitted (which must agree across binaries for the counts to compare).
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+[ $# -ge 1 ] || die "usage: scripts/measure-redis-instructions.sh BINARY..."
+install_missing valgrind redis-server curl
+use_work_dir
+users="${USERS:-1000}" rate="${RATE:-100}" duration="${DURATION:-10}" batch="${BATCH:-200}" runs="${RUNS:-2}"
+secret="bench-secret-0123456789abcdef0123456789"
+
+# One run: sets RUN_TOTAL (the instructions redis-server executed) and RUN_ADMITTED (the
+# buyers admitted).
+one_run() { # binary name idle(0|1)
+  local bin=$1 name=$2 idle=$3 redis_port vq_port sink_port redis_pid vq_pid
+  redis_port=$(free_port); vq_port=$(free_port); sink_port=$(free_port)
+  mkdir -p "$WORK/$name.dir"
+  spawn "$name.redis" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK/$name.dir"
+  redis_pid=$SPAWNED
+  wait_until 30 redis-cli -p "$redis_port" ping || die "redis-server under callgrind did not start"
+  VQ_REDIS__URL="redis://127.0.0.1:$redis_port" VQ_REDIS__TIMEOUT_MS=5000 VQ_TOKEN_SECRET="$secret" \
+    VQ_TARGETS__RANGES='["limited-drop:1-100"]' VQ_GATE__UPSTREAM="http://127.0.0.1:$sink_port" \
+    VQ_QUEUE__BATCH_SIZE="$batch" RUST_LOG=warn spawn "$name.vq" "$bin" serve --flag-on --listen "127.0.0.1:$vq_port"
+  vq_pid=$SPAWNED
+  wait_http "http://127.0.0.1:$vq_port/healthz" 30 "$vq_pid" || die "vq serve did not start: $(tail -5 "$WORK/$name.vq.log")"
+  local admitted=0
+  if [ "$idle" = 1 ]; then
+    sleep "$duration"
+  else
+    timeout --signal=INT --kill-after=10 $((duration + 110)) "$bin" loadgen --url "http://127.0.0.1:$vq_port" \
+      --target limited-drop:1 --users "$users" --rate "$rate" --duration "$duration" --arrival constant \
+      --concurrency 64 --abandon 0.05 --purchase --sink "127.0.0.1:$sink_port" --quiet --follow-poll-after \
+      --assert-no-5xx --json "$WORK/$name.json" >"$WORK/$name.loadgen.log" 2>&1 ||
+      die "loadgen failed: $(tail -5 "$WORK/$name.loadgen.log")"
+    admitted=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["admitted"] if r["directAdmitted"] == 0 else "FAILED-OPEN")' "$WORK/$name.json")
+  fi
+  stop_pid "$vq_pid"
+  # callgrind writes its counts when redis-server exits (SIGTERM: it shuts down, saving nothing).
+  stop_pid "$redis_pid"
+  RUN_TOTAL=$(awk '/^summary:/ {print $2; exit}' "$WORK/$name.cg")
+  [ -n "$RUN_TOTAL" ] || die "no callgrind summary for $name"
+  RUN_ADMITTED=$admitted
+}
+
+idle_of=()
+for b in "$@"; do
+  one_run "$b" "idle-$(basename "$b")" 1
+  idle_of+=("$RUN_TOTAL")
+done
+printf '| binary | run | instructions | less idle | per buyer entered | admitted |\n|---|---|---|---|---|---|\n'
+for r in $(seq "$runs"); do
+  i=0
+  for b in "$@"; do
+    one_run "$b" "run$r-$i-$(basename "$b")" 0
+    net=$((RUN_TOTAL - idle_of[i]))
+    printf '| %s | %s | %s | %s | %s | %s |\n' "$b" "$r" "$RUN_TOTAL" "$net" "$((net / users))" "$RUN_ADMITTED"
+    i=$((i + 1))
+  done
+done
