@@ -30,7 +30,7 @@ if KEYS[4] then
   prequeued = redis.call('ZREM', KEYS[4], ARGV[1])
 end
 if KEYS[5] and (seq or prequeued == 1) then
-  record_incr(KEYS[5], tonumber(ARGV[3]), {'left', 1})
+  record_incr(KEYS[5], ARGV[3], {'left', '1'})
 end
 if not seq then
   return 0

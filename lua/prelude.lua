@@ -267,7 +267,7 @@ local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
   local budget = tonumber(redis.call('GET', batchKey) or default)
   local first = math.floor((now + guard) / tick_ms)
   for tick = first, first + ahead do
-    local n = redis.call('HINCRBY', key, tick, 1)
+    local n = redis.call('HINCRBY', key, tick, '1')
     if n <= budget then
       -- A tick's first reservation tidies the hash (the ticks before the last two go) and
       -- extends its life: once per tick, not per purchase.
@@ -277,7 +277,7 @@ local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
       end
       return tick, math.max(0, tick * tick_ms - now), (tick + 1) * tick_ms - now
     end
-    redis.call('HINCRBY', key, tick, -1)
+    redis.call('HINCRBY', key, tick, '-1')
   end
   return nil, (math.floor(now / tick_ms) + 1) * tick_ms - now
 end
@@ -317,16 +317,18 @@ end
 -- of the queue: the token key (EX `ttl` s), their place, the counts of tokens issued and the
 -- expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
 -- queues they hold (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record, unused,
--- token. issue.lua and status.lua (a poll that finds its user admitted) store tokens so.
+-- token. issue.lua and status.lua (a poll that finds its user admitted) store tokens so. `ttl`
+-- and `recordTtl` come as the callers' ARGV strings: Redis reads a string argument as it is,
+-- where a Lua number is formatted first (an snprintf each).
 local function issue_token(k, user, token, ttl, recordTtl, now, hold)
   redis.call('SET', k.token, token, 'EX', ttl)
   redis.call('ZREM', k.waiting, user)
   redis.call('ZREM', k.heartbeat, user)
-  redis.call('HINCRBY', k.waits, 'tokens_issued', 1)
-  record_incr(k.record, recordTtl, {'ti', 1})
+  redis.call('HINCRBY', k.waits, 'tokens_issued', '1')
+  record_incr(k.record, recordTtl, {'ti', '1'})
   redis.call('HSET', k.record, 'ti_last', now)
-  redis.call('ZADD', k.unused, now + ttl * 1000, user)
-  redis.call('EXPIRE', k.unused, ttl + 600)
+  redis.call('ZADD', k.unused, now + tonumber(ttl) * 1000, user)
+  redis.call('EXPIRE', k.unused, tonumber(ttl) + 600)
   if hold then
     hold_drop(hold[1], user, hold[2], now, hold[3], hold[4])
   end

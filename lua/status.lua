@@ -82,7 +82,7 @@ for i = 1, n do
     local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
     if code == ISSUE then
       issueKeys.token = KEYS[9 + i]
-      issue_token(issueKeys, user, ARGV[U + n + i], tonumber(ARGV[3]), tonumber(ARGV[4]), now, hold)
+      issue_token(issueKeys, user, ARGV[U + n + i], ARGV[3], ARGV[4], now, hold)
       code, a, b = ADMITTED, ARGV[U + n + i], 1
     elseif not code then
       code, a, b, beat = NOT_IN_QUEUE, 0, 0, false

@@ -53,7 +53,7 @@ end
 -- A refused claim gives its place in the tick back.
 local function refused(code)
   if paceTick then
-    redis.call('HINCRBY', KEYS[5], paceTick, -1)
+    redis.call('HINCRBY', KEYS[5], paceTick, '-1')
   end
   return {code}
 end
@@ -107,5 +107,5 @@ if v and v ~= stored_token(v) then
     redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))
   end
 end
-redis.call('SET', KEYS[1], used, 'EX', ttl)
+redis.call('SET', KEYS[1], used, 'EX', ARGV[2])
 return claimed(v or '')
