@@ -194,20 +194,8 @@ impl QueueService {
                 let pace = self.pace_ask(target);
                 let claim = async || {
                     let asked = tokio::time::Instant::now();
-                    let claimed = match pace {
-                        Some(p) => {
-                            self.bounded(
-                                target,
-                                self.store.claim_token_paced(target, user.clone(), raw, ttl_s, limits, p),
-                            )
-                            .await
-                        }
-                        None => self
-                            .bounded(target, self.store.claim_token(target, user.clone(), raw, ttl_s, limits))
-                            .await
-                            .map(|c| PacedClaim::Claim(c, None)),
-                    };
-                    (claimed, asked, tokio::time::Instant::now())
+                    let claim = self.store.claim_token_paced(target, user.clone(), raw, ttl_s, limits, pace);
+                    (self.bounded(target, claim).await, asked, tokio::time::Instant::now())
                 };
                 let mut claimed = claim().await;
                 // The connection broke under the claim while Redis answers (a failover moved

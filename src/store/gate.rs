@@ -18,21 +18,12 @@ pub struct RecordedPurchase {
 pub trait GateOps: Send + Sync + 'static {
     /// Counts one purchase against the token's and the user's limits before it is forwarded,
     /// and marks the token used once it made `limits.per_admission` purchases (one-time use at
-    /// 1); refuses, counting nothing, a token used up or a user at `limits.per_user`.
-    fn claim_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        ttl_s: u64,
-        limits: PurchaseLimits,
-    ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send;
-
-    /// [`Self::claim_token`], and first the purchase's place in a tick as
-    /// [`Self::pace_purchase`] reserves it (`default_budget`, `tick`, `ahead` as there), in the
-    /// same step where the user's keys and the target's pacing share a node (the user's part
-    /// of the target is the whole target: no shards, no lanes); a refused claim gives the place
-    /// back, and with every tick full nothing is claimed.
+    /// 1); refuses, counting nothing, a token used up or a user at `limits.per_user`. With
+    /// `pace`, first reserves the purchase's place in a tick as [`Self::pace_purchase`] does
+    /// (`default_budget`, `tick`, `ahead` as there), in the same step where the user's keys and
+    /// the target's pacing share a node (the user's part of the target is the whole target: no
+    /// shards, no lanes); a refused claim gives the place back, and with every tick full
+    /// nothing is claimed.
     fn claim_token_paced(
         &self,
         target: QueueTarget,
@@ -40,8 +31,27 @@ pub trait GateOps: Send + Sync + 'static {
         token: &str,
         ttl_s: u64,
         limits: PurchaseLimits,
-        pace: (Users, Ms, Ticks),
+        pace: Option<(Users, Ms, Ticks)>,
     ) -> impl Future<Output = Result<PacedClaim, StoreError>> + Send;
+
+    /// [`Self::claim_token_paced`] without pacing.
+    fn claim_token(
+        &self,
+        target: QueueTarget,
+        user: UserId,
+        token: &str,
+        ttl_s: u64,
+        limits: PurchaseLimits,
+    ) -> impl Future<Output = Result<TokenClaim, StoreError>> + Send {
+        async move {
+            match self.claim_token_paced(target, user, token, ttl_s, limits, None).await? {
+                PacedClaim::Claim(claim, _) => Ok(claim),
+                PacedClaim::Full => {
+                    Err(StoreError::Reply { what: "token_claim.lua", detail: "full without pacing".into() })
+                }
+            }
+        }
+    }
 
     /// Undoes a claim after a purchase that did not succeed: the use goes back to the token's
     /// count and the user's (`limits` as the claim was made with).

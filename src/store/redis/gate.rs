@@ -10,10 +10,10 @@ use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
 use crate::store::{PaceSlot, PacedClaim, RecordedPurchase, StoreError, TokenClaim};
 
-impl RedisStore {
-    /// `token_claim.lua`, reserving the purchase's place in a tick first with `pace` where the
-    /// user's part is the whole target (its pacing keys then share the user's slot).
-    async fn claim(
+impl GateOps for RedisStore {
+    // `token_claim.lua`; with `pace` where the user's part is the whole target (its pacing keys
+    // then share the user's slot).
+    async fn claim_token_paced(
         &self,
         target: QueueTarget,
         user: UserId,
@@ -66,37 +66,6 @@ impl RedisStore {
             _ => Err(reply_err("token_claim.lua", &r)),
         }
     }
-}
-
-impl GateOps for RedisStore {
-    async fn claim_token(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        ttl_s: u64,
-        limits: PurchaseLimits,
-    ) -> Result<TokenClaim, StoreError> {
-        match self.claim(target, user, token, ttl_s, limits, None).await? {
-            PacedClaim::Claim(claim, _) => Ok(claim),
-            PacedClaim::Full => {
-                Err(StoreError::Reply { what: "token_claim.lua", detail: "full without pacing".into() })
-            }
-        }
-    }
-
-    async fn claim_token_paced(
-        &self,
-        target: QueueTarget,
-        user: UserId,
-        token: &str,
-        ttl_s: u64,
-        limits: PurchaseLimits,
-        pace: (Users, Ms, Ticks),
-    ) -> Result<PacedClaim, StoreError> {
-        self.claim(target, user, token, ttl_s, limits, Some(pace)).await
-    }
-
     async fn release_token(
         &self,
         target: QueueTarget,

@@ -48,6 +48,12 @@ pub(super) struct HoldJob {
 /// Held targets per entry.
 type Held = Vec<(QueueTarget, u64)>;
 
+/// Whether the calls that end a user's place drop the target from their holds themselves (see
+/// [`RedisStore::drops_holds_in_call`]), for callers without the store.
+pub(super) fn drops_holds_in_call(limits: &crate::store::StoreLimits, conn: &super::conn::Conn) -> bool {
+    limits.hold_queues && !conn.is_cluster()
+}
+
 /// Where a call that ends a user's place (`issue.lua`, `leave.lua`) drops the target from their
 /// holds itself: the target as the holds name it, the generation now and its length.
 pub(super) struct HoldDrop {
@@ -69,7 +75,7 @@ impl RedisStore {
     /// the holds are counted and live on the target's node (a single server, or the embedded
     /// store).
     pub(super) fn drops_holds_in_call(&self) -> bool {
-        self.limits.hold_queues && !self.conn.is_cluster()
+        drops_holds_in_call(&self.limits, &self.conn)
     }
 
     /// What such a call sends to drop `target` (its whole target) from a user's holds, when

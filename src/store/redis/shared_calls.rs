@@ -149,7 +149,7 @@ async fn execute(conn: Conn, limits: Arc<StoreLimits>, fences: Arc<Fences>, call
     // (a single server, where the holds and the target share the node).
     let holds = match op {
         Op::Enter { hold_max } => hold_max > 0,
-        Op::Status => limits.hold_queues && !conn.is_cluster(),
+        Op::Status => super::holds::drops_holds_in_call(&limits, &conn),
     };
     let hold_keys = holds.then(|| enter_hold_keys(now / gen_ms));
     let mut conn = conn;

@@ -137,21 +137,21 @@ async fn a_refused_claim_holds_no_place_in_a_tick_and_a_full_tick_claims_nothing
         time.next_tick(tick_ms).await;
         let pace = (Users(2), Ms(tick_ms), Ticks(1));
         let per_user = vq::domain::PurchaseLimits { per_admission: 1, per_user: 1 };
-        let claimed = s.claim_token_paced(t(), UserId::from(1), "a", 300, per_user, pace).await.unwrap();
+        let claimed = s.claim_token_paced(t(), UserId::from(1), "a", 300, per_user, Some(pace)).await.unwrap();
         let PacedClaim::Claim(TokenClaim::Claimed { .. }, Some(slot)) = claimed else { panic!("{claimed:?}") };
         assert_eq!(slot.starts_in_ms, 0, "{slot:?}");
         for _ in 0..5 {
-            let again = s.claim_token_paced(t(), UserId::from(1), "a", 300, per_user, pace).await.unwrap();
+            let again = s.claim_token_paced(t(), UserId::from(1), "a", 300, per_user, Some(pace)).await.unwrap();
             assert_eq!(again, PacedClaim::Claim(TokenClaim::AlreadyUsed, None));
-            let other = s.claim_token_paced(t(), UserId::from(1), "b", 300, per_user, pace).await.unwrap();
+            let other = s.claim_token_paced(t(), UserId::from(1), "b", 300, per_user, Some(pace)).await.unwrap();
             assert_eq!(other, PacedClaim::Claim(TokenClaim::UserLimit, None));
         }
         // Three places left (one now, two in the next tick), whatever the refusals tried.
         for u in 2..=4 {
-            let c = s.claim_token_paced(t(), UserId::from(u), "c", 300, Default::default(), pace).await.unwrap();
+            let c = s.claim_token_paced(t(), UserId::from(u), "c", 300, Default::default(), Some(pace)).await.unwrap();
             assert!(matches!(c, PacedClaim::Claim(TokenClaim::Claimed { .. }, Some(_))), "user {u}: {c:?}");
         }
-        let full = s.claim_token_paced(t(), UserId::from(5), "d", 300, Default::default(), pace).await.unwrap();
+        let full = s.claim_token_paced(t(), UserId::from(5), "d", 300, Default::default(), Some(pace)).await.unwrap();
         assert_eq!(full, PacedClaim::Full);
         assert!(!s.token_used(t(), UserId::from(5), "d").await.unwrap(), "nothing claimed when full");
         let later = s.claim_token(t(), UserId::from(5), "d", 300, Default::default()).await.unwrap();
