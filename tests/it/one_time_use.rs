@@ -114,3 +114,33 @@ async fn fail_open_tokens_collected_during_an_outage_buy_once_each() {
     assert!(forwarded <= 3, "{forwarded} purchases forwarded with 3 tokens: {statuses:?}");
     assert_eq!(forwarded, 3, "each token buys once: {statuses:?}");
 }
+
+/// Pacing is a place in a tick per purchase: a buyer replaying a spent token, again and again,
+/// holds none of them (the refused claim gives its place back in the same step), so the buyers
+/// after them still get the tick's places. With three places a tick and one tick ahead, twenty
+/// replays would otherwise take every place the next buyers may wait for.
+#[tokio::test]
+async fn replaying_a_spent_token_takes_no_paced_place_from_the_next_buyers() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.gate.upstream = Some(spawn_echo().await);
+    s.queue.tick_ms = 2000;
+    s.queue.batch_size = 3;
+    s.gate.pace_max_ticks = 1;
+    let app = spawn_app(s.clone(), false).await;
+    flag_on(&redis).await;
+    let now = vq::service::now_epoch_ms() / 1000;
+    let spent = mint(&secret(), target(), &UserId::from(7), now, 300).raw;
+    crate::support::tick_room(s.queue.tick_ms, 1500).await;
+    assert_eq!(purchase(&app, 7, &spent).await, 200);
+    for _ in 0..20 {
+        assert_eq!(purchase(&app, 7, &spent).await, 403, "a spent token is refused");
+    }
+    // Five places left (two this tick, three the next), whatever the replays tried.
+    let mut statuses = Vec::new();
+    for user in 8..=12u64 {
+        let token = mint(&secret(), target(), &UserId::from(user), now, 300).raw;
+        statuses.push(purchase(&app, user, &token).await);
+    }
+    assert_eq!(statuses, [200; 5], "the next buyers get the paced places: {statuses:?}");
+}
