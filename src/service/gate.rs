@@ -174,7 +174,7 @@ impl QueueService {
         let raw = token.filter(|t| !t.is_empty()).ok_or(TokenError::Missing)?;
         let now = self.now_s();
         let claims = token::verify(&self.secret, raw, target, &user, now)?;
-        if self.store.silent(Some(target)) {
+        if self.store.silent_for(target, &user) {
             // Redis is down: HMAC and expiry still hold; one-time use waits for Redis.
             self.degraded.record_skipped();
             return Ok(GatePass::Verified { claim: None });
@@ -182,10 +182,10 @@ impl QueueService {
         let limits = self.settings.type_purchase_limits(target.kind);
         let outcome = match mode {
             ClaimMode::CheckOnly => {
-                match self.bounded(target, self.store.token_used(target, user.clone(), raw)).await {
+                match self.bounded_for(target, Some(&user), self.store.token_used(target, user.clone(), raw)).await {
                     Ok(true) => return Err(GateDenial::TokenUsedUp { limit: limits.per_admission }),
                     Ok(false) => GatePass::Verified { claim: None },
-                    Err(e) => return self.unchecked(target, &e),
+                    Err(e) => return self.unchecked(target, &user, &e),
                 }
             }
             ClaimMode::Claim => {
@@ -195,12 +195,12 @@ impl QueueService {
                 let claim = async || {
                     let asked = tokio::time::Instant::now();
                     let claim = self.store.claim_token_paced(target, user.clone(), raw, ttl_s, limits, pace);
-                    (self.bounded(target, claim).await, asked, tokio::time::Instant::now())
+                    (self.bounded_for(target, Some(&user), claim).await, asked, tokio::time::Instant::now())
                 };
                 let mut claimed = claim().await;
                 // The connection broke under the claim while Redis answers (a failover moved
                 // it): once more, on the connection made again.
-                if claimed.0.as_ref().is_err_and(|e| self.connection_broke(target, e)) {
+                if claimed.0.as_ref().is_err_and(|e| self.connection_broke(target, &user, e)) {
                     claimed = claim().await;
                 }
                 let (claimed, asked, answered) = claimed;
@@ -225,7 +225,7 @@ impl QueueService {
                             }),
                         }
                     }
-                    Err(e) => return self.unchecked(target, &e),
+                    Err(e) => return self.unchecked(target, &user, &e),
                 }
             }
         };
@@ -236,24 +236,24 @@ impl QueueService {
     /// this instance is behind), the use not confirmed by the replicas or refused for lack of
     /// memory, a connection broken while Redis answers → not forwarded; Redis silent or a
     /// data error of the call (a corrupt key) → HMAC and expiry hold.
-    fn unchecked(&self, target: QueueTarget, e: &StoreError) -> Result<GatePass, GateDenial> {
+    fn unchecked(&self, target: QueueTarget, user: &UserId, e: &StoreError) -> Result<GatePass, GateDenial> {
         self.degraded.record("gate", target, e);
         match e {
             StoreError::Busy => Err(GateDenial::Overloaded),
             StoreError::NotReplicated { .. } => Err(GateDenial::NotRecorded("its replica did not confirm it")),
             e if e.is_out_of_memory() => Err(GateDenial::NotRecorded("redis is out of memory")),
-            e if self.connection_broke(target, e) => Err(GateDenial::NotRecorded("redis did not answer")),
+            e if self.connection_broke(target, user, e) => Err(GateDenial::NotRecorded("redis did not answer")),
             _ => Ok(GatePass::Verified { claim: None }),
         }
     }
 
     /// A connection error while the probe finds Redis answering: a connection broken (Redis
     /// restarted or failed over), not an outage to forward unclaimed for.
-    fn connection_broke(&self, target: QueueTarget, e: &StoreError) -> bool {
+    fn connection_broke(&self, target: QueueTarget, user: &UserId, e: &StoreError) -> bool {
         e.kind() == StoreErrorKind::Unavailable
             && !e.is_timeout()
             && !matches!(e, StoreError::NotReplicated { .. })
-            && !self.store.silent(Some(target))
+            && !self.store.silent_for(target, user)
     }
 
     /// The purchase is paced (`gate.pace`): its budget per tick, the tick and how many ticks

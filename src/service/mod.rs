@@ -42,7 +42,7 @@ pub use self::stats::{QueueStats, read_target_stats, unpinned_batch};
 use self::targets::TargetCache;
 use self::tokens::IssuedTokens;
 use crate::config::Settings;
-use crate::domain::QueueTarget;
+use crate::domain::{QueueTarget, UserId};
 use crate::store::{AnyStore, StoreError};
 
 /// What a closed sale tells users when it was closed without a message.
@@ -207,6 +207,22 @@ impl QueueService {
         target: QueueTarget,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.bounded_for(target, None, work).await
+    }
+
+    /// [`Self::bounded`] for one user's request: the probe is asked about the parts of the
+    /// target that can hold the user (`RedisStore::silent_for`), so a sharded target's node
+    /// gone fails open or closed for its own shard's users only.
+    async fn bounded_for<T>(
+        &self,
+        target: QueueTarget,
+        user: Option<&UserId>,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let silent = || match user {
+            Some(u) => self.store.silent_for(target, u),
+            None => self.store.silent(Some(target)),
+        };
         let timeout = self.settings.redis_timeout();
         // Checks after the first deadline need not wake a starved runtime every few ms.
         let step = timeout.max(Duration::from_millis(BUSY_RECHECK_MS));
@@ -216,9 +232,9 @@ impl QueueService {
         loop {
             match tokio::time::timeout_at(deadline, &mut work).await {
                 // A command's own response timeout: the same question as our deadline.
-                Ok(Err(e)) if e.is_timeout() && !self.store.silent(Some(target)) => return Err(StoreError::Busy),
+                Ok(Err(e)) if e.is_timeout() && !silent() => return Err(StoreError::Busy),
                 Ok(result) => return result,
-                Err(_) if self.store.silent(Some(target)) => return Err(StoreError::Timeout),
+                Err(_) if silent() => return Err(StoreError::Timeout),
                 Err(_) if deadline - started >= crate::store::BUSY_WAIT_MAX => return Err(StoreError::Busy),
                 Err(_) => deadline += step,
             }

@@ -29,7 +29,7 @@ impl QueueService {
     /// meets the same error and answers as it does without proof of work.
     pub async fn entry_check(&self, target: QueueTarget, user: &UserId, solution: Option<(&str, &str)>) -> EntryCheck {
         let bits = self.pow_bits();
-        if bits == 0 || !self.queue_applies(target, user) || self.store.silent(Some(target)) {
+        if bits == 0 || !self.queue_applies(target, user) || self.store.silent_for(target, user) {
             return EntryCheck::Proceed;
         }
         let now = self.now_s();

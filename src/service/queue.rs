@@ -101,7 +101,7 @@ impl QueueService {
         if let Some(token) = self.issued.get(target, user, self.now_s()) {
             return Some(Ok(QueueStatus::Admitted(token)));
         }
-        if self.store.silent(Some(target)) {
+        if self.store.silent_for(target, user) {
             self.degraded.record_skipped();
             return Some(self.store_down(target, user));
         }
@@ -130,7 +130,8 @@ impl QueueService {
         if self.local_answer(target, user).is_some() {
             max = 0;
         }
-        let enter = || self.bounded(target, self.store.enter_counted(target, user.clone(), &candidate, max));
+        let enter =
+            || self.bounded_for(target, Some(user), self.store.enter_counted(target, user.clone(), &candidate, max));
         let mut outcome = enter().await;
         if let Ok(EnterOutcome::TooMany(held)) = &outcome {
             match self.drop_left_queues(target, user, held).await {
@@ -181,7 +182,7 @@ impl QueueService {
         }
         let minted = OnceLock::new();
         let candidate = || minted.get_or_init(|| self.candidate(target, user)).raw.clone();
-        match self.bounded(target, self.store.status(target, user.clone(), &candidate)).await {
+        match self.bounded_for(target, Some(user), self.store.status(target, user.clone(), &candidate)).await {
             Ok(StatusOutcome::Waiting(w)) => {
                 self.local_learn(target, user, Some(w.seq));
                 Ok(self.waiting(target, w))

@@ -606,6 +606,9 @@ async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_
         }
         let gone = cluster.node_of(&format!("{}seq", prefix(2))).await;
         cluster.kill_node(gone);
+        // The instance's liveness probe (every 100 ms) finds the node silent: what the
+        // requests below meet from then on is the probe's answer for their own shard.
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
         let mut seen = HashSet::new();
         for u in 100..200 {
             let shard = shard_of(u);
@@ -622,6 +625,11 @@ async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_
             }
         }
         assert_eq!(seen.len(), 3);
+        // The users who waited before the node went keep their place in the live shards.
+        for u in (1..=6).filter(|u| shard_of(*u) != 2) {
+            let v = app.json(app.poll(path, user(u)).await).await;
+            assert_eq!(v["status"], "WAITING", "user {u} of shard {} polls: {v}", shard_of(u));
+        }
         app.stop().await;
     }
 }

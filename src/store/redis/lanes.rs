@@ -93,6 +93,16 @@ impl RedisStore {
         }
     }
 
+    /// Every part of `target` that can hold `user`: their part of the public lane, then their
+    /// part of each lane (see [`Self::user_part`]).
+    pub(super) fn user_parts(&self, target: QueueTarget, user: &UserId) -> Vec<QueueTarget> {
+        let mut parts = vec![self.user_part(target, user)];
+        if self.has_lanes(target) {
+            parts.extend(self.lanes_of(target).into_iter().map(|l| self.user_part_in(target, l.name, user)));
+        }
+        parts
+    }
+
     /// The part of `lane` holding `user`.
     fn user_part_in(&self, target: QueueTarget, lane: LaneName, user: &UserId) -> QueueTarget {
         if lane.is_public() {

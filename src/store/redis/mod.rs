@@ -214,6 +214,17 @@ impl RedisStore {
         }
     }
 
+    /// Whether a request of `user`'s at `target` would meet a silent node: for a target in
+    /// parts, only the parts that can hold the user (their shard, in the public lane and in
+    /// each lane), so a shard's node gone fails open or closed for that shard's users alone
+    /// and the users of the other shards keep queueing.
+    pub fn silent_for(&self, target: QueueTarget, user: &UserId) -> bool {
+        if !self.is_split(target) {
+            return self.pulse.silent(Some(target));
+        }
+        self.user_parts(target, user).into_iter().any(|p| self.pulse.silent(Some(p)))
+    }
+
     /// Redis' clock minus this host's, in ms, once known (0 for the embedded store).
     pub fn clock_offset_ms(&self) -> Option<i64> {
         self.pulse.clock_offset_ms()
