@@ -109,12 +109,12 @@ local function fence_counters(mark, last)
   local seq = redis.call('GET', seqKey)
   local r1, r2, r4 = 0, 0, 0
   if seq then
-    seq, r1 = fence(seqKey, tonumber(seq), tonumber(ARGV[7]), tonumber(ARGV[8]), ttl)
+    seq, r1 = fence(seqKey, tonumber(seq), tonumber(ARGV[7]), ARGV[8], ttl)
     if redis.call('EXISTS', markKey) == 1 then
-      mark, r2 = fence(markKey, mark, tonumber(ARGV[6]), tonumber(ARGV[6]), ttl)
+      mark, r2 = fence(markKey, mark, tonumber(ARGV[6]), ARGV[6], ttl)
     end
     if last >= 0 then
-      last, r4 = fence(lastTickKey, last, tonumber(ARGV[9]), tonumber(ARGV[9]), ttl)
+      last, r4 = fence(lastTickKey, last, tonumber(ARGV[9]), ARGV[9], ttl)
     end
   end
   return mark, last, r1 + 2 * r2 + 4 * r4

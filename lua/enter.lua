@@ -78,23 +78,24 @@ local U = 12
 local n = #ARGV - U
 -- The reads every user needs, in one call: mark, batch size, last seq given.
 local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
-local mark = tonumber(st[1] or '0')
-local batch = tonumber(st[2] or '0')
-local max = tonumber(ARGV[1])
+local mark = num(st[1] or '0')
+local batch = num(st[2] or '0')
+local max = num(ARGV[1])
 local now = now_ms()
--- Nothing this instance saw given or admitted is given again or taken back.
-local last, seqRaised, markRaised
-last, seqRaised = fence(KEYS[3], tonumber(st[3] or '0'), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[2]))
-mark, markRaised = fence(KEYS[4], mark, tonumber(ARGV[5]), tonumber(ARGV[5]), tonumber(ARGV[2]))
-st[3] = tostring(last)
+-- Nothing this instance saw given or admitted is given again or taken back. `counter` is the
+-- seq counter as this call found it (past the pre-queue once this call froze it).
+local counter, seqRaised = fence(KEYS[3], tonumber(st[3] or '0'), tonumber(ARGV[3]), ARGV[4], ARGV[2])
+local markRaised
+mark, markRaised = fence(KEYS[4], mark, num(ARGV[5]), ARGV[5], ARGV[2])
 local saleKey, preKey, openKey = KEYS[10 + n], KEYS[11 + n], KEYS[12 + n]
 local phase, sale = sale_phase(saleKey, now)
 if phase == P_OPENING then
-  st[3] = tostring(freeze_prequeue(saleKey, sale, KEYS[3], preKey, openKey, tonumber(st[3] or '0'), now, tonumber(ARGV[2])))
+  counter = freeze_prequeue(saleKey, sale, KEYS[3], preKey, openKey, counter, now, ARGV[2])
 end
+local last = counter
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, U + 1, U + n))
 -- In the pre-queue (or the frozen one): pre[i] is set when user i is in it.
-local pre = {}
+local pre = NONE
 if phase == P_PRE_QUEUE or phase == P_OPENING then
   pre = redis.call('ZMSCORE', phase == P_PRE_QUEUE and preKey or openKey, unpack(ARGV, U + 1, U + n))
 end
@@ -106,11 +107,11 @@ local preAdds = {}
 local toks = tokens_of(seqs, n, 9)
 -- The count of queues held (ARGV[9] > 0): the fields of the users who may be given a place, read
 -- once for the call (the current generation, then the previous one for those it lacks).
-local holdMax, holdAt = tonumber(ARGV[9]), nil
-local holds, holdMoved, holdSet, holdEntry = {}, {}, {}, nil
+local holdMax, holdAt = num(ARGV[9]), nil
+local holds, holdMoved, holdSet, holdEntry = NONE, NONE, NONE, nil
 if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
-  local g, len = tonumber(ARGV[11]), tonumber(ARGV[12])
-  holdAt = hold_generation(now, g, len)
+  holds, holdMoved, holdSet = {}, {}, {}
+  holdAt = hold_generation(now, num(ARGV[11]), num(ARGV[12]))
   holdEntry = ARGV[10] .. '=' .. now
   local ask = {}
   for i = 1, n do
@@ -183,7 +184,7 @@ for i = 1, n do
     end
     if code then
       if beat then
-        seqBeats[#seqBeats + 1] = a
+        seqBeats[#seqBeats + 1] = seqs[i]
       end
       out[o], out[o + 1], out[o + 2] = code, a, b
     elseif phase == P_SCHEDULED then
@@ -202,7 +203,7 @@ for i = 1, n do
       elseif phase == P_PRE_QUEUE then
         -- Pre-queued users count against the capacity like waiting ones.
         if not above then
-          above = ahead(tonumber(st[3] or '0') + 1)
+          above = ahead(counter + 1)
         end
         if above + prequeued >= max then
           out[o], out[o + 1], out[o + 2] = FULL, 0, 0
@@ -218,7 +219,7 @@ for i = 1, n do
       else
         -- Everyone waiting above the mark is ahead of a new user.
         if not above then
-          above = ahead(tonumber(st[3] or '0') + 1)
+          above = ahead(counter + 1)
         end
         if above >= max then
           out[o], out[o + 1], out[o + 2] = FULL, 0, 0
@@ -237,9 +238,9 @@ end
 -- New users take the next seqs in arrival order.
 local nfresh = #fresh
 if nfresh > 0 then
-  last = redis.call('INCRBY', KEYS[3], nfresh)
+  last = redis.call('INCRBY', KEYS[3], str(nfresh))
   local from = last - nfresh + 1
-  local adds, refresh, every = {}, false, tonumber(ARGV[8])
+  local adds, refresh, every = {}, false, num(ARGV[8])
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
     out[3 * i + 1] = seq
@@ -252,9 +253,8 @@ if nfresh > 0 then
   -- One entry time for all of them: seqs from .. last entered at `now`.
   redis.call('ZADD', KEYS[6], from, from .. '-' .. last .. ':' .. now)
   if refresh then
-    local ttl = tonumber(ARGV[2])
     for _, k in ipairs({KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[9]}) do
-      redis.call('EXPIRE', k, ttl)
+      redis.call('EXPIRE', k, ARGV[2])
     end
   end
   -- Duplicates of a new user were copied before their seq was known.
@@ -275,7 +275,7 @@ if #holdSet > 0 then
   local key = KEYS[13 + n + holdAt - 1]
   redis.call('HSET', key, unpack(holdSet))
   -- Kept through the next generation, where it is read as the previous one.
-  redis.call('PEXPIREAT', key, (tonumber(ARGV[11]) + holdAt) * tonumber(ARGV[12]))
+  redis.call('PEXPIREAT', key, (num(ARGV[11]) + holdAt) * num(ARGV[12]))
   if next(holdMoved) then
     local from = {}
     for k = 1, #holdSet, 2 do
@@ -290,21 +290,20 @@ if #holdSet > 0 then
 end
 if #preAdds > 0 then
   -- The seq key marks the target alive for the pump (forget_if_expired), also before any seq.
-  local ttl = tonumber(ARGV[2])
   redis.call('ZADD', preKey, 'NX', unpack(preAdds))
-  redis.call('SET', KEYS[3], st[3] or '0', 'EX', ttl)
+  redis.call('SET', KEYS[3], counter, 'EX', ARGV[2])
   for _, k in ipairs({preKey, KEYS[2]}) do
-    redis.call('EXPIRE', k, ttl)
+    redis.call('EXPIRE', k, ARGV[2])
   end
 end
 -- The record counts arrivals per call, not per user: one HINCRBY for the whole batch, and
 -- the record's expiry moves with the tick's first arrivals only (once per tick, not per call).
 local arrived = nfresh + #preAdds / 2
-if arrived > 0 and redis.call('HINCRBY', KEYS[8], 'a:' .. math.floor(now / tonumber(ARGV[6])), arrived) == arrived then
-  redis.call('EXPIRE', KEYS[8], tonumber(ARGV[7]))
+if arrived > 0 and redis.call('HINCRBY', KEYS[8], 'a:' .. str(math.floor(now / num(ARGV[6]))), str(arrived)) == arrived then
+  redis.call('EXPIRE', KEYS[8], ARGV[7])
 end
 if saleKey then
   sale_tail(out, phase, sale)
 end
-out[#out + 1], out[#out + 2] = tonumber(st[3]) > last and tonumber(st[3]) or last, seqRaised + 2 * markRaised
+out[#out + 1], out[#out + 2] = counter > last and counter or last, seqRaised + 2 * markRaised
 return out

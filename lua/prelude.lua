@@ -9,6 +9,40 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 --
+-- Numbers cost Redis' Lua dearly: `tonumber` of a string is a strtod (~1,000 instructions), and
+-- a number formatted (concatenated, or an argument of `redis.call`) an sprintf (~3,000). So an
+-- argument that is a setting, the same call after call (the capacity, a TTL, the tick), is
+-- parsed with `num`, which keeps what it parsed; a count is formatted with `str`, which keeps
+-- what it formatted; and a value only handed on to Redis stays the string it came as. Where vq
+-- loads its library of functions the kept values last until the library is loaded again (at
+-- most keptMax of each); where a script goes with this prelude in front (EVAL), for the call.
+local keptMax = 1024
+-- An empty table for what a call reads when it has nothing to read (never written).
+local NONE = {}
+local parsed, formatted, nParsed, nFormatted = {}, {}, 0, 0
+local function num(s)
+  local v = parsed[s]
+  if v == nil then
+    v = tonumber(s)
+    if nParsed >= keptMax then
+      parsed, nParsed = {}, 0
+    end
+    parsed[s], nParsed = v, nParsed + 1
+  end
+  return v
+end
+local function str(n)
+  local v = formatted[n]
+  if v == nil then
+    v = tostring(n)
+    if nFormatted >= keptMax then
+      formatted, nFormatted = {}, 0
+    end
+    formatted[n], nFormatted = v, nFormatted + 1
+  end
+  return v
+end
+--
 -- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
 local WAITING = 1
 local ADMITTED = 2
@@ -264,10 +298,10 @@ end
 -- budget (`batchKey`'s runtime batch size, else `default`). Returns the tick reserved, ms until
 -- it starts and ms until it ends; or nil and ms until the next tick when every one is full.
 local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
-  local budget = tonumber(redis.call('GET', batchKey) or default)
+  local budget = num(redis.call('GET', batchKey) or default)
   local first = math.floor((now + guard) / tick_ms)
   for tick = first, first + ahead do
-    local n = redis.call('HINCRBY', key, tick, '1')
+    local n = redis.call('HINCRBY', key, str(tick), '1')
     if n <= budget then
       -- A tick's first reservation tidies the hash (the ticks before the last two go) and
       -- extends its life: once per tick, not per purchase.
@@ -277,7 +311,7 @@ local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
       end
       return tick, math.max(0, tick * tick_ms - now), (tick + 1) * tick_ms - now
     end
-    redis.call('HINCRBY', key, tick, '-1')
+    redis.call('HINCRBY', key, str(tick), '-1')
   end
   return nil, (math.floor(now / tick_ms) + 1) * tick_ms - now
 end
@@ -287,10 +321,12 @@ end
 -- told buyers about. The instance sends the highest value it has seen (`seen`); a counter below
 -- it is raised to `to` (≥ seen) and never goes back, so no seq is handed out twice and no
 -- admitted user is told WAITING again. Returns the value in force and 1 when it was raised.
+-- `seen` is a number; `to` and `ttl` are the callers' argument strings, read only when the
+-- counter is raised.
 local function fence(key, value, seen, to, ttl)
   if value < seen then
     redis.call('SET', key, to, 'EX', ttl)
-    return to, 1
+    return tonumber(to), 1
   end
   return value, 0
 end
@@ -327,8 +363,8 @@ local function issue_token(k, user, token, ttl, recordTtl, now, hold)
   redis.call('HINCRBY', k.waits, 'tokens_issued', '1')
   record_incr(k.record, recordTtl, {'ti', '1'})
   redis.call('HSET', k.record, 'ti_last', now)
-  redis.call('ZADD', k.unused, now + tonumber(ttl) * 1000, user)
-  redis.call('EXPIRE', k.unused, tonumber(ttl) + 600)
+  redis.call('ZADD', k.unused, now + num(ttl) * 1000, user)
+  redis.call('EXPIRE', k.unused, str(num(ttl) + 600))
   if hold then
     hold_drop(hold[1], user, hold[2], now, hold[3], hold[4])
   end

@@ -54,21 +54,20 @@
 local U = 7
 local n = (#ARGV - U) / 2
 local st = redis.call('MGET', KEYS[3], KEYS[4])
-local mark, markRaised = fence(KEYS[3], tonumber(st[1] or '0'), tonumber(ARGV[1]), tonumber(ARGV[1]), tonumber(ARGV[2]))
-local batch = tonumber(st[2] or '0')
+local mark, markRaised = fence(KEYS[3], num(st[1] or '0'), num(ARGV[1]), ARGV[1], ARGV[2])
+local batch = num(st[2] or '0')
 local now = now_ms()
 local saleKey, preKey, openKey = KEYS[10 + n], KEYS[11 + n], KEYS[12 + n]
 local phase, sale = sale_phase(saleKey, now)
 local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, U + 1, U + n))
 -- Pre-queued users: in the pre-queue, or in the frozen one once the opening froze it.
-local pre = {}
+local pre = NONE
 if phase == P_PRE_QUEUE or phase == P_OPENING then
   pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, U + 1, U + n))
 end
 local toks = tokens_of(seqs, n, 9)
--- Where an admitted user's token goes (issue_token).
-local issueKeys = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[7], record = KEYS[8], unused = KEYS[9]}
-local hold = ARGV[5] ~= '' and {{KEYS[13 + n], KEYS[14 + n], KEYS[15 + n]}, ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])} or nil
+-- Where an admitted user's token goes (issue_token), made at the first user found admitted.
+local issueKeys, hold
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
@@ -81,6 +80,10 @@ for i = 1, n do
     first[user] = i
     local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
     if code == ISSUE then
+      if not issueKeys then
+        issueKeys = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[7], record = KEYS[8], unused = KEYS[9]}
+        hold = ARGV[5] ~= '' and {{KEYS[13 + n], KEYS[14 + n], KEYS[15 + n]}, ARGV[5], num(ARGV[6]), num(ARGV[7])} or nil
+      end
       issueKeys.token = KEYS[9 + i]
       issue_token(issueKeys, user, ARGV[U + n + i], ARGV[3], ARGV[4], now, hold)
       code, a, b = ADMITTED, ARGV[U + n + i], 1
@@ -91,7 +94,8 @@ for i = 1, n do
       end
     end
     if beat and code == WAITING then
-      seqBeats[#seqBeats + 1] = a
+      -- The seq as ZMSCORE gave it (a string: no formatting).
+      seqBeats[#seqBeats + 1] = seqs[i]
     elseif beat then
       beats[#beats + 1], beats[#beats + 2] = now, user
     end

@@ -44,8 +44,8 @@
 -- means every tick is full: nothing claimed, nothing reserved
 local now = now_ms()
 local paceTick, starts, ends
-if tonumber(ARGV[7]) > 0 then
-  paceTick, starts, ends = pace_reserve(KEYS[5], KEYS[6], now, tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]))
+if num(ARGV[7]) > 0 then
+  paceTick, starts, ends = pace_reserve(KEYS[5], KEYS[6], now, num(ARGV[7]), ARGV[8], num(ARGV[9]), num(ARGV[10]))
   if not paceTick then
     return {3, starts}
   end
@@ -53,7 +53,7 @@ end
 -- A refused claim gives its place in the tick back.
 local function refused(code)
   if paceTick then
-    redis.call('HINCRBY', KEYS[5], paceTick, '-1')
+    redis.call('HINCRBY', KEYS[5], str(paceTick), '-1')
   end
   return {code}
 end
@@ -73,18 +73,18 @@ local until_used = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if until_used and tonumber(until_used) > now then
   return refused(0)
 end
-local ttl = tonumber(ARGV[2])
-local perUser = tonumber(ARGV[4])
+local ttl = num(ARGV[2])
+local perUser = num(ARGV[4])
 if perUser > 0 then
   if tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0') >= perUser then
     return refused(2)
   end
-  redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
-  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[6]))
+  redis.call('HINCRBY', KEYS[4], ARGV[5], '1')
+  redis.call('EXPIRE', KEYS[4], ARGV[6])
 end
-local perAdmission = tonumber(ARGV[3])
+local perAdmission = num(ARGV[3])
 if perAdmission > 1 then
-  local n = redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+  local n = redis.call('HINCRBY', KEYS[3], ARGV[1], '1')
   local until_ms = now + ttl * 1000
   if redis.call('PEXPIRETIME', KEYS[3]) < until_ms then
     redis.call('PEXPIREAT', KEYS[3], until_ms)
@@ -98,7 +98,7 @@ if v and v ~= stored_token(v) then
   local left = redis.call('PTTL', KEYS[1])
   -- A mark without an expiry (never written so) is kept a key TTL.
   if left == -1 then
-    left = tonumber(ARGV[6]) * 1000
+    left = num(ARGV[6]) * 1000
   end
   if left > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)

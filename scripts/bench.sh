@@ -66,7 +66,9 @@
 #       Prints every pair (req/s, Redis' and that vq's CPU µs per request), then the medians.
 #   [N=100000] [B=16] [ROUNDS=3] scripts/bench.sh lua [LUA_DIR ...]
 #       script time per user of enter.lua and status.lua inside Redis, without HTTP, vq or
-#       wrk: N new users enter in calls of B users (as vq's coalescer sends them under load),
+#       wrk, called as vq calls them (FCALL of one library with the prelude at its head; EVAL=1:
+#       EVALSHA of each script with the prelude in front, as where Redis refuses functions):
+#       N new users enter in calls of B users (as vq's coalescer sends them under load),
 #       then each polls once in entry order in calls of B; Redis' own accounting (INFO
 #       commandstats) divided by N. Steadier than req/s on this machine: how a change to a
 #       script is judged before `pair`. With several directories (default: lua/) their
@@ -550,7 +552,8 @@ p = "queue:{LIMITED_DROP:1}:"
 out = sys.stdout.buffer
 for first in range(1, n + 1, b):
     users = [str(u) for u in range(first, min(first + b, n + 1))]
-    args = ["EVALSHA", sha, str(len(names) + len(users))] + [p + k for k in names]
+    call = ["FCALL", sha[len("fcall:"):]] if sha.startswith("fcall:") else ["EVALSHA", sha]
+    args = call + [str(len(names) + len(users))] + [p + k for k in names]
     args += [p + "token:" + u for u in users] + head + users
     if op == "status":
         # status.lua's token for each user, stored if the poll finds them admitted.
@@ -560,8 +563,20 @@ for first in range(1, n + 1, b):
         out.write(("$%d\r\n%s\r\n" % (len(a.encode()), a)).encode())
 EOF
   }
-  per_user() { # script time of the EVALSHA calls since the last reset, µs per user
-    rcli info commandstats | awk -F'[=,]' -v n="$n" '/^cmdstat_evalsha:/ {printf "%.2f", $4 / n}'
+  per_user() { # script time of the EVALSHA or FCALL calls since the last reset, µs per user
+    rcli info commandstats | awk -F'[=,]' -v n="$n" '/^cmdstat_(evalsha|fcall):/ {printf "%.2f", $4 / n}'
+  }
+  # As vq loads them where Redis takes functions: one library, the prelude once at its head and
+  # each script a function whose body sets KEYS and ARGV (src/store/redis/scripts.rs).
+  library() { # dir
+    printf '#!lua name=benchlua\nlocal KEYS, ARGV\n'
+    [ ! -f "$1/prelude.lua" ] || cat "$1/prelude.lua"
+    local f
+    for f in enter status; do
+      printf "\nredis.register_function{function_name = 'bench_%s', callback = function(keys, argv)\nKEYS, ARGV = keys, argv\n" "$f"
+      cat "$1/$f.lua"
+      printf '\nend}\n'
+    done
   }
   echo "vq bench lua: script time per user (µs inside Redis), $n users in calls of $b, redis-server $(redis-server --version | awk '{print $3}')" >&2
   printf 'scripts\tenter µs/user\tpoll µs/user\n' >"$WORK/rows"
@@ -570,17 +585,26 @@ EOF
   for round in $(seq "$lrounds"); do
     for d in "${dirs[@]}"; do
       rcli flushall >/dev/null
-      # As vq sends them: the directory's prelude.lua (when it has one) in front of each.
-      enter_sha=$(rcli script load "$(with_prelude "$d" enter.lua)")
-      status_sha=$(rcli script load "$(with_prelude "$d" status.lua)")
+      if [ "${EVAL:-0}" = 1 ]; then
+        # As vq sends them where Redis refuses functions: the directory's prelude.lua (when it
+        # has one) in front of each script.
+        enter_sha=$(rcli script load "$(with_prelude "$d" enter.lua)")
+        status_sha=$(rcli script load "$(with_prelude "$d" status.lua)")
+      else
+        library "$d" | rcli -x function load replace >/dev/null || die "$d: the library did not load"
+        enter_sha=fcall:bench_enter status_sha=fcall:bench_status
+      fi
       rcli config resetstat >/dev/null
       calls enter "$enter_sha" | rcli --pipe >/dev/null
       entered=$(rcli get 'queue:{LIMITED_DROP:1}:seq')
       [ "$entered" = "$n" ] || die "$d: $entered users entered, expected $n"
       e=$(per_user)
+      # CMDSTATS=prefix keeps each phase's INFO commandstats (the scripts' own commands counted).
+      [ -z "${CMDSTATS:-}" ] || rcli info commandstats >"$CMDSTATS.$round.$(basename "$d").enter"
       rcli config resetstat >/dev/null
       calls status "$status_sha" | rcli --pipe >/dev/null
       s=$(per_user)
+      [ -z "${CMDSTATS:-}" ] || rcli info commandstats >"$CMDSTATS.$round.$(basename "$d").status"
       printf '%s\t%s\t%s\n' "$d" "$e" "$s" >>"$WORK/rows"
       echo "round $round $d: enter $e, poll $s" >&2
     done
@@ -703,6 +727,8 @@ else:
     print(sum(over.values()), len(log), "%.2f" % (big[2] / 1000), what(big),
           ",".join(f"{k}:{v}" for k, v in over.most_common(4)) or "-")
 EOF
+    # SLOWLOG_KEEP=prefix keeps each phase's log (prefix-N.jsonl) for a closer look.
+    [ -z "${SLOWLOG_KEEP:-}" ] || cp "$WORK/slowlog.jsonl" "${SLOWLOG_KEEP}-$(wc -l <"$WORK/rows").jsonl"
     rm -f "$WORK/slowlog.jsonl"
   }
   wrk_run() { # name script args... -> "p50 p99" (ms)

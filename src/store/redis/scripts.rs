@@ -431,10 +431,12 @@ pub(super) mod tests {
     use crate::store::redis::layout::ISSUE_KEYS;
 
     /// `local NAME = n` lines of the prelude.
+    /// The prelude's `local NAME = <number>` lines (constants are named in capitals).
     fn lua_constants() -> Vec<(String, u64)> {
         PRELUDE
             .lines()
             .filter_map(|l| l.strip_prefix("local ")?.split_once(" = "))
+            .filter(|(name, _)| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
             .filter_map(|(name, v)| Some((name.to_owned(), v.trim().parse().ok()?)))
             .collect()
     }
