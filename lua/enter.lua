@@ -76,8 +76,9 @@
 -- Users start after the U fixed arguments.
 local U = 12
 local n = #ARGV - U
--- The reads every user needs, in one call: mark, batch size, last seq given.
-local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3])
+-- The reads every user needs, in one call: mark, batch size, last seq given, then each user's
+-- token key (st[3 + i]).
+local st = redis.call('MGET', KEYS[4], KEYS[5], KEYS[3], unpack(KEYS, 10, 9 + n))
 local mark = num(st[1] or '0')
 local batch = num(st[2] or '0')
 local max = num(ARGV[1])
@@ -104,7 +105,7 @@ if phase == P_PRE_QUEUE then
   prequeued = redis.call('ZCARD', preKey)
 end
 local preAdds = {}
-local toks = tokens_of(seqs, n, 9)
+local toks = tokens_of(seqs, n, 9, st, 3)
 -- The count of queues held (ARGV[9] > 0): the fields of the users who may be given a place, read
 -- once for the call (the current generation, then the previous one for those it lacks).
 local holdMax, holdAt = num(ARGV[9]), nil

@@ -23,7 +23,7 @@
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if ARGV[4] ~= '' then
-  hold_drop({KEYS[6], KEYS[7], KEYS[8]}, ARGV[1], ARGV[4], now_ms(), tonumber(ARGV[5]), tonumber(ARGV[6]))
+  hold_drop({KEYS[6], KEYS[7], KEYS[8]}, ARGV[1], ARGV[4], now_ms(), num(ARGV[5]), num(ARGV[6]))
 end
 local prequeued = 0
 if KEYS[4] then
@@ -37,5 +37,5 @@ if not seq then
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[3], seq, seq)
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
+redis.call('EXPIRE', KEYS[3], ARGV[2])
 return 1

@@ -165,22 +165,30 @@ local function wait_bucket(s, edges)
   return edges[#edges][1]
 end
 
--- The stored tokens of the users not waiting (admitted before, new or unknown), in one MGET:
--- toks[i] is user i's; token keys are KEYS[first + i].
-local function tokens_of(seqs, n, first)
-  local toks, tk = {}, {}
-  for i = 1, n do
-    if not seqs[i] then
-      tk[#tk + 1] = KEYS[first + i]
-    end
-  end
-  if #tk > 0 then
-    local got, j = redis.call('MGET', unpack(tk)), 0
+-- The stored tokens of the users not waiting (admitted before, new or unknown): toks[i] is user
+-- i's, token keys being KEYS[first + i]. enter.lua, whose users are mostly new, reads every
+-- user's token key in its first MGET, with the target's counters (one command where two
+-- were), and passes it as `got` (user i's at `got[skip + i]`); status.lua, whose users mostly
+-- wait, passes none and the keys of the others are read here.
+local function tokens_of(seqs, n, first, got, skip)
+  local toks, tk = {}, nil
+  if not got then
+    tk = {}
     for i = 1, n do
       if not seqs[i] then
-        j = j + 1
-        toks[i] = got[j]
+        tk[#tk + 1] = KEYS[first + i]
       end
+    end
+    if #tk == 0 then
+      return toks
+    end
+    got, skip = redis.call('MGET', unpack(tk)), 0
+  end
+  local j = skip
+  for i = 1, n do
+    if not seqs[i] then
+      j = tk and j + 1 or skip + i
+      toks[i] = got[j]
     end
   end
   return toks

@@ -23,10 +23,10 @@ if redis.call('GET', KEYS[1]) == used_mark(ARGV[1]) then
   removed = 1
 end
 -- A count is never taken below zero (its key expired or was cleared since the claim).
-if tonumber(ARGV[3]) > 1 and tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') > 0 then
+if num(ARGV[3]) > 1 and tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') > 0 then
   redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
 end
-if tonumber(ARGV[4]) > 0 and tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0') > 0 then
+if num(ARGV[4]) > 0 and tonumber(redis.call('HGET', KEYS[4], ARGV[5]) or '0') > 0 then
   redis.call('HINCRBY', KEYS[4], ARGV[5], -1)
 end
 return removed

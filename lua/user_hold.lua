@@ -30,7 +30,7 @@
 -- returns, per entry in order: n, then n pairs (target, ms since counted): n = 0 when the target
 -- is counted (now or before) or dropped, else every target the user holds, none counted
 local now = now_ms()
-local g, len = tonumber(ARGV[1]), tonumber(ARGV[2])
+local g, len = num(ARGV[1]), num(ARGV[2])
 -- Redis' generation among the three (vq's clock is corrected by the offset it measures).
 local cur = hold_generation(now, g, len)
 
@@ -89,7 +89,7 @@ for i = 3, #ARGV, 2 do
     out[#out + 1] = 0
   elseif pos then
     out[#out + 1] = 0
-  elseif #list >= tonumber(max) then
+  elseif #list >= num(max) then
     out[#out + 1] = #list
     for _, e in ipairs(list) do
       out[#out + 1] = e[1]

@@ -24,8 +24,8 @@
 --   forgets them, so their next poll asks status.lua
 local n = #ARGV - 1
 local st = redis.call('MGET', KEYS[3], KEYS[4])
-local mark = tonumber(st[1] or '0')
-local out = {mark, tonumber(st[2] or '0'), 0}
+local mark = num(st[1] or '0')
+local out = {mark, num(st[2] or '0'), 0}
 local head = 3
 if KEYS[6] then
   local phase, s = sale_phase(KEYS[6], now_ms())
@@ -53,7 +53,7 @@ if n > 0 then
   -- (the script is atomic).
   beats_set(KEYS[2], beats, beat_tag(now_ms()))
 end
-local most = tonumber(ARGV[1])
+local most = num(ARGV[1])
 if most > 0 then
   for _, seq in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. mark, '+inf', 'LIMIT', 0, most)) do
     out[#out + 1] = tonumber(seq)
