@@ -19,29 +19,24 @@ end
 local keptMax = 1024
 -- An empty table for what a call reads when it has nothing to read (never written).
 local NONE = {}
-local parsed, formatted, nParsed, nFormatted = {}, {}, 0, 0
-local function num(s)
-  local v = parsed[s]
-  if v == nil then
-    v = tonumber(s)
-    if nParsed >= keptMax then
-      parsed, nParsed = {}, 0
+-- `make` of a key, kept for the next call (at most keptMax keys, then it starts again).
+local function kept(make)
+  local values, count = {}, 0
+  return function(key)
+    local v = values[key]
+    if v == nil then
+      v = make(key)
+      if count >= keptMax then
+        values, count = {}, 0
+      end
+      values[key], count = v, count + 1
     end
-    parsed[s], nParsed = v, nParsed + 1
+    return v
   end
-  return v
 end
-local function str(n)
-  local v = formatted[n]
-  if v == nil then
-    v = tostring(n)
-    if nFormatted >= keptMax then
-      formatted, nFormatted = {}, 0
-    end
-    formatted[n], nFormatted = v, nFormatted + 1
-  end
-  return v
-end
+-- (Wrapped: the library's load sees Redis' API alone; Lua's own functions exist at call time.)
+local num = kept(function(s) return tonumber(s) end)
+local str = kept(function(n) return tostring(n) end)
 --
 -- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
 local WAITING = 1
