@@ -166,24 +166,25 @@ end
 -- were), and passes it as `got` (user i's at `got[skip + i]`); status.lua, whose users mostly
 -- wait, passes none and the keys of the others are read here.
 local function tokens_of(seqs, n, first, got, skip)
-  local toks, tk = {}, nil
-  if not got then
-    tk = {}
+  local toks = {}
+  if got then
     for i = 1, n do
       if not seqs[i] then
-        tk[#tk + 1] = KEYS[first + i]
+        toks[i] = got[skip + i]
       end
     end
-    if #tk == 0 then
-      return toks
-    end
-    got, skip = redis.call('MGET', unpack(tk)), 0
+    return toks
   end
-  local j = skip
+  local keys, users = {}, {}
   for i = 1, n do
     if not seqs[i] then
-      j = tk and j + 1 or skip + i
-      toks[i] = got[j]
+      keys[#keys + 1], users[#users + 1] = KEYS[first + i], i
+    end
+  end
+  if #keys > 0 then
+    local read = redis.call('MGET', unpack(keys))
+    for k, i in ipairs(users) do
+      toks[i] = read[k]
     end
   end
   return toks
