@@ -95,6 +95,9 @@ pub struct RedisSettings {
     pub wait_replicas: ReplicaWait,
     /// How long such a write waits for them; past it the buyer is told 503 (place kept).
     pub wait_timeout_ms: u64,
+    /// Longest an enter or poll waits for others to share its script call while they arrive
+    /// faster than it can fill (`store/coalesce.rs`); 0 = never wait.
+    pub coalesce_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -148,6 +151,7 @@ impl Default for RedisSettings {
             timeout_ms: 250,
             wait_replicas: durable.replicas,
             wait_timeout_ms: durable.timeout_ms,
+            coalesce_wait_ms: 2,
         }
     }
 }
@@ -374,6 +378,7 @@ impl Settings {
             tick_ms: self.queue.tick_ms,
             durable: DurableWrites { replicas: self.redis.wait_replicas, timeout_ms: self.redis.wait_timeout_ms },
             hold_queues: self.queue.max_queues_per_user > 0,
+            coalesce_wait: Duration::from_millis(self.redis.coalesce_wait_ms),
             events: EventLimits { max_len: self.events.max_len, admitted_every: self.events.admitted_every },
         }
     }

@@ -109,7 +109,7 @@ impl Settings {
             crate::store::ReplicaWait::Auto => 0,
             crate::store::ReplicaWait::Count(n) => n,
         };
-        let bounded: [(&'static str, u64, RangeInclusive<u64>); 40] = [
+        let bounded: [(&'static str, u64, RangeInclusive<u64>); 41] = [
             ("events.max_len", self.events.max_len, 10..=10_000_000),
             ("events.admitted_every", self.events.admitted_every, 0..=1_000_000_000),
             ("events.timeout_ms", self.events.timeout_ms, 100..=60_000),
@@ -132,6 +132,7 @@ impl Settings {
             ("redis.wait_replicas", wait_replicas, 0..=100),
             // Under the 5 s a request waits for an answering Redis (store::BUSY_WAIT_MAX).
             ("redis.wait_timeout_ms", self.redis.wait_timeout_ms, 1..=4_000),
+            ("redis.coalesce_wait_ms", self.redis.coalesce_wait_ms, 0..=50),
             ("queue.batch_size", q.batch_size, BATCH_SIZE),
             ("queue.tick_ms", q.tick_ms, 200..=60_000),
             ("queue.max_capacity", q.max_capacity, 1..=1_000_000_000),

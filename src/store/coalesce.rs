@@ -3,13 +3,23 @@
 //! A [`Coalescer`] hands jobs to one runner task. The runner takes everything queued (up to
 //! [`MAX_JOBS`]), groups it by key in arrival order, and gives each group to the executor as
 //! one call; at most [`IN_FLIGHT`] drains are being executed at a time, so under load the
-//! queue fills while Redis works and the next call carries many jobs. When idle, a job is
-//! taken at once: there is no timer and no added wait.
+//! queue fills while Redis works and the next call carries many jobs.
+//!
+//! Between idle and loaded lies a stretch where jobs come faster than one a millisecond but
+//! Redis answers before the next one is queued, so each call carries one or two: a call's
+//! fixed cost in Redis (the script's arguments, its `redis.call`s, a one-user `enter.lua` is
+//! ~85 % fixed) is then paid per job. There the runner waits a little ([`Coalescer::spawn`]'s
+//! `wait`, `redis.coalesce_wait_ms`) for the jobs it expects: only when the drain is smaller
+//! than [`SHARE`] and the recent rate brings at least [`EXPECTED`] more within the wait. When
+//! jobs come slower than that, or a drain is already large (a closed loop of clients that all
+//! wait), a job goes at once, as when idle.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
 
 /// Most jobs taken from the queue at once (and so the largest group).
 pub const MAX_JOBS: usize = 128;
@@ -18,6 +28,11 @@ pub const MAX_JOBS: usize = 128;
 /// were within this machine's run-to-run noise of each other, and 2 makes the largest calls,
 /// ~15 users, so Redis' per-call cost is shared most.)
 pub const IN_FLIGHT: usize = 2;
+/// A drain this large goes at once: the call's fixed cost is shared enough.
+pub const SHARE: usize = 16;
+/// The runner waits only when the recent rate brings at least this many more jobs within the
+/// wait.
+pub const EXPECTED: f64 = 2.0;
 
 pub struct Coalescer<K, J> {
     tx: mpsc::UnboundedSender<(K, J)>,
@@ -29,13 +44,15 @@ where
     J: Send + 'static,
 {
     /// Spawns the runner on the current Tokio runtime. It ends when the coalescer is dropped.
-    pub fn spawn<F, Fut>(exec: F) -> Self
+    /// `wait` is the longest a small drain waits for more jobs (zero: never; see the module's
+    /// doc).
+    pub fn spawn<F, Fut>(wait: Duration, exec: F) -> Self
     where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, Arc::new(exec)));
+        tokio::spawn(run(rx, wait, Arc::new(exec)));
         Self { tx }
     }
 
@@ -45,7 +62,38 @@ where
     }
 }
 
-async fn run<K, J, F, Fut>(mut rx: mpsc::UnboundedReceiver<(K, J)>, exec: Arc<F>)
+/// How fast the rate forgets: the weight of what it measured falls by e every `RATE_MEMORY`.
+const RATE_MEMORY: Duration = Duration::from_millis(20);
+
+/// The rate jobs arrive at, smoothed over the last [`RATE_MEMORY`] or so.
+struct Rate {
+    per_s: f64,
+    last: Instant,
+}
+
+impl Rate {
+    /// Counts a drain of `n` jobs: the jobs since the last drain over the time since, given the
+    /// weight of that time (after a pause the old rate is forgotten at once; drains close
+    /// together each move it a little).
+    fn drained(&mut self, n: usize, now: Instant) {
+        let secs = now.duration_since(self.last).as_secs_f64().max(1e-6);
+        let kept = (-secs / RATE_MEMORY.as_secs_f64()).exp();
+        self.per_s = kept * self.per_s + (1.0 - kept) * (n as f64 / secs);
+        self.last = now;
+    }
+
+    /// How long a drain of `n` jobs waits for more: none when it is large enough, no wait is
+    /// allowed, or the rate does not bring [`EXPECTED`] more within it; otherwise until the
+    /// rate should have filled it to [`SHARE`], at most `wait`.
+    fn wait_for(&self, n: usize, wait: Duration) -> Option<Duration> {
+        if n >= SHARE || wait.is_zero() || self.per_s * wait.as_secs_f64() < EXPECTED {
+            return None;
+        }
+        Some(wait.min(Duration::from_secs_f64((SHARE - n) as f64 / self.per_s)))
+    }
+}
+
+async fn run<K, J, F, Fut>(mut rx: mpsc::UnboundedReceiver<(K, J)>, wait: Duration, exec: Arc<F>)
 where
     K: Copy + Eq + Send + 'static,
     J: Send + 'static,
@@ -54,12 +102,24 @@ where
 {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut queued = Vec::with_capacity(MAX_JOBS);
+    let mut rate = Rate { per_s: 0.0, last: Instant::now() };
     loop {
         // Wait for a free slot first: what arrives meanwhile joins the next call.
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         if rx.recv_many(&mut queued, MAX_JOBS).await == 0 {
             return;
         }
+        if let Some(more) = rate.wait_for(queued.len(), wait) {
+            let until = Instant::now() + more;
+            while queued.len() < SHARE {
+                let room = MAX_JOBS - queued.len();
+                match tokio::time::timeout_at(until, rx.recv_many(&mut queued, room)).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+        rate.drained(queued.len(), Instant::now());
         let mut groups: Vec<(K, Vec<J>)> = Vec::new();
         for (key, job) in queued.drain(..) {
             match groups.iter_mut().find(|(k, _)| *k == key) {
@@ -87,6 +147,30 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_small_drain_waits_only_while_jobs_come_fast_enough_to_fill_it() {
+        let now = Instant::now();
+        let wait = Duration::from_millis(2);
+        // 2,000 jobs a second: one job a drain, every half millisecond.
+        let mut rate = Rate { per_s: 0.0, last: now };
+        for i in 1..=400 {
+            rate.drained(1, now + Duration::from_micros(500 * i));
+        }
+        assert!((rate.per_s - 2000.0).abs() < 50.0, "{}", rate.per_s);
+        assert_eq!(rate.wait_for(1, wait), Some(wait), "4 more expected within 2 ms");
+        assert_eq!(rate.wait_for(SHARE, wait), None, "large enough");
+        assert_eq!(rate.wait_for(1, Duration::ZERO), None, "waiting is off");
+        // Fast enough to fill the drain before the wait is up: waits only that long.
+        let fast = Rate { per_s: 20_000.0, last: now };
+        assert_eq!(fast.wait_for(4, wait), Some(Duration::from_micros(600)));
+        // 500 a second brings one more in 2 ms: not worth a wait.
+        let slow = Rate { per_s: 500.0, last: now };
+        assert_eq!(slow.wait_for(1, wait), None);
+        // After a pause the rate falls at once and the next job goes alone.
+        rate.drained(1, now + Duration::from_secs(60));
+        assert_eq!(rate.wait_for(1, wait), None, "{}", rate.per_s);
+    }
+
     type Job = (u32, oneshot::Sender<u32>);
     /// Each call the executor saw: its key and its jobs' numbers.
     type Calls = Arc<Mutex<Vec<(u8, Vec<u32>)>>>;
@@ -97,7 +181,7 @@ mod tests {
         // Calls for key 9 hold their slot until the test lets them go.
         let hold = Arc::new(Semaphore::new(0));
         let (seen, held) = (calls.clone(), hold.clone());
-        let c = Coalescer::spawn(move |key: u8, jobs: Vec<Job>| {
+        let c = Coalescer::spawn(Duration::ZERO, move |key: u8, jobs: Vec<Job>| {
             let (seen, held) = (seen.clone(), held.clone());
             async move {
                 seen.lock().unwrap().push((key, jobs.iter().map(|j| j.0).collect()));

@@ -99,6 +99,9 @@ pub struct StoreLimits {
     pub events: EventLimits,
     /// Whether the queues each user holds are counted (`queue.max_queues_per_user` > 0).
     pub hold_queues: bool,
+    /// Longest a coalesced call waits for more users (`redis.coalesce_wait_ms`,
+    /// `store/coalesce.rs`).
+    pub coalesce_wait: std::time::Duration,
 }
 
 /// What the scripts that append to a target's event log are told (`[events]`).

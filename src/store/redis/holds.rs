@@ -94,7 +94,7 @@ impl RedisStore {
             let conn = self.conn.clone();
             let gen_ms = self.limits.key_ttl_s.max(1) * 1000;
             let (pulse, clock) = (self.pulse.clone(), self.clock.clone());
-            Coalescer::spawn(move |bucket, jobs| {
+            Coalescer::spawn(self.limits.coalesce_wait, move |bucket, jobs| {
                 let now = super::store_now(clock.as_ref(), &pulse);
                 execute(conn.clone(), bucket, now / gen_ms, gen_ms, jobs)
             })

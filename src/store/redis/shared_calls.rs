@@ -34,7 +34,7 @@ impl RedisStore {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
             let (fences, pulse, clock) = (self.fences.clone(), self.pulse.clone(), self.clock.clone());
-            Coalescer::spawn(move |(op, target), jobs| {
+            Coalescer::spawn(self.limits.coalesce_wait, move |(op, target), jobs| {
                 let now = super::store_now(clock.as_ref(), &pulse);
                 execute(conn.clone(), limits.clone(), fences.clone(), Call { op, target, now }, jobs)
             })
