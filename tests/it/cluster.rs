@@ -276,3 +276,63 @@ async fn users_counts_of_queues_spread_over_the_nodes_and_keep_the_limit() {
     }
     assert_eq!(nodes.len(), 3, "the buckets spread over the three primaries");
 }
+
+/// A node gone that holds some users' counts of queues but not the target: those users still
+/// wait in the target's queue, given their place uncounted, rather than being let past it
+/// (`DIRECT_ADMITTED`) or refused (`on_store_failure = "closed"`) for a node their place does
+/// not live on. Users counted before, fresh users, and both failure settings. (The node gone
+/// holds none of the keys every instance shares, such as the flag, and the test ends before
+/// the cluster's node timeout, 15 s, after which the cluster itself refuses every command.)
+#[tokio::test]
+async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_answers() {
+    for closed in [false, true] {
+        let mut cluster = RedisCluster::spawn();
+        let targets = targets_on_every_node(&cluster).await;
+        let mut shared = HashSet::new();
+        for key in ["queue:active", "queue:targets", "virtual-queue:flag", "virtual-queue:acks"] {
+            shared.insert(cluster.node_of(key).await);
+        }
+        let gone = *cluster.ports.iter().find(|p| !shared.contains(p)).expect("a node without shared keys");
+        let mut live = targets.iter().filter(|(_, n)| *n != gone).map(|(t, _)| *t);
+        let (first, other) = (live.next().unwrap(), live.next().unwrap());
+        let mut s = cluster_settings(&cluster);
+        s.redis.timeout_ms = 1000;
+        if closed {
+            s.queue.on_store_failure = vq::config::OnStoreFailure::Closed;
+        }
+        let app = spawn_app(s, false).await;
+        cluster_flag_on(&cluster).await;
+        let user = |u: u64| format!("buyer-{u}");
+        for u in 1..=30 {
+            let v = app.json(app.enter(&api_path(first), user(u)).await).await;
+            assert_eq!(v["status"], "WAITING", "user {u}: {v}");
+        }
+        // Which node holds each user's count: the field of their bucket's HASH.
+        let mut c = cluster.conn().await;
+        let mut node_of_count: BTreeMap<String, u16> = BTreeMap::new();
+        for b in 0..16 {
+            let keys: Vec<String> = c.keys(format!("queue:holds:{{h{b}}}:*")).await.unwrap();
+            for key in keys {
+                let node = cluster.node_of(&key).await;
+                let fields: Vec<String> = c.hkeys(&key).await.unwrap();
+                node_of_count.extend(fields.into_iter().map(|f| (f, node)));
+            }
+        }
+        let on_gone: Vec<u64> = (1..=30).filter(|u| node_of_count.get(&user(*u)) == Some(&gone)).collect();
+        assert!(!on_gone.is_empty(), "some users are counted on node {gone}: {node_of_count:?}");
+        cluster.kill_node(gone);
+        // The instance's liveness probe (every 100 ms) finds the node silent.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // Users counted on the gone node enter another target, on a node that answers.
+        for u in &on_gone {
+            let v = app.json(app.enter(&api_path(other), user(*u)).await).await;
+            assert_eq!(v["status"], "WAITING", "user {u}, counted on the gone node, enters {other}: {v}");
+        }
+        // Fresh users, whatever node their count would live on.
+        for u in 100..130 {
+            let v = app.json(app.enter(&api_path(other), user(u)).await).await;
+            assert_eq!(v["status"], "WAITING", "fresh user {u} enters {other}: {v}");
+        }
+        app.stop().await;
+    }
+}

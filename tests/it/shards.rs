@@ -586,10 +586,11 @@ async fn operator_commands_refuse_to_run_with_another_shard_count_than_the_fleet
 
 /// A shard's node gone: its users fail open (DIRECT_ADMITTED) as an unsharded target's would,
 /// or are refused with `on_store_failure = "closed"`; the users of the other shards keep
-/// queueing on their nodes.
+/// queueing on their nodes. Shard 0's node too, which also holds the target-wide state (the
+/// admission lock, pacing, the ledger) and, like any node, some users' counts of queues.
 #[tokio::test]
 async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_others_queue() {
-    for closed in [false, true] {
+    for (lost, closed) in [(2u8, false), (2, true), (0, false), (0, true)] {
         let mut cluster = RedisCluster::spawn();
         let mut s = cluster_settings(&cluster);
         shard_type(&mut s);
@@ -604,7 +605,7 @@ async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_
             let v = app.json(app.enter(path, user(u)).await).await;
             assert_eq!(v["status"], "WAITING", "user {u}: {v}");
         }
-        let gone = cluster.node_of(&format!("{}seq", prefix(2))).await;
+        let gone = cluster.node_of(&format!("{}seq", prefix(lost))).await;
         cluster.kill_node(gone);
         // The instance's liveness probe (every 100 ms) finds the node silent: what the
         // requests below meet from then on is the probe's answer for their own shard.
@@ -618,15 +619,15 @@ async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_
             let r = app.enter(path, user(u)).await;
             let status = r.status().as_u16();
             let v: serde_json::Value = r.json().await.unwrap_or_default();
-            match (shard, closed) {
-                (2, false) => assert_eq!(v["status"], "DIRECT_ADMITTED", "shard 2's node gone: fail open: {v}"),
-                (2, true) => assert_eq!((status, v["code"].as_str()), (503, Some("QUEUE_UNAVAILABLE")), "{v}"),
-                _ => assert_eq!(v["status"], "WAITING", "shard {shard}'s node answers: {v}"),
+            match (shard == lost, closed) {
+                (true, false) => assert_eq!(v["status"], "DIRECT_ADMITTED", "shard {lost}'s node gone: fail open: {v}"),
+                (true, true) => assert_eq!((status, v["code"].as_str()), (503, Some("QUEUE_UNAVAILABLE")), "{v}"),
+                _ => assert_eq!(v["status"], "WAITING", "shard {shard}'s node answers (shard {lost}'s gone): {v}"),
             }
         }
         assert_eq!(seen.len(), 3);
         // The users who waited before the node went keep their place in the live shards.
-        for u in (1..=6).filter(|u| shard_of(*u) != 2) {
+        for u in (1..=6).filter(|u| shard_of(*u) != lost) {
             let v = app.json(app.poll(path, user(u)).await).await;
             assert_eq!(v["status"], "WAITING", "user {u} of shard {} polls: {v}", shard_of(u));
         }

@@ -39,8 +39,18 @@ fn kind(e: &RedisError) -> StoreErrorKind {
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
-            K::Server(S::BusyLoading | S::ClusterDown | S::MasterDown | S::TryAgain | S::ReadOnly | S::NoPerm)
-                | K::ClusterConnectionNotFound
+            K::Server(
+                S::BusyLoading
+                    | S::ClusterDown
+                    | S::MasterDown
+                    | S::TryAgain
+                    | S::ReadOnly
+                    | S::NoPerm
+                    // A redirection the cluster client still met after its retries: the slot's
+                    // node is unreachable (gone, its slots not yet moved) or moving.
+                    | S::Moved
+                    | S::Ask
+            ) | K::ClusterConnectionNotFound
                 | K::AuthenticationFailed
         )
         // Codes redis-rs has no kind for: a script running too long, no auth,
@@ -60,6 +70,8 @@ mod tests {
         assert_eq!(io(std::io::ErrorKind::ConnectionReset).kind(), StoreErrorKind::Unavailable);
         assert_eq!(io(std::io::ErrorKind::TimedOut).kind(), StoreErrorKind::Unavailable);
         assert_eq!(StoreError::Timeout.kind(), StoreErrorKind::Unavailable);
+        let moved = RedisError::from((K::Server(S::Moved), "moved", "1079 127.0.0.1:7001".to_owned()));
+        assert_eq!(StoreError::from(moved).kind(), StoreErrorKind::Unavailable);
         let reply = StoreError::Reply { what: "enter.lua", detail: "[]".into() };
         assert_eq!(reply.kind(), StoreErrorKind::Data);
     }

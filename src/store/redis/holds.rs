@@ -87,6 +87,16 @@ impl RedisStore {
         })
     }
 
+    /// Whether the node of `user`'s bucket of holds failed its last probe (on a cluster; on a
+    /// single server the holds live with the target).
+    pub(super) fn holds_silent(&self, user: &UserId) -> bool {
+        // Any node silent first: one atomic read, where the tag would be formatted for every
+        // enter.
+        self.conn.is_cluster()
+            && self.pulse.silent(None)
+            && self.pulse.silent_tag(Some(&format!("h{}", bucket_of(user, CLUSTER_BUCKETS))))
+    }
+
     /// One user's entry, sent with whatever else is queued for the same bucket.
     pub(super) async fn hold_call(&self, user: UserId, target: QueueTarget, op: HoldOp) -> Result<Held, StoreError> {
         let buckets = if self.conn.is_cluster() { CLUSTER_BUCKETS } else { 1 };

@@ -91,13 +91,20 @@ impl Pulse {
     /// map is not known) failed its last probe: Redis is down, refusing or stalled, as opposed
     /// to this instance being slow to read its answers.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
+        // The tag only once a node is silent: this runs for every request.
+        self.shared.any_silent.load(Ordering::Relaxed) && self.silent_tag(target.map(super::keys::tag).as_deref())
+    }
+
+    /// Whether the node holding the keys of hash tag `tag` (any node, without one, or when
+    /// the slot map is not known) failed its last probe.
+    pub fn silent_tag(&self, tag: Option<&str>) -> bool {
         if !self.shared.any_silent.load(Ordering::Relaxed) {
             return false;
         }
         let silent = self.shared.silent.read().unwrap_or_else(|e| e.into_inner());
         let slots = self.shared.slots.read().unwrap_or_else(|e| e.into_inner());
-        let Some(target) = target.filter(|_| !slots.is_empty()) else { return !silent.is_empty() };
-        let slot = key_slot(super::keys::tag(target).as_bytes());
+        let Some(tag) = tag.filter(|_| !slots.is_empty()) else { return !silent.is_empty() };
+        let slot = key_slot(tag.as_bytes());
         match slots.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)) {
             Some((_, _, addr)) => silent.iter().any(|s| s == addr),
             None => !silent.is_empty(),

@@ -17,7 +17,30 @@ use crate::domain::{Ms, QueueTarget, UserId, Users, WaitHistogram};
 use crate::store::{
     AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot,
 };
-use crate::store::{QueueOps, TargetOps};
+use crate::store::{QueueOps, StoreErrorKind, TargetOps};
+
+/// An enter given its place without counting it among the user's queues, because the node of
+/// their bucket of holds is gone (`err`: the call's error; none: the probe found the node
+/// silent and no call went). Counted as a store error; logged at most once per
+/// [`UNCOUNTED_LOG_EVERY`].
+fn uncounted(user: &UserId, err: Option<&StoreError>) {
+    static LAST_LOG: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    crate::metrics::store_error(StoreErrorKind::Unavailable.label());
+    let mut last = LAST_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_none_or(|at| at.elapsed() >= UNCOUNTED_LOG_EVERY) {
+        *last = Some(std::time::Instant::now());
+        let error = err.map_or_else(|| "its node failed the liveness probe".to_owned(), ToString::to_string);
+        tracing::warn!(
+            user = user.as_str(),
+            error,
+            "the node holding this user's count of queues is gone: places are given uncounted \
+             (queue.max_queues_per_user not enforced for the users of that node's buckets)"
+        );
+    }
+}
+
+/// At most one log line per this interval for enters given a place uncounted.
+const UNCOUNTED_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl QueueOps for RedisStore {
     async fn enter(
@@ -39,8 +62,22 @@ impl QueueOps for RedisStore {
         if max > 0 && self.conn.is_cluster() {
             // The holds' buckets and the target live on different nodes: counted first, in
             // a call of the bucket's own (a place then not given leaves a count that the
-            // service drops once the limit is reached).
-            let held = self.hold_call(user.clone(), target, HoldOp::Count { max }).await?;
+            // service drops once the limit is reached). With the bucket's node gone the place
+            // is given uncounted: the limit guards against hoarding places, and failing the
+            // enter would let the user past a queue whose own node answers.
+            let held = if self.holds_silent(&user) {
+                uncounted(&user, None);
+                Vec::new()
+            } else {
+                match self.hold_call(user.clone(), target, HoldOp::Count { max }).await {
+                    Ok(held) => held,
+                    Err(e) if e.kind() == StoreErrorKind::Unavailable => {
+                        uncounted(&user, Some(&e));
+                        Vec::new()
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             if !held.is_empty() {
                 return Ok(EnterOutcome::TooMany(held));
             }
