@@ -708,7 +708,8 @@ EOF
     slowlog_take
     python3 - "$WORK/slowlog.jsonl" <<'EOF'
 import collections, glob, hashlib, json, os, sys
-log = [e for line in open(sys.argv[1]) if line.strip() for e in json.loads(line)]
+# A logged argument may be raw bytes (a heartbeat bitmap's SETRANGE): read them as replaced.
+log = [e for line in open(sys.argv[1], errors="replace") if line.strip() for e in json.loads(line)]
 prelude = open("lua/prelude.lua").read()
 names = {hashlib.sha1((prelude + "\n" + open(f).read()).encode()).hexdigest(): os.path.basename(f)
          for f in glob.glob("lua/*.lua")}
