@@ -550,3 +550,35 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
     }
     assert!(over.is_empty(), "over the sharded budget (tests/it/budget.rs, SHARDED_BUDGET): {over:#?}");
 }
+
+/// New users arriving one about every millisecond, each answered by Redis before the next
+/// comes: with `redis.coalesce_wait_ms`, a call waits for the users the rate brings and
+/// carries several, where each would otherwise go alone and pay a call's fixed work by itself.
+/// (The wait is wide here, 20 ms, so a loaded machine's late timers still fall inside it.)
+#[tokio::test]
+async fn enters_arriving_a_millisecond_apart_wait_to_share_their_calls() {
+    const STEADY: u64 = 100;
+    let redis = RedisServer::spawn();
+    flag_on_before_start(&redis).await;
+    let mut s = settings(&redis);
+    s.redis.coalesce_wait_ms = 20;
+    let settings = Arc::new(s);
+    let service = Arc::new(QueueService::new(open_store(&settings), secret(), settings.clone()));
+    service.refresh_flag().await.expect("flag");
+    waiting_seq(&service, &user("first")).await;
+    reset(&redis).await;
+    let mut tasks = Vec::new();
+    for i in 1..=STEADY {
+        let service = service.clone();
+        tasks.push(tokio::spawn(async move { waiting_seq(&service, &user(&format!("steady-{i}"))).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let mut seqs = Vec::new();
+    for task in tasks {
+        seqs.push(task.await.expect("enter task"));
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (2..=STEADY + 1).collect::<Vec<_>>(), "one seq each, without gaps");
+    let used = usage(&redis).await;
+    assert!(used.scripts * 4 <= STEADY, "{} script calls for {STEADY} enters: {:?}", used.scripts, used.by_name);
+}
