@@ -329,8 +329,8 @@ pub fn http_request(route: &str, status: u16, took: Duration) {
 
 /// A store failure on the request path, by kind (`unavailable`: Redis refused, reset or
 /// timed out the call; `data`: one call of one target failed). Either fails open that request,
-/// except the count of a user's queues on a Redis Cluster node that is gone: the enter is then
-/// given its place uncounted.
+/// except the count of a user's queues on a Redis Cluster node that is gone (the enter is then
+/// given its place uncounted) and a step on the side of a request (`Degraded::missed`).
 pub const STORE_ERRORS_TOTAL: &str = "virtual_queue_store_errors_total";
 
 pub fn store_error(kind: &'static str) {

@@ -14,6 +14,8 @@ use crate::store::{StoreError, StoreErrorKind};
 
 /// At most one log line per this interval for Redis failures on the request path.
 const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
+/// The log slot of [`Degraded::missed`], after the [`Failure`]s'.
+const MISSED_LOG: usize = 5;
 
 /// Counts Redis failures and requests shed for overload, and logs them at most once per
 /// interval (per kind).
@@ -23,8 +25,8 @@ const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(10);
 /// fail nothing open, and say so: a write Redis refused for lack of memory, and a write its
 /// replicas did not confirm in time (`redis.wait_replicas`).
 pub(super) struct Degraded {
-    /// Per [`Failure`]: last log line, events since.
-    logs: [(Mutex<Option<Instant>>, AtomicU64); 5],
+    /// Per [`Failure`], then one for [`Degraded::missed`]: last log line, events since.
+    logs: [(Mutex<Option<Instant>>, AtomicU64); 6],
     /// Requests answered without the store since start, per `metrics::DEGRADED_ANSWERS`
     /// (for the `store.degraded` events, `crate::events`).
     answered: [AtomicU64; 3],
@@ -88,6 +90,29 @@ impl Degraded {
     /// A request that failed open without calling the store (the probe finds Redis down).
     pub(super) fn record_skipped(&self) {
         self.count_answer(Failure::Unavailable.answer());
+    }
+
+    /// A step done on the side of a request failed (a heartbeat sync, a leave, a target's
+    /// registration, a count of queues dropped, a claim settled after the purchase API
+    /// answered): counted as a store error and logged, but not as a request answered without
+    /// the store (`virtual_queue_redis_degraded_total`), since none was.
+    pub(super) fn missed(&self, what: &str, target: QueueTarget, err: &StoreError) {
+        if !matches!(err, StoreError::Busy) {
+            crate::metrics::store_error(err.kind().label());
+        }
+        let (last_log, since_log) = &self.logs[MISSED_LOG];
+        let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < DEGRADED_LOG_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        since_log.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            error = %err, target_queue = %target, failures_since_last_log = n,
+            "redis failed on {what}, a step on the side of a request: skipped (tried again later or \
+             left to expiry); no request was answered without the queue for it"
+        );
     }
 
     pub(super) fn record(&self, what: &str, target: QueueTarget, err: &StoreError) {

@@ -237,12 +237,16 @@ impl QueueService {
     /// memory, a connection broken while Redis answers → not forwarded; Redis silent or a
     /// data error of the call (a corrupt key) → HMAC and expiry hold.
     fn unchecked(&self, target: QueueTarget, user: &UserId, e: &StoreError) -> Result<GatePass, GateDenial> {
+        if self.connection_broke(target, user, e) && !matches!(e, StoreError::Busy) && !e.is_out_of_memory() {
+            // Refused, not forwarded: no purchase went through without its check.
+            self.degraded.missed("gate", target, e);
+            return Err(GateDenial::NotRecorded("redis did not answer"));
+        }
         self.degraded.record("gate", target, e);
         match e {
             StoreError::Busy => Err(GateDenial::Overloaded),
             StoreError::NotReplicated { .. } => Err(GateDenial::NotRecorded("its replica did not confirm it")),
             e if e.is_out_of_memory() => Err(GateDenial::NotRecorded("redis is out of memory")),
-            e if self.connection_broke(target, user, e) => Err(GateDenial::NotRecorded("redis did not answer")),
             _ => Ok(GatePass::Verified { claim: None }),
         }
     }
@@ -349,7 +353,7 @@ impl QueueService {
             self.bounded(claim.target, release).await
         };
         if let Err(e) = result {
-            self.degraded.record("gate settle", claim.target, &e);
+            self.degraded.missed("gate settle", claim.target, &e);
         }
     }
 }
@@ -397,7 +401,7 @@ impl QueueService {
             Ok(true) => {}
             Ok(false) => return Err(ReleaseRefusal::Spent),
             Err(e) => {
-                self.degraded.record("gate release", r.target, &e);
+                self.degraded.missed("gate release", r.target, &e);
                 return Err(ReleaseRefusal::Store);
             }
         }
@@ -405,7 +409,7 @@ impl QueueService {
         let limits = self.settings.type_purchase_limits(r.target.kind);
         let release = self.store.release_token(r.target, r.user, &r.token, r.previous, limits);
         self.bounded(r.target, release).await.map_err(|e| {
-            self.degraded.record("gate release", r.target, &e);
+            self.degraded.missed("gate release", r.target, &e);
             ReleaseRefusal::Store
         })
     }

@@ -71,7 +71,7 @@ impl QueueService {
             && !joined.is_public()
             && let Err(e) = self.bounded(target, self.store.leave_public(target, user)).await
         {
-            self.degraded.record("lane move", target, &e);
+            self.degraded.missed("lane move", target, &e);
         }
         self.enter(target, user).await
     }

@@ -206,7 +206,7 @@ impl QueueService {
                 None => return,
                 Some(Ok(sync)) => local.synced(target, sync.view, &sync.gone),
                 Some(Err(e)) => {
-                    self.degraded.record("poll heartbeats", target, &e);
+                    self.degraded.missed("poll heartbeats", target, &e);
                     local.sync_failed(target, polled);
                 }
             }

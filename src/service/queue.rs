@@ -54,7 +54,7 @@ impl QueueService {
                 && !self.store.drops_holds_itself()
                 && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
             {
-                self.degraded.record("release", target, &e);
+                self.degraded.missed("release", target, &e);
             }
         }
         raw
@@ -85,7 +85,7 @@ impl QueueService {
         match self.bounded(target, self.store.control_sale(target, close)).await {
             Ok(true) => tracing::info!(target_queue = %target, "the purchase API closed the sale"),
             Ok(false) => {}
-            Err(e) => self.degraded.record("sale close", target, &e),
+            Err(e) => self.degraded.missed("sale close", target, &e),
         }
     }
 
@@ -234,17 +234,17 @@ impl QueueService {
     pub async fn leave(&self, target: QueueTarget, user: &UserId) {
         self.local_learn(target, user, None);
         if self.store.silent(Some(target)) {
-            self.degraded.record_skipped();
+            // Nobody is let in by a leave not sent: not a request answered without the queue.
             return;
         }
         if let Err(e) = self.bounded(target, self.store.leave(target, user.clone())).await {
-            self.degraded.record("leave", target, &e);
+            self.degraded.missed("leave", target, &e);
         }
         if self.settings.queue.max_queues_per_user > 0
             && !self.store.drops_holds_itself()
             && let Err(e) = self.bounded(target, self.store.release_queues(user.clone(), &[target])).await
         {
-            self.degraded.record("leave", target, &e);
+            self.degraded.missed("leave", target, &e);
         }
     }
 
@@ -304,7 +304,7 @@ impl QueueService {
         if let Err(e) = self.bounded(target, register).await {
             // Try again at the next entry rather than in REGISTER_EVERY.
             self.registered.lock().unwrap_or_else(|e| e.into_inner()).remove(&target);
-            self.degraded.record("register", target, &e);
+            self.degraded.missed("register", target, &e);
         }
     }
 }
