@@ -15,6 +15,7 @@ pub mod gate;
 pub mod http;
 pub mod lane;
 pub mod loadgen;
+pub mod log_every;
 pub mod metrics;
 pub mod pow;
 pub mod pump;

@@ -5,11 +5,11 @@
 //! (`AnyStore::silent`) says whether Redis is down, from a thread that a busy runtime cannot
 //! hold back.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::domain::QueueTarget;
+use crate::log_every::LogEvery;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// At most one log line per this interval for Redis failures on the request path.
@@ -25,8 +25,8 @@ const MISSED_LOG: usize = 5;
 /// fail nothing open, and say so: a write Redis refused for lack of memory, and a write its
 /// replicas did not confirm in time (`redis.wait_replicas`).
 pub(super) struct Degraded {
-    /// Per [`Failure`], then one for [`Degraded::missed`]: last log line, events since.
-    logs: [(Mutex<Option<Instant>>, AtomicU64); 6],
+    /// Per [`Failure`], then one for [`Degraded::missed`].
+    logs: [LogEvery; 6],
     /// Requests answered without the store since start, per `metrics::DEGRADED_ANSWERS`
     /// (for the `store.degraded` events, `crate::events`).
     answered: [AtomicU64; 3],
@@ -69,7 +69,7 @@ impl Degraded {
     pub(super) fn new() -> Self {
         crate::metrics::register_store_errors(&StoreErrorKind::ALL.map(StoreErrorKind::label));
         Self {
-            logs: std::array::from_fn(|_| (Mutex::new(None), AtomicU64::new(0))),
+            logs: std::array::from_fn(|_| LogEvery::new(DEGRADED_LOG_EVERY)),
             answered: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -100,14 +100,7 @@ impl Degraded {
         if !matches!(err, StoreError::Busy) {
             crate::metrics::store_error(err.kind().label());
         }
-        let (last_log, since_log) = &self.logs[MISSED_LOG];
-        let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|t| t.elapsed() < DEGRADED_LOG_EVERY) {
-            return;
-        }
-        *last = Some(Instant::now());
-        since_log.store(0, Ordering::Relaxed);
+        let Some(n) = self.logs[MISSED_LOG].due() else { return };
         tracing::warn!(
             error = %err, target_queue = %target, failures_since_last_log = n,
             "redis failed on {what}, a step on the side of a request: skipped (tried again later or \
@@ -123,14 +116,7 @@ impl Degraded {
             self.count_answer(failure.answer());
             crate::metrics::store_error(err.kind().label());
         }
-        let (last_log, since_log) = &self.logs[failure as usize];
-        let n = since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = last_log.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_some_and(|t| t.elapsed() < DEGRADED_LOG_EVERY) {
-            return;
-        }
-        *last = Some(Instant::now());
-        since_log.store(0, Ordering::Relaxed);
+        let Some(n) = self.logs[failure as usize].due() else { return };
         match failure {
             Failure::Overloaded => tracing::warn!(
                 events_since_last_log = n,

@@ -237,18 +237,19 @@ impl QueueService {
     /// memory, a connection broken while Redis answers → not forwarded; Redis silent or a
     /// data error of the call (a corrupt key) → HMAC and expiry hold.
     fn unchecked(&self, target: QueueTarget, user: &UserId, e: &StoreError) -> Result<GatePass, GateDenial> {
-        if self.connection_broke(target, user, e) && !matches!(e, StoreError::Busy) && !e.is_out_of_memory() {
-            // Refused, not forwarded: no purchase went through without its check.
-            self.degraded.missed("gate", target, e);
-            return Err(GateDenial::NotRecorded("redis did not answer"));
-        }
-        self.degraded.record("gate", target, e);
-        match e {
+        let answer = match e {
             StoreError::Busy => Err(GateDenial::Overloaded),
             StoreError::NotReplicated { .. } => Err(GateDenial::NotRecorded("its replica did not confirm it")),
             e if e.is_out_of_memory() => Err(GateDenial::NotRecorded("redis is out of memory")),
+            e if self.connection_broke(target, user, e) => {
+                // Refused, not forwarded: no purchase went through without its check.
+                self.degraded.missed("gate", target, e);
+                return Err(GateDenial::NotRecorded("redis did not answer"));
+            }
             _ => Ok(GatePass::Verified { claim: None }),
-        }
+        };
+        self.degraded.record("gate", target, e);
+        answer
     }
 
     /// A connection error while the probe finds Redis answering: a connection broken (Redis

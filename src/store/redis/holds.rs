@@ -90,10 +90,9 @@ impl RedisStore {
     /// Whether the node of `user`'s bucket of holds failed its last probe (on a cluster; on a
     /// single server the holds live with the target).
     pub(super) fn holds_silent(&self, user: &UserId) -> bool {
-        // Any node silent first: one atomic read, where the tag would be formatted for every
-        // enter.
+        // Any node silent first, where the tag would be formatted for every enter.
         self.conn.is_cluster()
-            && self.pulse.silent(None)
+            && self.pulse.any_silent()
             && self.pulse.silent_tag(Some(&format!("h{}", bucket_of(user, CLUSTER_BUCKETS))))
     }
 

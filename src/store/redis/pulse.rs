@@ -92,13 +92,19 @@ impl Pulse {
     /// to this instance being slow to read its answers.
     pub fn silent(&self, target: Option<QueueTarget>) -> bool {
         // The tag only once a node is silent: this runs for every request.
-        self.shared.any_silent.load(Ordering::Relaxed) && self.silent_tag(target.map(super::keys::tag).as_deref())
+        self.any_silent() && self.silent_tag(target.map(super::keys::tag).as_deref())
+    }
+
+    /// Whether any node failed its last probe: one atomic read, for the request path to ask
+    /// before it works out which node it needs.
+    pub fn any_silent(&self) -> bool {
+        self.shared.any_silent.load(Ordering::Relaxed)
     }
 
     /// Whether the node holding the keys of hash tag `tag` (any node, without one, or when
     /// the slot map is not known) failed its last probe.
     pub fn silent_tag(&self, tag: Option<&str>) -> bool {
-        if !self.shared.any_silent.load(Ordering::Relaxed) {
+        if !self.any_silent() {
             return false;
         }
         let silent = self.shared.silent.read().unwrap_or_else(|e| e.into_inner());

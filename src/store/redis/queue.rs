@@ -14,6 +14,7 @@ use super::scripts::{ADMIT, ADMIT_KEYS, EVICT, EVICT_KEYS, LEAVE, num, on_target
 use super::shared_calls::{Answer, Op};
 use super::slices::ADMIT_SLICE;
 use crate::domain::{Ms, QueueTarget, UserId, Users, WaitHistogram};
+use crate::log_every::LogEvery;
 use crate::store::{
     AdmitOutcome, Candidate, DeclareOutcome, EnterOutcome, Evicted, StatusOutcome, StoreError, TargetSnapshot,
 };
@@ -21,26 +22,21 @@ use crate::store::{QueueOps, StoreErrorKind, TargetOps};
 
 /// An enter given its place without counting it among the user's queues, because the node of
 /// their bucket of holds is gone (`err`: the call's error; none: the probe found the node
-/// silent and no call went). Counted as a store error; logged at most once per
-/// [`UNCOUNTED_LOG_EVERY`].
+/// silent and no call went). Counted as a store error; logged at most once every 10 s.
 fn uncounted(user: &UserId, err: Option<&StoreError>) {
-    static LAST_LOG: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    static LOG: LogEvery = LogEvery::new(std::time::Duration::from_secs(10));
     crate::metrics::store_error(StoreErrorKind::Unavailable.label());
-    let mut last = LAST_LOG.lock().unwrap_or_else(|e| e.into_inner());
-    if last.is_none_or(|at| at.elapsed() >= UNCOUNTED_LOG_EVERY) {
-        *last = Some(std::time::Instant::now());
+    if let Some(n) = LOG.due() {
         let error = err.map_or_else(|| "its node failed the liveness probe".to_owned(), ToString::to_string);
         tracing::warn!(
             user = user.as_str(),
             error,
+            uncounted_since_last_log = n,
             "the node holding this user's count of queues is gone: places are given uncounted \
              (queue.max_queues_per_user not enforced for the users of that node's buckets)"
         );
     }
 }
-
-/// At most one log line per this interval for enters given a place uncounted.
-const UNCOUNTED_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl QueueOps for RedisStore {
     async fn enter(

@@ -430,7 +430,6 @@ pub(super) mod tests {
     use super::*;
     use crate::store::redis::layout::ISSUE_KEYS;
 
-    /// `local NAME = n` lines of the prelude.
     /// The prelude's `local NAME = <number>` lines (constants are named in capitals).
     fn lua_constants() -> Vec<(String, u64)> {
         PRELUDE
