@@ -249,8 +249,8 @@ pub async fn healthz() -> impl IntoResponse {
 }
 
 /// Ready as long as the process serves: with Redis down vq still answers (fail-open), and
-/// with the flag hash lost it keeps the last known flag, so the probe reports both without
-/// taking the instance out of rotation.
+/// with the flag hash lost it keeps the last known flag, so the probe reports both (and the
+/// Redis nodes its liveness probe finds silent) without taking the instance out of rotation.
 pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
     let store = match st.service.store.ping().await {
         Ok(()) => "ok",
@@ -278,5 +278,8 @@ pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
         }),
         Some(o) => serde_json::json!({"offsetMs": o}),
     };
-    Json(serde_json::json!({"status": "ready", "store": store, "flag": flag, "clock": clock}))
+    // The nodes the liveness probe finds silent: their users fail open (or closed) while the
+    // rest of a cluster serves.
+    let silent = st.service.store.silent_nodes();
+    Json(serde_json::json!({"status": "ready", "store": store, "flag": flag, "clock": clock, "silentNodes": silent}))
 }

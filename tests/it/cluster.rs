@@ -321,8 +321,7 @@ async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_
         let on_gone: Vec<u64> = (1..=30).filter(|u| node_of_count.get(&user(*u)) == Some(&gone)).collect();
         assert!(!on_gone.is_empty(), "some users are counted on node {gone}: {node_of_count:?}");
         cluster.kill_node(gone);
-        // The instance's liveness probe (every 100 ms) finds the node silent.
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        app.wait_silent(gone).await;
         // Users counted on the gone node enter another target, on a node that answers.
         for u in &on_gone {
             let v = app.json(app.enter(&api_path(other), user(*u)).await).await;

@@ -607,9 +607,9 @@ async fn on_a_cluster_a_shards_node_gone_fails_its_users_open_or_closed_and_the_
         }
         let gone = cluster.node_of(&format!("{}seq", prefix(lost))).await;
         cluster.kill_node(gone);
-        // The instance's liveness probe (every 100 ms) finds the node silent: what the
-        // requests below meet from then on is the probe's answer for their own shard.
-        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        // Once the instance's liveness probe finds the node silent, what the requests below
+        // meet is the probe's answer for their own shard.
+        app.wait_silent(gone).await;
         let mut seen = HashSet::new();
         for u in 100..200 {
             let shard = shard_of(u);

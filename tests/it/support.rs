@@ -161,6 +161,21 @@ impl TestApp {
         }
     }
 
+    /// Waits (10 s at most) until this instance's liveness probe reports the Redis node on
+    /// 127.0.0.1:`port` silent (`/readyz`'s `silentNodes`).
+    pub async fn wait_silent(&self, port: u16) {
+        let node = format!("127.0.0.1:{port}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let ready = self.json(self.client.get(self.url("/readyz")).send().await.expect("readyz")).await;
+            if ready["silentNodes"].as_array().is_some_and(|n| n.iter().any(|n| n == &node)) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the probe never found {node} silent: {ready}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn json(&self, resp: reqwest::Response) -> serde_json::Value {
         resp.json().await.expect("json body")
     }

@@ -225,6 +225,13 @@ impl RedisStore {
         self.user_parts(target, user).into_iter().any(|p| self.pulse.silent(Some(p)))
     }
 
+    /// The Redis nodes (`host:port`) the liveness probe found silent in its last round.
+    pub fn silent_nodes(&self) -> Vec<String> {
+        let mut nodes = self.pulse.silent_nodes();
+        nodes.sort();
+        nodes
+    }
+
     /// Redis' clock minus this host's, in ms, once known (0 for the embedded store).
     pub fn clock_offset_ms(&self) -> Option<i64> {
         self.pulse.clock_offset_ms()

@@ -101,6 +101,11 @@ impl Pulse {
         self.shared.any_silent.load(Ordering::Relaxed)
     }
 
+    /// The nodes (`host:port`) that failed the last probe, in no set order.
+    pub fn silent_nodes(&self) -> Vec<String> {
+        self.shared.silent.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Whether the node holding the keys of hash tag `tag` (any node, without one, or when
     /// the slot map is not known) failed its last probe.
     pub fn silent_tag(&self, tag: Option<&str>) -> bool {
