@@ -252,10 +252,12 @@ pub async fn healthz() -> impl IntoResponse {
 /// with the flag hash lost it keeps the last known flag, so the probe reports both (and the
 /// Redis nodes its liveness probe finds silent) without taking the instance out of rotation.
 pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
-    let store = match st.service.store.ping().await {
-        Ok(()) => "ok",
-        Err(_) => "unreachable",
-    };
+    // Answered in time whatever Redis does: a node the liveness probe finds silent is
+    // unreachable without asking it (a stalled node would hold a PING for the client's whole
+    // response timeout), and the PING is bounded by `redis.timeout_ms`.
+    let silent = st.service.store.silent_nodes();
+    let ping = tokio::time::timeout(st.service.settings().redis_timeout(), st.service.store.ping());
+    let store = if silent.is_empty() && matches!(ping.await, Ok(Ok(()))) { "ok" } else { "unreachable" };
     let applied = st.service.flag();
     let mut flag = serde_json::json!({"version": applied.version, "state": applied.summary(), "missing": false});
     if st.service.flag_missing() {
@@ -280,6 +282,5 @@ pub async fn readyz(State(st): State<SharedState>) -> impl IntoResponse {
     };
     // The nodes the liveness probe finds silent: their users fail open (or closed) while the
     // rest of a cluster serves.
-    let silent = st.service.store.silent_nodes();
     Json(serde_json::json!({"status": "ready", "store": store, "flag": flag, "clock": clock, "silentNodes": silent}))
 }

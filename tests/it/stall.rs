@@ -141,3 +141,41 @@ async fn at_once(app: &std::sync::Arc<TestApp>) -> std::collections::BTreeMap<St
     }
     statuses
 }
+
+/// A Redis that stops answering altogether (SIGSTOP, its connections open): `/readyz` still
+/// answers as a load balancer's readiness probe expects, within its timeout (3 s here, the
+/// client's own bound on a PING being 5 s), saying the store is unreachable and naming the
+/// node; it stays 200, and answers again once Redis does.
+#[tokio::test]
+async fn readyz_answers_in_time_while_redis_is_stopped_and_names_the_node() {
+    let redis = RedisServer::spawn();
+    let app = spawn_app(test_settings(Some(&redis)), false).await;
+    let probe = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().unwrap();
+    let readyz = || async { probe.get(app.url("/readyz")).send().await };
+    let r: Value = readyz().await.expect("readyz").json().await.unwrap();
+    assert_eq!((r["store"].as_str(), r["silentNodes"].as_array().map(Vec::len)), (Some("ok"), Some(0)), "{r}");
+    let pid = redis.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, pid.as_str()]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    app.wait_silent(redis.port).await;
+    for _ in 0..3 {
+        let resp = readyz().await.expect("/readyz within a readiness probe's timeout while Redis is stopped");
+        assert_eq!(resp.status(), 200);
+        let r: Value = resp.json().await.unwrap();
+        assert_eq!(r["store"], "unreachable", "{r}");
+        assert_eq!(r["silentNodes"], serde_json::json!([format!("127.0.0.1:{}", redis.port)]), "{r}");
+    }
+    signal("-CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r: Value = readyz().await.expect("readyz").json().await.unwrap();
+        if r["store"] == "ok" && r["silentNodes"] == serde_json::json!([]) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "Redis answers again, /readyz never said so: {r}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
