@@ -280,12 +280,13 @@ async fn users_counts_of_queues_spread_over_the_nodes_and_keep_the_limit() {
 /// A node gone that holds some users' counts of queues but not the target: those users still
 /// wait in the target's queue, given their place uncounted, rather than being let past it
 /// (`DIRECT_ADMITTED`) or refused (`on_store_failure = "closed"`) for a node their place does
-/// not live on. Users counted before, fresh users, and both failure settings. (The node gone
+/// not live on. Users counted before, fresh users, both failure settings, and a node that
+/// stalls (stopped, its connections open) as well as one that dies. (The node gone
 /// holds none of the keys every instance shares, such as the flag, and the test ends before
 /// the cluster's node timeout, 15 s, after which the cluster itself refuses every command.)
 #[tokio::test]
 async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_answers() {
-    for closed in [false, true] {
+    for (closed, stalled) in [(false, false), (true, false), (false, true)] {
         let mut cluster = RedisCluster::spawn();
         let targets = targets_on_every_node(&cluster).await;
         let mut shared = HashSet::new();
@@ -320,7 +321,11 @@ async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_
         }
         let on_gone: Vec<u64> = (1..=30).filter(|u| node_of_count.get(&user(*u)) == Some(&gone)).collect();
         assert!(!on_gone.is_empty(), "some users are counted on node {gone}: {node_of_count:?}");
-        cluster.kill_node(gone);
+        if stalled {
+            cluster.stall_node(gone);
+        } else {
+            cluster.kill_node(gone);
+        }
         app.wait_silent(gone).await;
         // Users counted on the gone node enter another target, on a node that answers.
         for u in &on_gone {

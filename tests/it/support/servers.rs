@@ -341,6 +341,14 @@ impl RedisCluster {
         let _ = self.children[i].kill();
         let _ = self.children[i].wait();
     }
+
+    /// Stops the node on `port` (SIGSTOP to its PID): it keeps its connections but answers
+    /// nothing, as a stalled host would. Killed with the rest on drop.
+    pub fn stall_node(&mut self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).expect("a node of this cluster");
+        let status = Command::new("kill").args(["-STOP", &self.children[i].id().to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "SIGSTOP to node {port}");
+    }
 }
 
 impl Drop for RedisCluster {
