@@ -14,6 +14,12 @@
 -- counted long enough ago for its enter to have run whether the user still holds a place
 -- there, and drops the ones they left, were admitted from or evicted from.
 --
+-- On a cluster vq counts a new user without this script where the fields say enough (`holds.rs`:
+-- HSETNX of the current generation's field, and whether the previous one has the user); a count
+-- written that way for a user the previous generation holds too comes here as a check
+-- ("T?max"), which keeps the target only if the user holds fewer than max others. A user's
+-- targets are those of both generations: this script merges them into the current one.
+--
 -- The HASHes come in generations of ARGV[2] ms of Redis' clock: a user's field is written into
 -- the current one (moved there from the previous one when found there) and a generation expires
 -- at the end of the next one, so a user nobody counts or drops for a whole generation is
@@ -26,7 +32,8 @@
 -- ARGV[2] generation_ms: a generation's length, ms
 -- ARGV[2+2i-1] user: entry i's user
 -- ARGV[2+2i] target: entry i's target, then "=" and max to count it (e.g. LIMITED_DROP:42=10),
---                    or the target alone to drop it
+--                    "?" and max to check a count written ahead (LIMITED_DROP:42?10), or the
+--                    target alone to drop it
 -- returns, per entry in order: n, then n pairs (target, ms since counted): n = 0 when the target
 -- is counted (now or before) or dropped, else every target the user holds, none counted
 local now = now_ms()
@@ -43,7 +50,7 @@ for i = 3, #ARGV, 2 do
 end
 
 -- Each user's targets (in counted order) and where they were found.
-local held, moved = {}, {}
+local held, moved, incur = {}, {}, {}
 local function parse(v)
   local list = {}
   for t, ms in string.gmatch(v, '([^ =]+)=(%d+)') do
@@ -52,22 +59,30 @@ local function parse(v)
   return list
 end
 local found = redis.call('HMGET', KEYS[cur], unpack(users))
-local missing = {}
 for i, u in ipairs(users) do
   if found[i] then
-    held[u] = parse(found[i])
+    held[u], incur[u] = parse(found[i]), true
   else
     held[u] = {}
-    missing[#missing + 1] = u
   end
 end
--- The previous generation, for those the current one does not have.
-if cur > 1 and #missing > 0 then
-  local older = redis.call('HMGET', KEYS[cur - 1], unpack(missing))
-  for i, u in ipairs(missing) do
+-- The previous generation, for every user (a count written ahead leaves a user in both until
+-- a call here merges them): its targets come first (counted earlier), then the current
+-- one's that it lacks.
+if cur > 1 then
+  local older = redis.call('HMGET', KEYS[cur - 1], unpack(users))
+  for i, u in ipairs(users) do
     if older[i] then
-      held[u] = parse(older[i])
-      moved[u] = true
+      local list, have = parse(older[i]), {}
+      for _, e in ipairs(list) do
+        have[e[1]] = true
+      end
+      for _, e in ipairs(held[u]) do
+        if not have[e[1]] then
+          list[#list + 1] = e
+        end
+      end
+      held[u], moved[u] = list, true
     end
   end
 end
@@ -76,10 +91,21 @@ local dirty, out = {}, {}
 for i = 3, #ARGV, 2 do
   local u = ARGV[i]
   local target, max = string.match(ARGV[i + 1], '^([^=]+)=(%d+)$')
+  local ahead = false
+  if not target then
+    target, max = string.match(ARGV[i + 1], '^([^?]+)%?(%d+)$')
+    ahead = target ~= nil
+  end
   local list = held[u]
   local pos
   for k, e in ipairs(list) do
     if e[1] == (target or ARGV[i + 1]) then pos = k end
+  end
+  if ahead and pos then
+    -- Written ahead: taken out, then counted against the others as any count is (kept while
+    -- they are fewer than max, else refused).
+    table.remove(list, pos)
+    pos, dirty[u] = nil, true
   end
   if not target then
     if pos then
@@ -112,7 +138,7 @@ for _, u in ipairs(users) do
       end
       set[#set + 1] = u
       set[#set + 1] = table.concat(parts, ' ')
-    elseif not moved[u] then
+    elseif incur[u] then
       gone[#gone + 1] = u
     end
     if moved[u] then

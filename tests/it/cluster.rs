@@ -340,3 +340,111 @@ async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_
         app.stop().await;
     }
 }
+
+/// Script calls that ran and `HSETNX`s, over every node of the cluster.
+async fn hold_work(cluster: &RedisCluster) -> (u64, u64) {
+    let (mut scripts, mut written) = (0, 0);
+    for port in &cluster.ports {
+        let info: String =
+            redis::cmd("INFO").arg("commandstats").query_async(&mut cluster.node_conn(*port).await).await.unwrap();
+        // Calls that ran: a call that found the library missing (then loaded) failed.
+        let calls = |c: &str| -> u64 {
+            let Some(row) = info.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{c}:"))) else { return 0 };
+            let field = |name: &str| -> u64 {
+                row.split(',')
+                    .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            field("calls") - field("failed_calls")
+        };
+        scripts += calls("fcall") + calls("evalsha");
+        written += calls("hsetnx");
+    }
+    (scripts, written)
+}
+
+/// On a cluster a new user's count of queues takes no script call (`holds.rs`' pipeline writes
+/// the field), nor does a user's count of a target they hold already or one refused at the
+/// limit; a user holding another queue is counted by the script. A user the previous
+/// generation holds is checked by the script after the count was written ahead: refused and
+/// the count taken back at the limit, kept below it, the two generations merged either way.
+#[tokio::test]
+async fn a_new_users_count_takes_no_script_and_the_script_checks_what_the_fields_cannot_say() {
+    let cluster = RedisCluster::spawn();
+    let mut s = cluster_settings(&cluster);
+    s.redis.timeout_ms = 5000;
+    s.queue.key_ttl_s = 86_400;
+    let gen_ms = s.queue.key_ttl_s * 1000;
+    let store = open_store(&s);
+    let tt = |id: u64| QueueTarget::new("LIMITED_DROP:1".parse::<QueueTarget>().unwrap().kind, id);
+    // Counts are written ahead once Redis' clock is known, away from a generation's edge.
+    let start = Instant::now();
+    while store.clock_offset_ms().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the probe never read Redis' clock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let now = || vq::clock::now_epoch_ms();
+    while now() % gen_ms < 3000 || gen_ms - now() % gen_ms < 3000 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = hold_work(&cluster).await;
+    let users: Vec<UserId> = (1_000..1_040u64).map(UserId::from).collect();
+    for u in &users {
+        assert!(store.hold_queue(u.clone(), tt(1), 2).await.unwrap().is_empty(), "{u} counted");
+        assert!(store.hold_queue(u.clone(), tt(1), 2).await.unwrap().is_empty(), "{u} counted there already");
+    }
+    let after = hold_work(&cluster).await;
+    assert_eq!(after.0 - before.0, 0, "no script for new users or a target counted already");
+    assert_eq!(after.1 - before.1, 80, "one HSETNX a count");
+    // A second target: the script appends it. A third at the limit of 2: refused by the fields.
+    assert!(store.hold_queue(users[0].clone(), tt(2), 2).await.unwrap().is_empty());
+    let scripted = hold_work(&cluster).await.0;
+    assert_eq!(scripted - after.0, 1, "the script counts a user holding another queue");
+    let held = store.hold_queue(users[0].clone(), tt(3), 2).await.unwrap();
+    let mut names: Vec<QueueTarget> = held.iter().map(|(t, _)| *t).collect();
+    names.sort();
+    assert_eq!(names, vec![tt(1), tt(2)], "refused with the two held: {held:?}");
+    assert_eq!(hold_work(&cluster).await.0, scripted, "a refusal at the limit takes no script");
+
+    // Users the previous generation holds (as after an hour's turn): checked by the script.
+    let mut c = cluster.conn().await;
+    let g = now() / gen_ms;
+    let previous = |u: &UserId| {
+        let h = u.as_str().bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193)) % 16;
+        (format!("queue:holds:{{h{h}}}:{}", g - 1), format!("queue:holds:{{h{h}}}:{g}"))
+    };
+    let (at_limit, below) = (UserId::from(2_001), UserId::from(2_002));
+    let t0 = now() - 60_000;
+    let (old, cur) = previous(&at_limit);
+    let _: () = c.hset(&old, at_limit.as_str(), format!("{}={t0} {}={t0}", tt(1), tt(2))).await.unwrap();
+    let held = store.hold_queue(at_limit.clone(), tt(3), 2).await.unwrap();
+    assert_eq!(held.len(), 2, "the previous generation's two count: refused {held:?}");
+    let field: Option<String> = c.hget(&cur, at_limit.as_str()).await.unwrap();
+    assert_eq!(
+        field,
+        Some(format!("{}={t0} {}={t0}", tt(1), tt(2))),
+        "the count written ahead taken back, the two moved"
+    );
+    let gone: Option<String> = c.hget(&old, at_limit.as_str()).await.unwrap();
+    assert_eq!(gone, None, "moved out of the previous generation");
+
+    let (old, cur) = previous(&below);
+    let _: () = c.hset(&old, below.as_str(), format!("{}={t0}", tt(1))).await.unwrap();
+    assert!(store.hold_queue(below.clone(), tt(2), 2).await.unwrap().is_empty(), "one held before: counted");
+    let field: String = c.hget(&cur, below.as_str()).await.unwrap();
+    let targets: Vec<&str> = field.split(' ').filter_map(|e| e.split('=').next()).collect();
+    assert_eq!(targets, vec![tt(1).to_string(), tt(2).to_string()], "merged in counted order: {field}");
+    assert!(!store.hold_queue(below.clone(), tt(3), 2).await.unwrap().is_empty(), "two held now: refused");
+
+    // A count written ahead that no check has merged yet (another instance's, in flight): a
+    // count of another target still sees the previous generation's.
+    let racing = UserId::from(2_003);
+    let (old, cur) = previous(&racing);
+    let _: () = c.hset(&old, racing.as_str(), format!("{}={t0}", tt(4))).await.unwrap();
+    let _: () = c.hset(&cur, racing.as_str(), format!("{}={}", tt(5), now())).await.unwrap();
+    let held = store.hold_queue(racing.clone(), tt(6), 2).await.unwrap();
+    let mut names: Vec<QueueTarget> = held.iter().map(|(t, _)| *t).collect();
+    names.sort();
+    assert_eq!(names, vec![tt(4), tt(5)], "both generations count: refused {held:?}");
+}

@@ -8,10 +8,18 @@
 //! call (`shared_calls.rs`) and this file only drops targets; [`CLUSTER_BUCKETS`] on a cluster,
 //! each in a slot of its own, so the users spread over the nodes and one call carries the
 //! users of one bucket (counted before their enter, `QueueOps::enter_counted`).
+//!
+//! On a cluster a count needs no script where the fields say enough, as for most new users (a
+//! single server counts in `enter.lua`'s own call): one pipeline
+//! per bucket's drain writes each user's field if it is missing (`HSETNX` of the current
+//! generation), reads it back and asks whether the previous generation has the user
+//! ([`count_ahead`]). A script call (~19 µs of Redis' Lua for one user, docs/benchmarks.md)
+//! then carries only the users who hold other queues, those the previous generation holds (a
+//! count written ahead for them is checked there), and the drops.
 
 use std::sync::Arc;
 
-use redis::Value;
+use redis::{FromRedisValue, Value};
 use tokio::sync::oneshot;
 
 use super::RedisStore;
@@ -33,8 +41,18 @@ pub(super) enum HoldOp {
     Count {
         max: u64,
     },
+    /// The target was counted ahead ([`count_ahead`]) for a user the previous generation holds
+    /// too: keep it only while they hold fewer than this many others.
+    Check {
+        max: u64,
+    },
     Drop,
 }
+
+/// Away from a generation's edge by at least this much (by the instance's estimate of Redis'
+/// clock), a count may be written ahead into the generation the instance takes for Redis'
+/// current one; nearer, the script decides by Redis' own clock.
+const EDGE_MS: u64 = 2_000;
 
 /// One user's entry, waiting for its answer: the targets the user holds when the count was
 /// refused (with ms since each was counted), none otherwise.
@@ -102,10 +120,15 @@ impl RedisStore {
         let lanes = self.holds.get_or_init(|| {
             let conn = self.conn.clone();
             let gen_ms = self.limits.key_ttl_s.max(1) * 1000;
-            let (pulse, clock) = (self.pulse.clone(), self.clock.clone());
+            let (pulse, clock, cluster) = (self.pulse.clone(), self.clock.clone(), self.conn.is_cluster());
             Coalescer::spawn(self.limits.coalesce_wait, move |bucket, jobs| {
                 let now = super::store_now(clock.as_ref(), &pulse);
-                execute(conn.clone(), bucket, now / gen_ms, gen_ms, jobs)
+                // Written ahead only with Redis' clock known (measured, or the store's own).
+                // On a single server enter.lua counts, and its call reads the previous
+                // generation only for users the current one lacks: nothing is written ahead there.
+                let known = cluster && (clock.is_some() || pulse.clock_offset_ms().is_some());
+                let ahead = (known && now % gen_ms >= EDGE_MS && gen_ms - now % gen_ms >= EDGE_MS).then_some(now);
+                execute(conn.clone(), bucket, now / gen_ms, gen_ms, ahead, jobs)
             })
         });
         let (reply, answer) = oneshot::channel();
@@ -123,12 +146,41 @@ fn bucket_of(user: &UserId, buckets: u32) -> u32 {
     hash % buckets
 }
 
-/// Sends one bucket's queued entries as one `user_hold.lua` call and answers each job (left out:
-/// jobs whose caller gave up before the call went out, as in `shared_calls.rs`).
-async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs: Vec<HoldJob>) {
-    let (stale, jobs): (Vec<HoldJob>, Vec<HoldJob>) = jobs.into_iter().partition(|j| j.reply.is_closed());
+/// Answers one bucket's queued entries: the counts that need no script first (with `ahead`,
+/// Redis' time now by the instance's estimate, when a count may be written ahead), then the
+/// rest as one `user_hold.lua` call (left out: jobs whose caller gave up before the call went
+/// out, as in `shared_calls.rs`).
+async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, ahead: Option<u64>, jobs: Vec<HoldJob>) {
+    let (stale, mut jobs): (Vec<HoldJob>, Vec<HoldJob>) = jobs.into_iter().partition(|j| j.reply.is_closed());
     for job in stale {
         let _ = job.reply.send(Err(StoreError::Timeout));
+    }
+    if let Some(now) = ahead {
+        let (counts, rest): (Vec<HoldJob>, Vec<HoldJob>) =
+            jobs.into_iter().partition(|j| matches!(j.op, HoldOp::Count { max } if max > 0));
+        jobs = rest;
+        if !counts.is_empty() {
+            match count_ahead(&mut conn, bucket, generation, gen_ms, now, &counts).await {
+                Ok(decided) => {
+                    for (mut job, decision) in counts.into_iter().zip(decided) {
+                        match decision {
+                            Ahead::Answer(held) => {
+                                let _ = job.reply.send(Ok(held));
+                            }
+                            Ahead::Script(op) => {
+                                job.op = op;
+                                jobs.push(job);
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    for job in counts {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
     }
     if jobs.is_empty() {
         return;
@@ -142,6 +194,7 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs
         cmd.arg(job.user.as_str());
         match job.op {
             HoldOp::Count { max } => cmd.arg(format!("{}={max}", job.target)),
+            HoldOp::Check { max } => cmd.arg(format!("{}?{max}", job.target)),
             HoldOp::Drop => cmd.arg(job.target.to_string()),
         };
     }
@@ -161,6 +214,83 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, jobs
             }
         }
     }
+}
+
+/// What the fields said of a count: its answer (nothing held against it, or the queues held
+/// when `max` are), or what a script must do.
+enum Ahead {
+    Answer(Held),
+    Script(HoldOp),
+}
+
+/// Counts without a script, in one pipeline for the bucket's drain: per user `HSETNX` of the
+/// current generation's field (`TARGET=ms`, ms = `now`), `HGET` of it and `HEXISTS` in the
+/// previous generation; then the current generation's expiry, as `user_hold.lua` sets it.
+/// A field written here is the count; one that was there answers when it holds the target
+/// (counted before) or `max` others (refused). Anything else, or a user the previous
+/// generation holds, goes to the script: a count written here for such a user as a check.
+async fn count_ahead(
+    conn: &mut Conn,
+    bucket: u32,
+    generation: u64,
+    gen_ms: u64,
+    now: u64,
+    jobs: &[HoldJob],
+) -> Result<Vec<Ahead>, StoreError> {
+    let [older, current, _] = user_hold_keys(bucket, generation);
+    let mut p = redis::pipe();
+    for job in jobs {
+        let user = job.user.as_str();
+        p.hset_nx(&current, user, format!("{}={now}", job.target)).hget(&current, user).hexists(&older, user);
+    }
+    p.cmd("PEXPIREAT").arg(&current).arg((generation + 2) * gen_ms).ignore();
+    let replies: Vec<(bool, Option<String>, bool)> = {
+        let flat: Vec<Value> = p.query_async(conn).await?;
+        let bad = || StoreError::Reply { what: "holds pipeline", detail: format!("{flat:?}") };
+        if flat.len() != 3 * jobs.len() {
+            return Err(bad());
+        }
+        let mut out = Vec::with_capacity(jobs.len());
+        for r in flat.chunks(3) {
+            let (Ok(written), Ok(field), Ok(older)) = (
+                bool::from_redis_value(r[0].clone()),
+                Option::<String>::from_redis_value(r[1].clone()),
+                bool::from_redis_value(r[2].clone()),
+            ) else {
+                return Err(bad());
+            };
+            out.push((written, field, older));
+        }
+        out
+    };
+    Ok(jobs
+        .iter()
+        .zip(replies)
+        .map(|(job, (written, field, older))| {
+            let HoldOp::Count { max } = job.op else { return Ahead::Script(job.op) };
+            if older {
+                return Ahead::Script(if written { HoldOp::Check { max } } else { job.op });
+            }
+            if written {
+                return Ahead::Answer(Vec::new());
+            }
+            let Some(field) = field else { return Ahead::Script(job.op) };
+            let target = job.target.to_string();
+            let entries: Vec<(&str, u64)> = field
+                .split(' ')
+                .filter_map(|e| e.split_once('=').and_then(|(t, ms)| Some((t, ms.parse().ok()?))))
+                .collect();
+            if entries.iter().any(|(t, _)| *t == target) {
+                Ahead::Answer(Vec::new())
+            } else if entries.len() as u64 >= max {
+                Ahead::Answer(
+                    entries.into_iter().filter_map(|(t, ms)| Some((t.parse().ok()?, now.saturating_sub(ms)))).collect(),
+                )
+            } else {
+                Ahead::Script(job.op)
+            }
+        })
+        .collect())
 }
 
 /// Reads `n, then n pairs (target, ms since counted)` per entry. A target that no longer
