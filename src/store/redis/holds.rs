@@ -10,12 +10,12 @@
 //! users of one bucket (counted before their enter, `QueueOps::enter_counted`).
 //!
 //! On a cluster a count needs no script where the fields say enough, as for most new users (a
-//! single server counts in `enter.lua`'s own call): one pipeline
-//! per bucket's drain writes each user's field if it is missing (`HSETNX` of the current
-//! generation), reads it back and asks whether the previous generation has the user
-//! ([`count_ahead`]). A script call (~19 µs of Redis' Lua for one user, docs/benchmarks.md)
-//! then carries only the users who hold other queues, those the previous generation holds (a
-//! count written ahead for them is checked there), and the drops.
+//! single server counts in `enter.lua`'s own call): one pipeline per bucket's drain writes each
+//! user's field if it is missing (`HSETNX` of the current generation), reads it back and asks
+//! whether the previous generation has the user ([`count_ahead`]). A script call (~19 µs of
+//! Redis' Lua for one user, docs/benchmarks.md) then carries only the users who hold other
+//! queues, those the previous generation holds (a count written ahead for them is checked
+//! there), and the drops.
 
 use std::sync::Arc;
 
