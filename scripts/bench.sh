@@ -86,7 +86,8 @@
 #   [N=1000000] [CALLS=40] [ROUNDS=3] scripts/bench.sh slices
 #       what one call of each sliced script costs Redis (INFO commandstats, per call and per
 #       user) with N users waiting in one target, CALLS calls each with the bounds vq uses, on
-#       users picked at random (scripts/measure-slices.py); Redis at REDIS_NICE (-10).
+#       users picked at random, called as vq calls them (FCALL of one library; EVAL=1: EVALSHA
+#       with the prelude in front) (scripts/measure-slices.py); Redis at REDIS_NICE (-10).
 #   [N=1000000] [WAITING=100000] [SECS=15] [BATCH=2000] [ROUNDS=1] scripts/bench.sh scale
 #       one target at scale on one redis-server logging calls over 1 ms (SLOWLOG; Redis at
 #       REDIS_NICE=-10, so the neighbours' processes do not stretch its calls, with PIN=1

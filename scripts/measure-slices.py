@@ -4,11 +4,14 @@
 Usage: measure-slices.py PORT [N] [CALLS] -- against a scratch redis-server on 127.0.0.1:PORT,
 which it FLUSHes (scripts/bench.sh slices starts one). Fills limited-drop:1 with N users
 (the waiting ZSET and their heartbeats in the beats string, prelude.lua's beat_tag), then runs
-CALLS calls of each script as vq sends it
-(lua/prelude.lua, a newline, the script) with the slice vq uses (read from the Rust sources,
-where the bounds live), on users picked at random, and prints Redis' own time per call (INFO
-commandstats usec_per_call) and per user.
+CALLS calls of each script as vq sends it (FCALL of one library of functions with
+lua/prelude.lua at its head, as src/store/redis/scripts.rs builds it; with EVAL=1 in the
+environment, EVALSHA of the prelude, a newline and the script, as where Redis refuses
+functions) with the slice vq uses (read from the Rust sources, where the bounds live), on users
+picked at random, and prints Redis' own time per call (INFO commandstats usec_per_call) and
+per user.
 """
+import os
 import random
 import re
 import socket
@@ -69,12 +72,39 @@ P = "queue:{LIMITED_DROP:1}:"
 PRELUDE = open("lua/prelude.lua").read()
 
 
+EVAL = os.environ.get("EVAL", "0") == "1"
+SCRIPTS = ("view.lua", "evict.lua", "admit.lua", "sale_place.lua")
+CALL_MARK = "\n-- vq:call"
+
+
+def library():
+    """The scripts as functions of one library, the prelude once at its head; a script's part
+    before its CALL_MARK line runs once, around its function (src/store/redis/scripts.rs)."""
+    text = "#!lua name=slices\nlocal KEYS, ARGV\n" + PRELUDE + "\n"
+    for name in SCRIPTS:
+        body = open("lua/" + name).read()
+        once, at = None, body.find(CALL_MARK)
+        if at >= 0:
+            once, body = body[:at], body[at + 1:]
+        if once is not None:
+            text += "do\n" + once + "\n"
+        text += ("redis.register_function{function_name = 'slices_%s', callback = function(keys, argv)\n"
+                 "KEYS, ARGV = keys, argv\n%s\nend}\n" % (name[:-4], body))
+        if once is not None:
+            text += "end\n"
+    return text
+
+
 def script(name):
-    """The script's sha as vq sends it, and its target KEYS in the header's order."""
-    sha = cmd("SCRIPT", "LOAD", PRELUDE + "\n" + open("lua/" + name).read())
+    """How the script is called (FCALL of its function, or EVALSHA of its sha), and its target
+    KEYS in the header's order."""
+    if EVAL:
+        call = ("EVALSHA", cmd("SCRIPT", "LOAD", PRELUDE + "\n" + open("lua/" + name).read()))
+    else:
+        call = ("FCALL", "slices_" + name[:-4])
     keys = [P + l.split("queue:{T}:")[1].split()[0] for l in open("lua/" + name)
             if l.startswith("-- KEYS[") and "queue:{T}:" in l]
-    return sha, keys
+    return call, keys
 
 
 def stat(command):
@@ -103,6 +133,9 @@ def set_raw(key, value):
 
 
 cmd("FLUSHALL")
+if not EVAL:
+    cmd("FUNCTION", "LOAD", "REPLACE", library())
+STAT = "evalsha" if EVAL else "fcall"
 now = int(cmd("TIME")[0]) * 1000
 for first in range(1, n + 1, 1000):
     ids = range(first, min(first + 1000, n + 1))
@@ -114,24 +147,24 @@ rows = []
 
 # The heartbeat flush: VIEW_USERS_PER_CALL polled users a call.
 per = VIEW
-sha, keys = script("view.lua")
+call, keys = script("view.lua")
 cmd("CONFIG", "RESETSTAT")
 for _ in range(calls):
-    cmd("EVALSHA", sha, len(keys), *keys, 0, *random.sample(range(1, n + 1), per))
-rows.append(("view.lua", per, stat("evalsha")))
+    cmd(*call, len(keys), *keys, 0, *random.sample(range(1, n + 1), per))
+rows.append(("view.lua", per, stat(STAT)))
 
 # Eviction: a sweep reads SWEEP_SEQS seqs a call and evicts the stale among them (at most
 # EVICT_SLICE): first a sweep that finds nobody stale, then one through a queue where
 # calls * EVICT_SLICE users, at random, stopped polling an hour ago.
-sha, keys = script("evict.lua")
+call, keys = script("evict.lua")
 keys = keys[:7]
 cmd("CONFIG", "RESETSTAT")
 made = 0
 while made < calls:
     made += 1
-    if cmd("EVALSHA", sha, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)[1] != 1:
+    if cmd(*call, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)[1] != 1:
         break
-rows.append(("evict.lua, nobody stale", SWEEP, stat("evalsha")))
+rows.append(("evict.lua, nobody stale", SWEEP, stat(STAT)))
 old = beat_tag(now - 3_600_000)
 stale = random.sample(range(1, n + 1), calls * EVICT)
 for i in range(0, len(stale), 1000):
@@ -140,37 +173,37 @@ cmd("DEL", P + "sweep")
 cmd("CONFIG", "RESETSTAT")
 made, evicted = 0, 0
 while made < calls:
-    r = cmd("EVALSHA", sha, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)
+    r = cmd(*call, len(keys), *keys, 60000, EVICT, 3600, 0, SWEEP)
     made, evicted = made + 1, evicted + r[0]
     if r[1] != 1:
         break
-rows.append((f"evict.lua, {evicted / made:.0f} stale users a call", SWEEP, stat("evalsha")))
+rows.append((f"evict.lua, {evicted / made:.0f} stale users a call", SWEEP, stat(STAT)))
 
 # Admission: one tick's batch in ADMIT_SLICE slices, each call continuing the tick.
 per = ADMIT
-sha, keys = script("admit.lua")
+call, keys = script("admit.lua")
 cmd("CONFIG", "RESETSTAT")
 cont, made = "", 0
 while made < calls:
-    r = cmd("EVALSHA", sha, len(keys), *keys, calls * per, 600000, 3600, "m", 100, 0, 0, 0, 0,
+    r = cmd(*call, len(keys), *keys, calls * per, 600000, 3600, "m", 100, 0, 0, 0, 0,
             3600, "60:1", 60, 100, 0, per, cont)
     made += 1
     if r[7] != 1:
         break
     cont = r[8]
-rows.append(("admit.lua", per, stat("evalsha")))
+rows.append(("admit.lua", per, stat(STAT)))
 
 # The opening: OPENING_CHUNK pre-queued users (with heartbeats) placed into the queue a call.
 per = CHUNK
-sha, keys = script("sale_place.lua")
+call, keys = script("sale_place.lua")
 cmd("HSET", P + "sale", "frozen", calls * per, "base", n, "seed", "00", "commitment", "00")
 placed = [f"p{i}" for i in range(calls * per)]
 beats(placed, now)
 cmd("CONFIG", "RESETSTAT")
 for c in range(calls):
     args = [x for i in range(c * per, (c + 1) * per) for x in (n + 1 + i, placed[i])]
-    cmd("EVALSHA", sha, len(keys), *keys, 0, now, 3600, 100, 3600, 100, *args)
-rows.append(("sale_place.lua", per, stat("evalsha")))
+    cmd(*call, len(keys), *keys, 0, now, 3600, 100, 3600, 100, *args)
+rows.append(("sale_place.lua", per, stat(STAT)))
 
 # The opening's read of the frozen set: OPENING_READ_SLICE members a ZRANGE.
 per = READ
