@@ -156,13 +156,18 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, ahea
         let _ = job.reply.send(Err(StoreError::Timeout));
     }
     if let Some(now) = ahead {
-        let (counts, rest): (Vec<HoldJob>, Vec<HoldJob>) =
-            jobs.into_iter().partition(|j| matches!(j.op, HoldOp::Count { max } if max > 0));
-        jobs = rest;
+        // The counts (with their limit), apart from the rest.
+        let mut counts = Vec::new();
+        for job in std::mem::take(&mut jobs) {
+            match job.op {
+                HoldOp::Count { max } if max > 0 => counts.push((job, max)),
+                _ => jobs.push(job),
+            }
+        }
         if !counts.is_empty() {
             match count_ahead(&mut conn, bucket, generation, gen_ms, now, &counts).await {
                 Ok(decided) => {
-                    for (mut job, decision) in counts.into_iter().zip(decided) {
+                    for ((mut job, _), decision) in counts.into_iter().zip(decided) {
                         match decision {
                             Ahead::Answer(held) => {
                                 let _ = job.reply.send(Ok(held));
@@ -175,7 +180,7 @@ async fn execute(mut conn: Conn, bucket: u32, generation: u64, gen_ms: u64, ahea
                     }
                 }
                 Err(e) => {
-                    for job in counts {
+                    for (job, _) in counts {
                         let _ = job.reply.send(Err(e.clone()));
                     }
                 }
@@ -235,11 +240,11 @@ async fn count_ahead(
     generation: u64,
     gen_ms: u64,
     now: u64,
-    jobs: &[HoldJob],
+    jobs: &[(HoldJob, u64)],
 ) -> Result<Vec<Ahead>, StoreError> {
     let [older, current, _] = user_hold_keys(bucket, generation);
     let mut p = redis::pipe();
-    for job in jobs {
+    for (job, _) in jobs {
         let user = job.user.as_str();
         p.hset_nx(&current, user, format!("{}={now}", job.target)).hget(&current, user).hexists(&older, user);
     }
@@ -266,8 +271,8 @@ async fn count_ahead(
     Ok(jobs
         .iter()
         .zip(replies)
-        .map(|(job, (written, field, older))| {
-            let HoldOp::Count { max } = job.op else { return Ahead::Script(job.op) };
+        .map(|((job, max), (written, field, older))| {
+            let max = *max;
             if older {
                 return Ahead::Script(if written { HoldOp::Check { max } } else { job.op });
             }
