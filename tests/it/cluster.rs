@@ -243,13 +243,15 @@ async fn vq_stats_on_a_cluster_names_its_nodes_not_the_unused_url() {
 
 /// The per-user count of queues (`queue.max_queues_per_user`) on a cluster: its buckets live on
 /// every primary, and 300 users each racing into three targets at once (their counts gathered
-/// into shared calls per bucket) are each counted in exactly the limit's two; a drop frees one.
+/// into shared calls per bucket, written ahead without a script once Redis' clock is known)
+/// are each counted in exactly the limit's two; a drop frees one.
 #[tokio::test]
 async fn users_counts_of_queues_spread_over_the_nodes_and_keep_the_limit() {
     let cluster = RedisCluster::spawn();
     let mut s = cluster_settings(&cluster);
     s.redis.timeout_ms = 5000;
     let store = open_store(&s);
+    wait_clock_known(&store).await;
     let tt = |id: u64| QueueTarget::new("LIMITED_DROP:1".parse::<QueueTarget>().unwrap().kind, id);
     let mut tasks = tokio::task::JoinSet::new();
     for u in 1..=300u64 {
@@ -341,6 +343,15 @@ async fn a_node_holding_users_counts_gone_leaves_them_queueing_in_a_target_that_
     }
 }
 
+/// Waits (10 s at most) until the store's probe has read Redis' clock.
+async fn wait_clock_known(store: &vq::store::AnyStore) {
+    let start = Instant::now();
+    while store.clock_offset_ms().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the probe never read Redis' clock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Script calls that ran and `HSETNX`s, over every node of the cluster.
 async fn hold_work(cluster: &RedisCluster) -> (u64, u64) {
     let (mut scripts, mut written) = (0, 0);
@@ -379,11 +390,7 @@ async fn a_new_users_count_takes_no_script_and_the_script_checks_what_the_fields
     let store = open_store(&s);
     let tt = |id: u64| QueueTarget::new("LIMITED_DROP:1".parse::<QueueTarget>().unwrap().kind, id);
     // Counts are written ahead once Redis' clock is known, away from a generation's edge.
-    let start = Instant::now();
-    while store.clock_offset_ms().is_none() {
-        assert!(start.elapsed() < Duration::from_secs(10), "the probe never read Redis' clock");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_clock_known(&store).await;
     let now = || vq::clock::now_epoch_ms();
     while now() % gen_ms < 3000 || gen_ms - now() % gen_ms < 3000 {
         tokio::time::sleep(Duration::from_millis(500)).await;
