@@ -353,25 +353,33 @@ local function record_incr(rec, ttl, fields)
   redis.call('EXPIRE', rec, ttl)
 end
 
--- Stores `token` for `user`, found admitted (their seq at or below the mark), and takes them out
--- of the queue: the token key (EX `ttl` s), their place, the counts of tokens issued and the
+-- Stores the tokens of users found admitted (their seq at or below the mark) and takes them
+-- out of the queue: `issued` lists them as {user, token, token key}, each token key set (EX
+-- `ttl` s); then, once for all of them, their places, the counts of tokens issued and their
 -- expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
--- queues they hold (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record, unused,
--- token. issue.lua and status.lua (a poll that finds its user admitted) store tokens so. `ttl`
--- and `recordTtl` come as the callers' ARGV strings: Redis reads a string argument as it is,
--- where a Lua number is formatted first (an snprintf each).
-local function issue_token(k, user, token, ttl, recordTtl, now, hold)
-  redis.call('SET', k.token, token, 'EX', ttl)
-  redis.call('ZREM', k.waiting, user)
-  redis.call('ZREM', k.heartbeat, user)
-  redis.call('HINCRBY', k.waits, 'tokens_issued', '1')
-  record_incr(k.record, recordTtl, {'ti', '1'})
-  redis.call('HSET', k.record, 'ti_last', now)
-  redis.call('ZADD', k.unused, now + num(ttl) * 1000, user)
-  redis.call('EXPIRE', k.unused, str(num(ttl) + 600))
-  if hold then
-    hold_drop(hold[1], user, hold[2], now, hold[3], hold[4])
+-- queues each holds (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record,
+-- unused. issue.lua (one user) and status.lua (every poll of its call that finds its user
+-- admitted) store tokens so: a call's admitted users share its writes, where each took nine.
+-- `ttl` and `recordTtl` come as the callers' ARGV strings: Redis reads a string argument as it
+-- is, where a Lua number is formatted first (an snprintf each).
+local function issue_tokens(k, issued, ttl, recordTtl, now, hold)
+  local users, unused = {}, {}
+  local expires = string.format('%.0f', now + num(ttl) * 1000)
+  for i, e in ipairs(issued) do
+    redis.call('SET', e[3], e[2], 'EX', ttl)
+    if hold then
+      hold_drop(hold[1], e[1], hold[2], now, hold[3], hold[4])
+    end
+    users[i], unused[2 * i - 1], unused[2 * i] = e[1], expires, e[1]
   end
+  local count = str(#issued)
+  redis.call('ZREM', k.waiting, unpack(users))
+  redis.call('ZREM', k.heartbeat, unpack(users))
+  redis.call('HINCRBY', k.waits, 'tokens_issued', count)
+  record_incr(k.record, recordTtl, {'ti', count})
+  redis.call('HSET', k.record, 'ti_last', now)
+  redis.call('ZADD', k.unused, unpack(unused))
+  redis.call('EXPIRE', k.unused, str(num(ttl) + 600))
 end
 
 -- One of the sale's events in its record (a ledger row: schedule, open, pause, resume, close,

@@ -1,7 +1,8 @@
 -- status.lua: polls in one round trip. Refreshes each waiting user's heartbeat and tells
 -- where they are; once the mark has reached a user's seq, stores the token the caller signed
--- for them (`issue_token` in prelude.lua, as issue.lua does) and takes them out of the queue,
--- so the poll that finds a user admitted hands them their token in the same call.
+-- for them (`issue_tokens` in prelude.lua, as issue.lua does; the call's admitted users share
+-- its writes) and takes them out of the queue, so the poll that finds a user admitted hands
+-- them their token in the same call.
 --
 -- One call carries every poll for this target that reached an instance while its previous
 -- call was in flight (1..n users; n ≤ 128, `coalesce::MAX_JOBS`, well inside Lua's limit of
@@ -66,8 +67,9 @@ if phase == P_PRE_QUEUE or phase == P_OPENING then
   pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, U + 1, U + n))
 end
 local toks = tokens_of(seqs, n, 9)
--- Where an admitted user's token goes (issue_token), made at the first user found admitted.
-local issueKeys, hold
+-- The users found admitted, {user, token, token key} each: their tokens are stored after the
+-- loop (issue_tokens).
+local issued = {}
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
@@ -80,12 +82,7 @@ for i = 1, n do
     first[user] = i
     local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
     if code == ISSUE then
-      if not issueKeys then
-        issueKeys = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[7], record = KEYS[8], unused = KEYS[9]}
-        hold = ARGV[5] ~= '' and {{KEYS[13 + n], KEYS[14 + n], KEYS[15 + n]}, ARGV[5], num(ARGV[6]), num(ARGV[7])} or nil
-      end
-      issueKeys.token = KEYS[9 + i]
-      issue_token(issueKeys, user, ARGV[U + n + i], ARGV[3], ARGV[4], now, hold)
+      issued[#issued + 1] = {user, ARGV[U + n + i], KEYS[9 + i]}
       code, a, b = ADMITTED, ARGV[U + n + i], 1
     elseif not code then
       code, a, b, beat = NOT_IN_QUEUE, 0, 0, false
@@ -101,6 +98,10 @@ for i = 1, n do
     end
     out[o], out[o + 1], out[o + 2] = code, a, b
   end
+end
+if #issued > 0 then
+  local hold = ARGV[5] ~= '' and {{KEYS[13 + n], KEYS[14 + n], KEYS[15 + n]}, ARGV[5], num(ARGV[6]), num(ARGV[7])} or nil
+  issue_tokens({waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[7], record = KEYS[8], unused = KEYS[9]}, issued, ARGV[3], ARGV[4], now, hold)
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))

@@ -239,6 +239,28 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
     assert_eq!(beats, [(1, true), (2, true)], "users 1 (admitted) and 2 (left) kept the heartbeat of the first enter");
     let none: u64 = cmd(&["EXISTS", &format!("{P}heartbeat")]).query_async(&mut c).await.unwrap();
     assert_eq!(none, 0, "users with a seq keep no entry in the heartbeat ZSET");
+
+    // Mark 4: users 3 and 6 (seqs 3 and 4) found admitted in one call, user 3 twice, beside
+    // user 1 who holds a token: both tokens stored, both out of the queue, counted once each,
+    // each among the unused tokens.
+    let _: () = cmd(&["SET", &format!("{P}admitted_count"), "4"]).query_async(&mut c).await.unwrap();
+    let got = status(&mut c, &[3, 6, 3, 1]).await;
+    let want = [(2, "issued-3", 1), (2, "issued-6", 1), (2, "issued-3", 1), (2, "issued-1", 0)];
+    assert_eq!(got, answers(4, 7, &want, 0, 0));
+    let (t3, t6, ttl6, waiting, issued, ti, unused): (String, String, i64, u64, u64, u64, Vec<String>) = redis::pipe()
+        .get(format!("{P}token:3"))
+        .get(format!("{P}token:6"))
+        .ttl(format!("{P}token:6"))
+        .zcard(format!("{P}waiting"))
+        .hget(format!("{P}waits"), "tokens_issued")
+        .hget(format!("{P}record"), "ti")
+        .zrange(format!("{P}unused"), 0, -1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!((t3.as_str(), t6.as_str(), waiting, issued, ti), ("issued-3", "issued-6", 0, 3, 3));
+    assert!(ttl6 > 0, "a token stored with the others keeps its ttl: {ttl6}");
+    assert_eq!(unused, ["1", "3", "6"], "every token issued and not used yet");
 }
 
 /// After a failover that lost writes, Redis holds a seq counter and a mark below what an
