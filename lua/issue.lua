@@ -28,14 +28,14 @@
 --   ADMITTED      a = the caller's token if stored now, else the stored one
 --   NOT_IN_QUEUE  neither waiting nor holding a token
 local seq = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local mark = num(redis.call('GET', KEYS[3]) or '0')
+local st = redis.call('MGET', KEYS[3], KEYS[7])
+local mark, tok = num(st[1] or '0'), st[2]
 if seq and tonumber(seq) <= mark then
   local k = {waiting = KEYS[1], heartbeat = KEYS[2], waits = KEYS[4], record = KEYS[5], unused = KEYS[6]}
   local hold = ARGV[5] ~= '' and {{KEYS[8], KEYS[9], KEYS[10]}, ARGV[5], num(ARGV[6]), num(ARGV[7])} or nil
-  issue_tokens(k, {{ARGV[1], ARGV[2], KEYS[7]}}, ARGV[3], ARGV[4], now_ms(), hold)
+  issue_tokens(k, {{ARGV[1], ARGV[2], KEYS[7], tok or false}}, ARGV[3], ARGV[4], now_ms(), hold)
   return {mark, 0, ADMITTED, ARGV[2], 0, 0, 0}
 end
-local tok = redis.call('GET', KEYS[7])
 if not tok then
   return {mark, 0, NOT_IN_QUEUE, 0, 0, 0, 0}
 end

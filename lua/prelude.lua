@@ -73,6 +73,31 @@ local function stored_token(tok)
   return tok
 end
 
+-- A user's used tokens whose mark their token key no longer holds (`queue:{T}:used:{user}`,
+-- ZSET token -> expiry ms), named from their token key as `keys::used_tokens` names it: the
+-- same hash tag, so the same slot. (A tag holds no '}': the first "}:token:" ends it.)
+local function used_key(tokenKey)
+  local at = string.find(tokenKey, '}:token:', 1, true)
+  return string.sub(tokenKey, 1, at) .. ':used:' .. string.sub(tokenKey, at + 8)
+end
+
+-- Keeps the used mark `mark` that `tokenKey` holds, about to be replaced, among the user's used
+-- tokens until the mark would have expired (`fallbackMs` from now for a mark without an
+-- expiry): that token stays used, whatever the key holds next. Members past their expiry go.
+local function used_mark_keep(tokenKey, mark, now, fallbackMs)
+  local left = redis.call('PTTL', tokenKey)
+  if left == -1 then
+    left = fallbackMs
+  end
+  if left > 0 then
+    local used = used_key(tokenKey)
+    redis.call('ZREMRANGEBYSCORE', used, '-inf', now)
+    redis.call('ZADD', used, now + left, stored_token(mark))
+    local last = redis.call('ZRANGE', used, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', used, tonumber(last[2]))
+  end
+end
+
 -- The sale's hash (queue:{T}:sale) as the scripts read it: `sale_read` gives its fields by
 -- name (`sale.opens_at`: a string, nil when absent), read in one HMGET of these fields. Rust:
 -- `codec::SALE_FIELDS`, the same list (checked by the tests of src/store/redis/scripts.rs and
@@ -164,8 +189,10 @@ end
 -- i's, token keys being KEYS[first + i]. enter.lua, whose users are mostly new, reads every
 -- user's token key in its first MGET, with the target's counters (one command where two
 -- were), and passes it as `got` (user i's at `got[skip + i]`); status.lua, whose users mostly
--- wait, passes none and the keys of the others are read here.
-local function tokens_of(seqs, n, first, got, skip)
+-- wait, passes none and the keys of the others are read here, with those of the users `due`
+-- names (due[i] true: the mark has reached their seq, and issue_tokens is about to set their
+-- token key): toks[i] is theirs too.
+local function tokens_of(seqs, n, first, got, skip, due)
   local toks = {}
   if got then
     for i = 1, n do
@@ -177,7 +204,7 @@ local function tokens_of(seqs, n, first, got, skip)
   end
   local keys, users = {}, {}
   for i = 1, n do
-    if not seqs[i] then
+    if not seqs[i] or (due and due[i]) then
       keys[#keys + 1], users[#users + 1] = KEYS[first + i], i
     end
   end
@@ -354,9 +381,10 @@ local function record_incr(rec, ttl, fields)
 end
 
 -- Stores the tokens of users found admitted (their seq at or below the mark) and takes them
--- out of the queue: `issued` lists them as {user, token, token key}, each token key set (EX
--- `ttl` s); then, once for all of them, their places, the counts of tokens issued and their
--- expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
+-- out of the queue: `issued` lists them as {user, token, token key, what the key holds or
+-- false}, each token key set (EX `ttl` s; a used mark it holds, of a token that bought while
+-- its user waited, moves to their used tokens first, `used_mark_keep`); then, once for all of them, their places, the
+-- counts of tokens issued and their expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
 -- queues each holds (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record,
 -- unused. issue.lua (one user) and status.lua (every poll of its call that finds its user
 -- admitted) store tokens so: a call's admitted users share its writes, where each took nine.
@@ -366,6 +394,10 @@ local function issue_tokens(k, issued, ttl, recordTtl, now, hold)
   local users, unused = {}, {}
   local expires = string.format('%.0f', now + num(ttl) * 1000)
   for i, e in ipairs(issued) do
+    local v = e[4]
+    if v and v ~= stored_token(v) and stored_token(v) ~= e[2] then
+      used_mark_keep(e[3], v, now, num(ttl) * 1000)
+    end
     redis.call('SET', e[3], e[2], 'EX', ttl)
     if hold then
       hold_drop(hold[1], e[1], hold[2], now, hold[3], hold[4])

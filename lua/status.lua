@@ -66,9 +66,15 @@ local pre = NONE
 if phase == P_PRE_QUEUE or phase == P_OPENING then
   pre = redis.call('ZMSCORE', sale.frozen and openKey or preKey, unpack(ARGV, U + 1, U + n))
 end
-local toks = tokens_of(seqs, n, 9)
--- The users found admitted, {user, token, token key} each: their tokens are stored after the
--- loop (issue_tokens).
+-- Each seq as a number (sq[i]), and whether the mark has reached it.
+local sq, due = {}, {}
+for i = 1, n do
+  local seq = seqs[i] and tonumber(seqs[i])
+  sq[i], due[i] = seq, seq ~= nil and seq <= mark
+end
+local toks = tokens_of(seqs, n, 9, nil, nil, due)
+-- The users found admitted, {user, token, token key, what it holds} each: their tokens are
+-- stored after the loop (issue_tokens).
 local issued = {}
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
@@ -80,9 +86,9 @@ for i = 1, n do
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
-    local code, a, b, beat = known_answer(seqs[i] and tonumber(seqs[i]), toks[i], mark, phase, ahead)
+    local code, a, b, beat = known_answer(sq[i], toks[i], mark, phase, ahead)
     if code == ISSUE then
-      issued[#issued + 1] = {user, ARGV[U + n + i], KEYS[9 + i]}
+      issued[#issued + 1] = {user, ARGV[U + n + i], KEYS[9 + i], toks[i] or false}
       code, a, b = ADMITTED, ARGV[U + n + i], 1
     elseif not code then
       code, a, b, beat = NOT_IN_QUEUE, 0, 0, false

@@ -94,18 +94,10 @@ if perAdmission > 1 then
   end
 end
 -- The key holds another token's mark: that token stays used, in KEYS[2], until it expires.
+-- (KEYS[2] is the key used_mark_keep names from KEYS[1]; a mark without an expiry, never
+-- written so, is kept a key TTL.)
 if v and v ~= stored_token(v) then
-  local left = redis.call('PTTL', KEYS[1])
-  -- A mark without an expiry (never written so) is kept a key TTL.
-  if left == -1 then
-    left = num(ARGV[6]) * 1000
-  end
-  if left > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-    redis.call('ZADD', KEYS[2], now + left, stored_token(v))
-    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]))
-  end
+  used_mark_keep(KEYS[1], v, now, num(ARGV[6]) * 1000)
 end
 redis.call('SET', KEYS[1], used, 'EX', ARGV[2])
 return claimed(v or '')

@@ -144,3 +144,47 @@ async fn replaying_a_spent_token_takes_no_paced_place_from_the_next_buyers() {
     }
     assert_eq!(statuses, [200; 5], "the next buyers get the paced places: {statuses:?}");
 }
+
+/// A token that bought while its user still had a place in the queue (one the queue handed
+/// out while it was turned off or failed open) stays used once the queue admits that user and
+/// stores their new token in the same key: whether the poll that finds them admitted stores it
+/// (users 9 and 11) or their enter (user 10), and with two such tokens used one after the other
+/// (user 11: the first's mark already moved to their used tokens by the second's purchase).
+/// Each token buys once, in any order after.
+#[tokio::test]
+async fn a_token_used_before_its_user_is_admitted_stays_used_after_the_admission() {
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.gate.upstream = Some(spawn_echo().await);
+    s.gate.pace = false;
+    let app = spawn_app(s, true).await;
+    flag_on(&redis).await;
+    let now = vq::service::now_epoch_ms() / 1000;
+    for (user, earlier_tokens) in [(9_u64, 1_u64), (10, 1), (11, 2)] {
+        let v: Value = app.json(app.enter("limited-drop/42", user).await).await;
+        assert_eq!(v["status"], "WAITING", "{v}");
+        // Tokens of this user from outside the queue's admission buy while they wait.
+        let earlier: Vec<String> =
+            (0..earlier_tokens).map(|k| mint(&secret(), target(), &UserId::from(user), now - 2 - k, 300).raw).collect();
+        for t in &earlier {
+            assert_eq!(purchase(&app, user, t).await, 200);
+        }
+        let token = if user == 10 {
+            crate::support::wait_for(Duration::from_secs(20), "admitted at an enter", async || {
+                let v: Value = app.json(app.enter("limited-drop/42", user).await).await;
+                v["entryToken"].as_str().map(str::to_owned)
+            })
+            .await
+        } else {
+            app.admitted_token("limited-drop/42", user).await
+        };
+        assert!(!earlier.contains(&token));
+        let mut statuses = Vec::new();
+        for t in earlier.iter().chain([&token, &token]).chain(&earlier) {
+            statuses.push(purchase(&app, user, t).await);
+        }
+        let mut want = vec![403; statuses.len()];
+        want[earlier.len()] = 200;
+        assert_eq!(statuses, want, "user {user}: the earlier tokens stay used, the new one buys once");
+    }
+}
