@@ -479,7 +479,7 @@ pair_scenario() {
     # Nobody is evicted while the pairs run: an eviction sweep of either side's users would be
     # counted in whichever side's run it fell (the enter runs last longer than the default
     # heartbeat timeout, and the poll runs poll a sample of the users).
-    spawn "vq$i" env VQ_QUEUE__HEARTBEAT_TIMEOUT_S=1200 ${spec%%|*} VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:${port[i]}" RUST_LOG=warn \
+    spawn "vq$i" env ${spec%%|*} VQ_QUEUE__HEARTBEAT_TIMEOUT_S=1200 VQ_REDIS__URL="$REDIS_URL" VQ_LISTEN="127.0.0.1:${port[i]}" RUST_LOG=warn \
       VQ_TOKEN_SECRET="$secret" VQ_QUEUE__MAX_CAPACITY=100000000 "${spec#*|}" serve --flag-on
     vpid[i]=$SPAWNED
     wait_http "http://127.0.0.1:${port[i]}/healthz" 20 "${vpid[i]}" || die "vq $i did not start: $(tail -5 "$WORK/vq$i.log")"
