@@ -70,7 +70,7 @@ end
 local sq, due = {}, {}
 for i = 1, n do
   local seq = seqs[i] and tonumber(seqs[i])
-  sq[i], due[i] = seq, seq ~= nil and seq <= mark
+  sq[i], due[i] = seq, seq and seq <= mark
 end
 local toks = tokens_of(seqs, n, 9, nil, nil, due)
 -- The users found admitted, {user, token, token key, what it holds} each: their tokens are
