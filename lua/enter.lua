@@ -108,7 +108,7 @@ local preAdds = {}
 local toks = tokens_of(seqs, n, 9, st, 3)
 -- The count of queues held (ARGV[9] > 0): the fields of the users who may be given a place, read
 -- once for the call (the current generation, then the previous one for those it lacks).
-local holdMax, holdAt = num(ARGV[9]), nil
+local holdMax, holdAt, holdMarked = num(ARGV[9]), nil, false
 local holds, holdMoved, holdSet, holdEntry = NONE, NONE, NONE, nil
 if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
   holds, holdMoved, holdSet = {}, {}, {}
@@ -121,10 +121,13 @@ if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
     end
   end
   if #ask > 0 then
-    local found, missing = redis.call('HMGET', KEYS[13 + n + holdAt - 1], unpack(ask)), {}
+    -- With the generation's mark (HOLD_MARK in prelude.lua): once it is there, the key has
+    -- its expiry.
+    local found, missing = redis.call('HMGET', KEYS[13 + n + holdAt - 1], HOLD_MARK, unpack(ask)), {}
+    holdMarked = found[1] and true or false
     for k, u in ipairs(ask) do
-      if found[k] then
-        holds[u] = found[k]
+      if found[k + 1] then
+        holds[u] = found[k + 1]
       else
         missing[#missing + 1] = u
       end
@@ -274,9 +277,15 @@ if #seqBeats > 0 then
 end
 if #holdSet > 0 then
   local key = KEYS[13 + n + holdAt - 1]
-  redis.call('HSET', key, unpack(holdSet))
-  -- Kept through the next generation, where it is read as the previous one.
-  redis.call('PEXPIREAT', key, (num(ARGV[11]) + holdAt) * num(ARGV[12]))
+  if holdMarked then
+    redis.call('HSET', key, unpack(holdSet))
+  else
+    -- The generation's first write here: its mark, and its expiry (kept through the next
+    -- generation, where it is read as the previous one).
+    holdSet[#holdSet + 1], holdSet[#holdSet + 2] = HOLD_MARK, '1'
+    redis.call('HSET', key, unpack(holdSet))
+    redis.call('PEXPIREAT', key, (num(ARGV[11]) + holdAt) * num(ARGV[12]))
+  end
   if next(holdMoved) then
     local from = {}
     for k = 1, #holdSet, 2 do

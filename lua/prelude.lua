@@ -279,6 +279,11 @@ end
 local function hold_generation(now, g, len)
   return math.min(3, math.max(1, math.floor(now / len) - g + 2))
 end
+-- A generation's mark: a field no user id can be (an empty one), written with the key's expiry
+-- by the first enter.lua call that writes the generation. The other fields come and go (a user
+-- whose last target is dropped loses theirs) but the mark stays, so the key is never emptied
+-- and made again without an expiry, and an enter that finds the mark sets no expiry.
+local HOLD_MARK = ''
 
 -- Drops `target` from the queues `user` holds, in the same call that ends their place there (a
 -- token issued, a leave) on a single server, where user_hold.lua would take a call of its own:

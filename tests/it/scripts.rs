@@ -575,6 +575,26 @@ async fn enter_counts_the_queues_of_the_users_it_gives_a_place() {
     assert_eq!(answer(&r, 0), ("1".into(), "1".into()));
     let again: Option<String> = c.hget(hk(g), "1").await.unwrap();
     assert_eq!(again, now[0]);
+
+    // The generation's first write here gave it its mark and its expiry (the test's own HSET
+    // of user 3 made the key without either). Every user's field dropped, the mark keeps the
+    // key and its expiry; an enter that finds the mark counts its user and sets no expiry
+    // (a distinct one set here stays).
+    let (mark, ttl): (Option<String>, i64) =
+        redis::pipe().hget(hk(g), "").pttl(hk(g)).query_async(&mut c).await.unwrap();
+    assert_eq!(mark.as_deref(), Some("1"));
+    assert!(ttl > 0 && ttl <= 2 * len as i64, "kept through the next generation: {ttl}");
+    let _: () = c.hdel(hk(g), &["1", "2", "3", "4"]).await.unwrap();
+    let _: () = c.pexpire(hk(g), 123_456_789).await.unwrap();
+    // User 4 leaves (as leave.lua does), so user 6 has room.
+    let _: () = c.zrem(format!("{P}waiting"), "4").await.unwrap();
+    let _: () = c.zadd(format!("{P}departed"), 3, 3).await.unwrap();
+    let r = enter(&mut c, &[6]).await;
+    assert_eq!(answer(&r, 0), ("1".into(), "4".into()), "user 6 waits, seq 4: {r:?}");
+    let (six, ttl): (Option<String>, i64) =
+        redis::pipe().hget(hk(g), "6").pttl(hk(g)).query_async(&mut c).await.unwrap();
+    assert!(six.is_some_and(|v| v.starts_with("LIMITED_DROP:1=")));
+    assert!(ttl > 123_000_000, "the expiry set before stays: {ttl}");
 }
 
 /// `leave.lua` on a single server drops the target from the user's count of queues in the same
