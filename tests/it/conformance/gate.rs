@@ -186,3 +186,45 @@ async fn a_challenge_is_spent_once_and_active_buyers_are_counted() {
     })
     .await;
 }
+
+/// A token that bought while its user still waited (handed out while the queue was off or
+/// failed open) stays used once the queue admits the user and stores their token, through the
+/// poll and through the enter, on both stores; the queue's token buys once as well.
+#[tokio::test]
+async fn a_token_used_while_its_user_waited_stays_used_once_the_queue_issues_theirs() {
+    with_both(async |s, time| {
+        let tick_ms = time.tick_ms;
+        let (polled, entered) = (UserId::from(1), UserId::from(2));
+        for u in [&polled, &entered] {
+            s.enter(t(), u.clone(), &"x").await.unwrap();
+            let claim = s.claim_token(t(), u.clone(), "earlier", 300, Default::default()).await.unwrap();
+            assert_eq!(claim, TokenClaim::Claimed { previous: None });
+        }
+        time.next_tick(tick_ms).await;
+        s.admit(t(), Users(2), Ms(tick_ms)).await.unwrap();
+        assert_eq!(
+            s.status(t(), polled.clone(), &"queued-1").await.unwrap(),
+            StatusOutcome::Admitted("queued-1".into())
+        );
+        assert_eq!(
+            s.enter(t(), entered.clone(), &"queued-2").await.unwrap(),
+            EnterOutcome::Admitted("queued-2".into())
+        );
+        for (u, queued) in [(&polled, "queued-1"), (&entered, "queued-2")] {
+            assert!(s.token_used(t(), u.clone(), "earlier").await.unwrap(), "{u}: the earlier token stays used");
+            assert_eq!(
+                s.claim_token(t(), u.clone(), "earlier", 300, Default::default()).await.unwrap(),
+                TokenClaim::AlreadyUsed
+            );
+            assert!(matches!(
+                s.claim_token(t(), u.clone(), queued, 300, Default::default()).await.unwrap(),
+                TokenClaim::Claimed { .. }
+            ));
+            assert_eq!(
+                s.claim_token(t(), u.clone(), queued, 300, Default::default()).await.unwrap(),
+                TokenClaim::AlreadyUsed
+            );
+        }
+    })
+    .await;
+}
