@@ -388,7 +388,8 @@ end
 -- Stores the tokens of users found admitted (their seq at or below the mark) and takes them
 -- out of the queue: `issued` lists them as {user, token, token key, what the key holds or
 -- false}, each token key set (EX `ttl` s; a used mark it holds, of a token that bought while
--- its user waited, moves to their used tokens first, `used_mark_keep`); then, once for all of them, their places, the
+-- its user waited, moves to their used tokens first, `used_mark_keep`, and the mark of this
+-- very token stays); then, once for all of them, their places, the
 -- counts of tokens issued and their expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
 -- queues each holds (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record,
 -- unused. issue.lua (one user) and status.lua (every poll of its call that finds its user
@@ -400,10 +401,15 @@ local function issue_tokens(k, issued, ttl, recordTtl, now, hold)
   local expires = string.format('%.0f', now + num(ttl) * 1000)
   for i, e in ipairs(issued) do
     local v = e[4]
-    if v and v ~= stored_token(v) and stored_token(v) ~= e[2] then
-      used_mark_keep(e[3], v, now, num(ttl) * 1000)
+    if v == used_mark(e[2]) then
+      -- This very token bought already (a token is its user, target and expiry signed, so one
+      -- handed out outside the queue in the same second is the same string): it stays used.
+    else
+      if v and v ~= stored_token(v) then
+        used_mark_keep(e[3], v, now, num(ttl) * 1000)
+      end
+      redis.call('SET', e[3], e[2], 'EX', ttl)
     end
-    redis.call('SET', e[3], e[2], 'EX', ttl)
     if hold then
       hold_drop(hold[1], e[1], hold[2], now, hold[3], hold[4])
     end

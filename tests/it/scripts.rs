@@ -242,8 +242,11 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
 
     // Mark 4: users 3 and 6 (seqs 3 and 4) found admitted in one call, user 3 twice, beside
     // user 1 who holds a token: both tokens stored, both out of the queue, counted once each,
-    // each among the unused tokens.
+    // each among the unused tokens. User 6's token key holds the used mark of the very token
+    // this call carries (the same string handed out outside the queue and bought with): it
+    // stays used.
     let _: () = cmd(&["SET", &format!("{P}admitted_count"), "4"]).query_async(&mut c).await.unwrap();
+    let _: () = cmd(&["SET", &format!("{P}token:6"), "used:issued-6", "EX", "300"]).query_async(&mut c).await.unwrap();
     let got = status(&mut c, &[3, 6, 3, 1]).await;
     let want = [(2, "issued-3", 1), (2, "issued-6", 1), (2, "issued-3", 1), (2, "issued-1", 0)];
     assert_eq!(got, answers(4, 7, &want, 0, 0));
@@ -258,8 +261,8 @@ async fn one_script_call_answers_every_kind_of_user_as_if_alone() {
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!((t3.as_str(), t6.as_str(), waiting, issued, ti), ("issued-3", "issued-6", 0, 3, 3));
-    assert!(ttl6 > 0, "a token stored with the others keeps its ttl: {ttl6}");
+    assert_eq!((t3.as_str(), t6.as_str(), waiting, issued, ti), ("issued-3", "used:issued-6", 0, 3, 3));
+    assert!(ttl6 > 0, "the mark keeps its ttl: {ttl6}");
     assert_eq!(unused, ["1", "3", "6"], "every token issued and not used yet");
 }
 
