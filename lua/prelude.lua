@@ -387,33 +387,34 @@ end
 
 -- Stores the tokens of users found admitted (their seq at or below the mark) and takes them
 -- out of the queue: `issued` lists them as {user, token, token key, what the key holds or
--- false}, each token key set (EX `ttl` s; a used mark it holds, of a token that bought while
--- its user waited, moves to their used tokens first, `used_mark_keep`, and the mark of this
--- very token stays); then, once for all of them, their places, the
--- counts of tokens issued and their expiry among the unused tokens; with `hold` ({gens, target, g, len}) the target leaves the
--- queues each holds (`hold_drop`). `k` names the keys: waiting, heartbeat, waits, record,
--- unused. issue.lua (one user) and status.lua (every poll of its call that finds its user
--- admitted) store tokens so: a call's admitted users share its writes, where each took nine.
--- `ttl` and `recordTtl` come as the callers' ARGV strings: Redis reads a string argument as it
--- is, where a Lua number is formatted first (an snprintf each).
+-- false}. Each token key is set (EX `ttl` s): a used mark it holds, of a token that bought
+-- while its user waited, moves to their used tokens first (`used_mark_keep`); the mark of this
+-- very token stays, and the token is not among the unused ones. Then, once for all of them,
+-- their places, the counts of tokens issued and the unused tokens' expiry; with `hold`
+-- ({gens, target, g, len}) the target leaves the queues each holds (`hold_drop`). `k` names
+-- the keys: waiting, heartbeat, waits, record, unused. issue.lua (one user) and status.lua
+-- (every poll of its call that finds its user admitted) store tokens so: a call's admitted
+-- users share its writes, where each took nine. `ttl` and `recordTtl` come as the callers'
+-- ARGV strings: Redis reads a string argument as it is, where a Lua number is formatted first
+-- (an snprintf each).
 local function issue_tokens(k, issued, ttl, recordTtl, now, hold)
   local users, unused = {}, {}
   local expires = string.format('%.0f', now + num(ttl) * 1000)
   for i, e in ipairs(issued) do
     local v = e[4]
-    if v == used_mark(e[2]) then
-      -- This very token bought already (a token is its user, target and expiry signed, so one
-      -- handed out outside the queue in the same second is the same string): it stays used.
-    else
+    -- A token is its user, target and expiry signed: one handed out outside the queue in the
+    -- same second is this string, and when it bought its mark stays.
+    if v ~= used_mark(e[2]) then
       if v and v ~= stored_token(v) then
         used_mark_keep(e[3], v, now, num(ttl) * 1000)
       end
       redis.call('SET', e[3], e[2], 'EX', ttl)
+      unused[#unused + 1], unused[#unused + 2] = expires, e[1]
     end
     if hold then
       hold_drop(hold[1], e[1], hold[2], now, hold[3], hold[4])
     end
-    users[i], unused[2 * i - 1], unused[2 * i] = e[1], expires, e[1]
+    users[i] = e[1]
   end
   local count = str(#issued)
   redis.call('ZREM', k.waiting, unpack(users))
@@ -421,8 +422,10 @@ local function issue_tokens(k, issued, ttl, recordTtl, now, hold)
   redis.call('HINCRBY', k.waits, 'tokens_issued', count)
   record_incr(k.record, recordTtl, {'ti', count})
   redis.call('HSET', k.record, 'ti_last', now)
-  redis.call('ZADD', k.unused, unpack(unused))
-  redis.call('EXPIRE', k.unused, str(num(ttl) + 600))
+  if #unused > 0 then
+    redis.call('ZADD', k.unused, unpack(unused))
+    redis.call('EXPIRE', k.unused, str(num(ttl) + 600))
+  end
 end
 
 -- One of the sale's events in its record (a ledger row: schedule, open, pause, resume, close,
