@@ -32,17 +32,17 @@ users="${USERS:-1000}" rate="${RATE:-100}" duration="${DURATION:-10}" batch="${B
 load="${LOAD:-sale}" conns="${CONNS:-8}"
 case "$load" in sale | enter) ;; *) die "LOAD is sale or enter, not '$load'" ;; esac
 for spec in "$@"; do
-  [ -x "${spec##*|}" ] || die "no vq binary at '${spec##*|}'"
+  [ -x "${spec#*|}" ] || die "no vq binary at '${spec#*|}'"
 done
 secret="bench-secret-0123456789abcdef0123456789"
 
 # One run: sets RUN_TOTAL (the instructions redis-server executed) and RUN_ADMITTED (the
-# buyers admitted).
+# buyers admitted); with LOAD=enter, RUN_ENTERS (wrk's enters) and RUN_CALLS (script calls).
 one_run() { # spec name idle(0|1)
   local spec=$1 name=$2 idle=$3 bin redis_port vq_port sink_port redis_pid vq_pid envs=()
-  bin=${spec##*|}
-  # shellcheck disable=SC2206 # the settings are words
-  [[ "$spec" == *"|"* ]] && envs=(${spec%|*})
+  bin=${spec#*|}
+  # shellcheck disable=SC2206 # the settings are words NAME=VALUE, as bench.sh pair's specs
+  [[ "$spec" == *"|"* ]] && envs=(${spec%%|*})
   redis_port=$(free_port); vq_port=$(free_port); sink_port=$(free_port)
   mkdir -p "$WORK/$name.dir"
   spawn "$name.redis" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
@@ -62,6 +62,7 @@ one_run() { # spec name idle(0|1)
     wrk -t2 -c"$conns" -d"${duration}s" --timeout 30s -s scripts/wrk/enter.lua "http://127.0.0.1:$vq_port" -- 2 1 0 >"$WORK/$name.wrk" ||
       die "wrk failed: $(tail -5 "$WORK/$name.wrk")"
     RUN_ENTERS=$(awk '/requests in/ {print $1}' "$WORK/$name.wrk")
+    [ "${RUN_ENTERS:-0}" -gt 0 ] || die "wrk entered nobody: $(tail -5 "$WORK/$name.wrk")"
     # Script calls: FCALL (or EVALSHA where a build sends scripts so).
     RUN_CALLS=$(redis-cli -p "$redis_port" info commandstats | tr -d '\r' |
       awk -F'[:=,]' '/^cmdstat_(fcall|evalsha|eval):/ {n += $3} END {print n + 0}')
@@ -83,7 +84,7 @@ one_run() { # spec name idle(0|1)
 
 idle_of=()
 for b in "$@"; do
-  one_run "$b" "idle-$(basename "${b##*|}")" 1
+  one_run "$b" "idle-$(basename "${b#*|}")" 1
   idle_of+=("$RUN_TOTAL")
 done
 if [ "$load" = enter ]; then
@@ -94,7 +95,7 @@ fi
 for r in $(seq "$runs"); do
   i=0
   for b in "$@"; do
-    one_run "$b" "run$r-$i-$(basename "${b##*|}")" 0
+    one_run "$b" "run$r-$i-$(basename "${b#*|}")" 0
     net=$((RUN_TOTAL - idle_of[i]))
     if [ "$load" = enter ]; then
       printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$b" "$r" "$RUN_TOTAL" "$net" "$RUN_ENTERS" "$((net / RUN_ENTERS))" \
