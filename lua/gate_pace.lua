@@ -19,7 +19,7 @@
 -- returns {1, ms until the reserved tick starts, ms until it ends} with a reserved place (by
 -- Redis' clock: the gate forwards only inside that window, else reserves again), or
 -- {0, ms until the next tick} when full
-local tick, a, b = pace_reserve(KEYS[1], KEYS[2], now_ms(), num(ARGV[1]), ARGV[2], num(ARGV[3]), num(ARGV[4]))
+local tick, a, b = pace_reserve(KEYS[1], pace_budget(KEYS[2], ARGV[2]), now_ms(), num(ARGV[1]), num(ARGV[3]), num(ARGV[4]))
 if tick then
   return {1, a, b}
 end

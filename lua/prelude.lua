@@ -330,11 +330,15 @@ end
 
 -- Pacing (gate_pace.lua; token_claim.lua with a purchase's first reservation): reserves one
 -- purchase a place in the earliest tick of Redis' clock, from the one `guard` ms from now to
--- `ahead` ticks later, whose count in `key` (HASH tick -> purchases reserved) is still under the
--- budget (`batchKey`'s runtime batch size, else `default`). Returns the tick reserved, ms until
--- it starts and ms until it ends; or nil and ms until the next tick when every one is full.
-local function pace_reserve(key, batchKey, now, tick_ms, default, guard, ahead)
-  local budget = num(redis.call('GET', batchKey) or default)
+-- `ahead` ticks later, whose count in `key` (HASH tick -> purchases reserved) is still under
+-- `budget` (`pace_budget`). Returns the tick reserved, ms until it starts and ms until it ends;
+-- or nil and ms until the next tick when every one is full.
+-- A tick's budget of purchases: `batchKey`'s runtime batch size, else `default` (a string).
+local function pace_budget(batchKey, default)
+  return num(redis.call('GET', batchKey) or default)
+end
+
+local function pace_reserve(key, budget, now, tick_ms, guard, ahead)
   local first = math.floor((now + guard) / tick_ms)
   for tick = first, first + ahead do
     local n = redis.call('HINCRBY', key, str(tick), '1')

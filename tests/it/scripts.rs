@@ -5,7 +5,7 @@
 
 use redis::aio::MultiplexedConnection;
 
-use vq::store::layout::{self, EnterArgs, LeaveArgs, ScriptArgs, StatusArgs};
+use vq::store::layout::{self, EnterArgs, LeaveArgs, ScriptArgs, StatusArgs, TokenClaimArgs};
 
 use crate::support::{RedisServer, lua_as_sent};
 
@@ -652,4 +652,85 @@ async fn leave_drops_the_target_from_the_users_queues_in_the_same_call() {
     assert_eq!(before, None, "the previous generation's field moved");
     let ttl: i64 = c.pttl(hk(g)).await.unwrap();
     assert!(ttl > 0, "the current generation expires: {ttl}");
+}
+
+/// token_claim.lua with one call carrying a purchase's claims of every kind (the coalescer
+/// makes such calls under load; here built by hand): a token twice in the call is one purchase
+/// and a token used up; a token used before, a user at their limit and a key of the wrong type
+/// are refused (the last with its error, alone), each giving its place in the tick back; the
+/// claims after them are made as if alone.
+#[tokio::test]
+async fn one_claim_call_makes_each_claim_as_if_alone() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let script = redis::Script::new(&lua_as_sent(include_str!("../../lua/token_claim.lua")));
+    // Two purchases a tick: the first two claims made take them, the third goes a tick later.
+    let args = TokenClaimArgs {
+        per_admission: 1,
+        per_user: 1,
+        key_ttl_s: 1800,
+        pace_tick_ms: 60_000,
+        pace_budget: 2,
+        pace_ahead: 3,
+    };
+    let claim = |c: &mut MultiplexedConnection, claims: &'static [(&'static str, &'static str)]| {
+        let mut inv = script.prepare_invoke();
+        inv.key(format!("{P}bought")).key(format!("{P}forwarded")).key(format!("{P}batch_size"));
+        for (user, _) in claims {
+            inv.key(format!("{P}token:{user}")).key(format!("{P}used:{user}")).key(format!("{P}uses:{user}"));
+        }
+        for a in args.argv() {
+            inv.arg(a);
+        }
+        for (user, token) in claims {
+            inv.arg(*token).arg(300).arg(*user);
+        }
+        let mut c = c.clone();
+        async move {
+            let reply: Vec<redis::Value> = inv.invoke_async(&mut c).await.expect("token_claim.lua");
+            reply
+                .chunks(4)
+                .map(|a| {
+                    let text = |v: &redis::Value| match v {
+                        redis::Value::Int(n) => n.to_string(),
+                        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        other => panic!("{other:?}"),
+                    };
+                    (text(&a[0]), text(&a[1]), !text(&a[2]).is_empty())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    for args in [
+        &["SET", &format!("{P}token:b"), "used:tb"][..],
+        &["SET", &format!("{P}token:a"), "ta"],
+        &["HSET", &format!("{P}bought"), "d", "1"],
+        &["HSET", &format!("{P}token:e"), "f", "v"],
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let _: redis::Value = cmd.query_async(&mut c).await.unwrap();
+    }
+    let got =
+        claim(&mut c, &[("a", "ta"), ("a", "ta"), ("b", "tb"), ("d", "td"), ("e", "te"), ("f", "tf"), ("g", "tg")])
+            .await;
+    let codes: Vec<(&str, &str, bool)> = got.iter().map(|(c, p, s)| (c.as_str(), p.as_str(), *s)).collect();
+    assert_eq!(&codes[..4], [("1", "ta", true), ("0", "", false), ("0", "", false), ("2", "", false)], "{got:?}");
+    assert_eq!(codes[4].0, "4", "a key of the wrong type fails that claim alone: {got:?}");
+    assert!(codes[4].1.contains("WRONGTYPE"), "{got:?}");
+    assert_eq!(&codes[5..], [("1", "", true), ("1", "", true)], "{got:?}");
+    for (user, want) in
+        [("a", Some("used:ta")), ("b", Some("used:tb")), ("d", None), ("f", Some("used:tf")), ("g", Some("used:tg"))]
+    {
+        let v: Option<String> = redis::cmd("GET").arg(format!("{P}token:{user}")).query_async(&mut c).await.unwrap();
+        assert_eq!(v.as_deref(), want, "{user}'s token key");
+    }
+    // Three claims made, two a tick: the refused and failed ones gave their places back.
+    let forwarded: Vec<u64> = redis::cmd("HVALS").arg(format!("{P}forwarded")).query_async(&mut c).await.unwrap();
+    assert_eq!(forwarded.iter().sum::<u64>(), 3, "{forwarded:?}");
+    assert_eq!(forwarded.iter().max(), Some(&2), "{forwarded:?}");
+    let bought: Vec<String> = redis::cmd("HGETALL").arg(format!("{P}bought")).query_async(&mut c).await.unwrap();
+    assert_eq!(bought, ["d", "1", "a", "1", "f", "1", "g", "1"], "each user counted once: {bought:?}");
 }

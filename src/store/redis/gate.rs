@@ -4,14 +4,21 @@
 
 use super::RedisStore;
 use super::layout::*;
-use super::scripts::{GATE_PACE, GATE_PACE_KEYS, TOKEN_CLAIM, TOKEN_RELEASE, on_target, reply_err};
-use super::{codec, keys};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::claims;
+use super::keys;
+use super::scripts::{GATE_PACE, GATE_PACE_KEYS, on_target};
 use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
-use crate::store::{PaceSlot, PacedClaim, RecordedPurchase, StoreError, TokenClaim};
+use crate::store::coalesce::Coalescer;
+use crate::store::{PaceSlot, PacedClaim, RecordedPurchase, StoreError};
 
 impl GateOps for RedisStore {
-    // `token_claim.lua`; with `pace` where the user's part is the whole target (its pacing keys
+    // `token_claim.lua`, in a call shared with the other claims of the user's part of the
+    // target (`claims.rs`); with `pace` where that part is the whole target (its pacing keys
     // then share the user's slot).
     async fn claim_token_paced(
         &self,
@@ -24,47 +31,21 @@ impl GateOps for RedisStore {
     ) -> Result<PacedClaim, StoreError> {
         let part = self.user_place(target, &user).await?;
         let pace = pace.filter(|_| part == target);
-        let keys = match pace {
-            Some(_) => token_claim_paced_keys(part, &user),
-            None => token_claim_keys(part, &user).to_vec(),
-        };
-        let (budget, tick, ahead) = pace.map_or((0, 0, 0), |(b, t, a)| (b.get(), t.get(), a.get()));
-        let r: Vec<String> = TOKEN_CLAIM
-            .key(&keys[..])
-            .args(&TokenClaimArgs {
-                token,
-                ttl_s: ttl_s.max(1),
-                per_admission: limits.per_admission,
-                per_user: limits.per_user,
-                user: user.as_str(),
+        let lanes = self.claims.get_or_init(|| {
+            let ctx = claims::Ctx {
+                conn: self.conn.clone(),
+                durable: self.durable.clone(),
+                pulse: self.pulse.clone(),
                 key_ttl_s: self.limits.key_ttl_s,
-                pace_tick_ms: tick,
-                pace_budget: budget,
-                pace_ahead: ahead,
-            })
-            .invoke_async(&mut self.conn())
-            .await?;
-        let ms = |i: usize| r.get(i).and_then(|v| v.parse::<u64>().ok());
-        match r.first().map(String::as_str) {
-            Some("1") => {
-                let previous = r.get(1).filter(|p| !p.is_empty()).cloned();
-                let slot = ms(2).zip(ms(3)).map(|(starts_in_ms, ends_in_ms)| PaceSlot { starts_in_ms, ends_in_ms });
-                if pace.is_some() && slot.is_none() {
-                    return Err(reply_err("token_claim.lua", &r));
-                }
-                // Forwarded only once a failover cannot lose the mark; otherwise given back, so
-                // the buyer can try again with the same token (a place reserved stays taken).
-                if let Err(e) = self.replicated(part).await {
-                    self.release_token(part, user, token, previous, limits).await?;
-                    return Err(e);
-                }
-                Ok(PacedClaim::Claim(TokenClaim::Claimed { previous }, slot))
-            }
-            Some("0") => Ok(PacedClaim::Claim(TokenClaim::AlreadyUsed, None)),
-            Some("2") => Ok(PacedClaim::Claim(TokenClaim::UserLimit, None)),
-            Some("3") if pace.is_some() => Ok(PacedClaim::Full),
-            _ => Err(reply_err("token_claim.lua", &r)),
+            };
+            Coalescer::spawn(self.limits.coalesce_wait, move |lane, jobs| claims::execute(ctx.clone(), lane, jobs))
+        });
+        let (reply, answer) = oneshot::channel();
+        let job = claims::Job { user, token: token.to_owned(), ttl_s, reply };
+        if lanes.submit(claims::Lane { part, limits, pace }, job).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
         }
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
     }
     async fn release_token(
         &self,
@@ -74,19 +55,8 @@ impl GateOps for RedisStore {
         previous: Option<String>,
         limits: PurchaseLimits,
     ) -> Result<(), StoreError> {
-        let target = self.user_place(target, &user).await?;
-        let _: u64 = TOKEN_RELEASE
-            .key(&token_claim_keys(target, &user)[..])
-            .args(&TokenReleaseArgs {
-                token,
-                previous: previous.as_deref().unwrap_or_default(),
-                per_admission: limits.per_admission,
-                per_user: limits.per_user,
-                user: user.as_str(),
-            })
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(())
+        let part = self.user_place(target, &user).await?;
+        claims::release(&mut self.conn(), part, &user, token, previous.as_deref(), limits).await
     }
 
     async fn confirm_token_used(
@@ -97,25 +67,21 @@ impl GateOps for RedisStore {
         recorded: Option<RecordedPurchase>,
     ) -> Result<(), StoreError> {
         let part = self.user_place(target, &user).await?;
-        let (field, in_record) = if through_queue { ("tokens_used", "tu") } else { ("direct_tokens_used", "tud") };
-        let record = keys::of(part, "record");
-        // One MULTI (the keys share the part's slot): the counts, and a queue token's place
-        // among the unused ones, together; and the purchase's count in the record when the
-        // record is the part's own.
-        let mut p = redis::pipe();
-        p.atomic().hincr(keys::of(part, "waits"), field, 1).ignore().hincr(&record, in_record, 1).ignore();
+        // The purchase's count goes in the same MULTI where the record is the part's own.
         let (with, apart) = match recorded {
             Some(r) if part == target => (Some(r), None),
             r => (None, r),
         };
-        if let Some(r) = with {
-            p.hincr(&record, codec::purchase_field(r.tick, r.answer), 1).ignore();
+        let lanes = self.settled.get_or_init(|| {
+            let (conn, ttl) = (self.conn.clone(), self.limits.record_ttl_s);
+            Coalescer::spawn(Duration::ZERO, move |part, jobs| claims::settle(conn.clone(), ttl, part, jobs))
+        });
+        let (reply, answer) = oneshot::channel();
+        let job = claims::Settled { user, through_queue, recorded: with, reply };
+        if lanes.submit(part, job).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
         }
-        p.expire(&record, self.limits.record_ttl_s as i64).ignore();
-        if through_queue {
-            p.zrem(keys::of(part, "unused"), user.as_str()).ignore();
-        }
-        let _: () = p.query_async(&mut self.conn()).await?;
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))?;
         if let Some(r) = apart {
             crate::store::SaleOps::record_purchase(self, target, r.tick, r.answer).await?;
         }

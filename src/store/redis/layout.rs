@@ -108,11 +108,17 @@ pub(super) fn token_claim_keys(target: QueueTarget, user: &UserId) -> [String; 4
     ]
 }
 
-/// `token_claim.lua` reserving the purchase's place in a tick first: the user's keys of
-/// [`token_claim_keys`], then the target's pacing keys ([`GATE_PACE_KEYS`]).
-pub(super) fn token_claim_paced_keys(target: QueueTarget, user: &UserId) -> Vec<String> {
-    let mut out = token_claim_keys(target, user).to_vec();
-    out.extend(GATE_PACE_KEYS.iter().map(|k| keys::of(target, k)));
+/// `token_claim.lua`: the target's (or the part's) purchases per user and pacing keys
+/// ([`GATE_PACE_KEYS`]), then each claim's user's token, used tokens and uses.
+pub(super) fn token_claim_shared_keys<'a>(
+    part: QueueTarget,
+    users: impl IntoIterator<Item = &'a UserId>,
+) -> Vec<String> {
+    let mut out = vec![keys::of(part, "bought")];
+    out.extend(GATE_PACE_KEYS.iter().map(|k| keys::of(part, k)));
+    for user in users {
+        out.extend([keys::token(part, user), keys::used_tokens(part, user), keys::token_uses(part, user)]);
+    }
     out
 }
 
@@ -480,19 +486,16 @@ script_args! {
 }
 
 script_args! {
-    /// `token_claim.lua`.
-    pub struct TokenClaimArgs<'a> for "token_claim.lua" {
-        token: &'a str,
-        ttl_s: u64,
+    /// `token_claim.lua`: the arguments before its claims.
+    pub struct TokenClaimArgs for "token_claim.lua" {
         per_admission: u64,
         per_user: u64,
-        user: &'a str,
         key_ttl_s: u64,
         pace_tick_ms: u64,
         pace_budget: u64,
         pace_guard_ms = PACE_GUARD_MS,
         pace_ahead: u64,
-    } tail []
+    } tail [token, ttl_s, user]
 }
 
 script_args! {
@@ -558,7 +561,7 @@ const ALL: &[(&str, &[&str], &[&str])] = {
         SaleReadArgs,
         SaleScheduleArgs<'static>,
         StatusArgs<'static>,
-        TokenClaimArgs<'static>,
+        TokenClaimArgs,
         TokenReleaseArgs<'static>,
         TokensExpireArgs,
         UserHoldArgs,
@@ -645,7 +648,7 @@ mod tests {
             ("flag_set.lua", owned(&FLAG_SET_KEYS)),
             ("outflow_claim.lua", outflow_claim_keys(target, 7).to_vec()),
             ("outflow_observe.lua", outflow_observe_keys(target, 7).to_vec()),
-            ("token_claim.lua", token_claim_paced_keys(target, &user)),
+            ("token_claim.lua", token_claim_shared_keys(target, [&user])),
             ("token_release.lua", token_claim_keys(target, &user).to_vec()),
             ("user_hold.lua", user_hold_keys(3, 10).to_vec()),
         ];

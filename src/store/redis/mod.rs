@@ -24,6 +24,7 @@
 //! user holds, `durable.rs` the replicas' acknowledgement of a token issued or a purchase
 //! claimed, `view.rs` an instance's copy of a target, `pulse.rs` the liveness probe.
 
+mod claims;
 mod codec;
 mod conn;
 mod durable;
@@ -87,6 +88,10 @@ pub struct RedisStore {
     /// Enters and polls go out coalesced per target (see [`Coalescer`]); started at first use,
     /// on the runtime of the caller.
     lanes: Arc<OnceLock<Coalescer<(Op, QueueTarget), Job>>>,
+    /// The gate's purchase claims go out coalesced per target too (`claims.rs`).
+    claims: claims::Lanes,
+    /// And the purchases they lead to, counted once they succeed.
+    settled: claims::SettleLanes,
     /// Whether Redis answers and what time it is there, from a thread of its own.
     pulse: Arc<Pulse>,
     /// What this instance has seen of each target's counters, sent with the scripts so that a
@@ -193,6 +198,8 @@ impl RedisStore {
             conn,
             limits,
             lanes: Arc::default(),
+            claims: Arc::default(),
+            settled: Arc::default(),
             pulse: Arc::new(pulse),
             fences,
             holds: Arc::default(),
