@@ -95,8 +95,8 @@ pub struct RedisSettings {
     pub wait_replicas: ReplicaWait,
     /// How long such a write waits for them; past it the buyer is told 503 (place kept).
     pub wait_timeout_ms: u64,
-    /// Longest an enter or poll waits for others to share its script call while they arrive
-    /// faster than it can fill (`store/coalesce.rs`); 0 = never wait.
+    /// Longest an enter, poll or purchase claim waits for others to share its script call
+    /// while they arrive faster than it can fill (`store/coalesce.rs`); 0 = never wait.
     pub coalesce_wait_ms: u64,
 }
 

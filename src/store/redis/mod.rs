@@ -19,7 +19,8 @@
 //! them: `keys.rs` the key names, `scripts.rs` the scripts and their invocation, `codec.rs` and
 //! `flag_ack.rs` the stored forms of ledger rows, hashes and acknowledgements, `error.rs` what a
 //! Redis error means to the service, `conn.rs` the connection (one server or cluster),
-//! `shared_calls.rs` the shared enter/poll script calls and their per-user answers, `fence.rs`
+//! `shared_calls.rs` the shared enter/poll script calls and their per-user answers, `claims.rs`
+//! the shared purchase claims and the settling of the purchases that succeed, `fence.rs`
 //! the counters seen against lost writes, `holds.rs` the shared calls that count the queues each
 //! user holds, `durable.rs` the replicas' acknowledgement of a token issued or a purchase
 //! claimed, `view.rs` an instance's copy of a target, `pulse.rs` the liveness probe.
