@@ -213,11 +213,18 @@ async fn one_place_and_one_token_per_user(redis: Redis) {
             assert_eq!(held.is_some(), s == shard_of(u), "user {u}'s token only in their shard");
         }
     }
-    // Their purchases: each token's use counted in the user's shard, each purchase in the
-    // whole target's record (settled with the token's use or, across shards, on its own).
+    // Their purchases, settled at once (those of a shard share a MULTI): each token's use
+    // counted in the user's shard, each purchase in the whole target's record (settled with the
+    // token's use or, across shards, on its own).
     let recorded = RecordedPurchase { tick: 5, answer: AnswerClass::Success };
-    for u in 1..=12 {
-        a.confirm_token_used(target(), user(u), true, Some(recorded)).await.unwrap();
+    let settles: Vec<_> = (1..=12)
+        .map(|u| {
+            let a = a.clone();
+            tokio::spawn(async move { a.confirm_token_used(target(), user(u), true, Some(recorded)).await })
+        })
+        .collect();
+    for settle in settles {
+        settle.await.expect("settle task").unwrap();
     }
     let r = a.target_record(target()).await.unwrap().expect("a record");
     assert_eq!(r.tokens_used, 12);
