@@ -188,3 +188,41 @@ async fn a_token_used_before_its_user_is_admitted_stays_used_after_the_admission
         assert_eq!(statuses, want, "user {user}: the earlier tokens stay used, the new one buys once");
     }
 }
+
+/// Two purchases of one user, each with a token of their own, claimed in one shared call whose
+/// replicas do not confirm it (`redis.wait_replicas = 1` and no replica): both are given back,
+/// last first, so the token key holds the queue's token again, not the first claim's mark (which
+/// the second claim moved aside), and neither token is kept among the used ones.
+#[tokio::test]
+async fn two_claims_of_one_user_in_one_call_are_both_given_back_when_the_replicas_do_not_confirm() {
+    use vq::store::prelude::*;
+    let redis = RedisServer::spawn();
+    let mut s = test_settings(Some(&redis));
+    s.redis.wait_replicas = vq::store::ReplicaWait::Count(1);
+    s.redis.wait_timeout_ms = 50;
+    let store = crate::support::open_store(&s);
+    let user = UserId::from(21_u64);
+    let key = format!("queue:{{LIMITED_DROP:42}}:token:{user}");
+    let mut c = redis.conn().await;
+    let _: () = redis::cmd("SET").arg(&key).arg("queued").arg("EX").arg(300).query_async(&mut c).await.unwrap();
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut c).await.unwrap();
+    let limits = vq::domain::PurchaseLimits::default();
+    // Both submitted before the coalescer's runner first runs: one drain, one call.
+    let (first, second) = tokio::join!(
+        store.claim_token(target(), user.clone(), "queued", 300, limits),
+        store.claim_token(target(), user.clone(), "other", 300, limits)
+    );
+    for claim in [&first, &second] {
+        assert!(matches!(claim, Err(vq::store::StoreError::NotReplicated { .. })), "{claim:?}");
+    }
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    // One call's replicas waited for: the two claims went together.
+    let waits =
+        stats.lines().find_map(|l| l.strip_prefix("cmdstat_wait:calls=")?.split(',').next()?.parse::<u64>().ok());
+    assert_eq!(waits, Some(1), "one claim call: {stats}");
+    let held: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut c).await.unwrap();
+    assert_eq!(held.as_deref(), Some("queued"), "the queue's token is the user's again");
+    let used: u64 =
+        redis::cmd("ZCARD").arg(format!("queue:{{LIMITED_DROP:42}}:used:{user}")).query_async(&mut c).await.unwrap();
+    assert_eq!(used, 0, "no token kept as used");
+}

@@ -103,11 +103,14 @@ pub(super) async fn execute(ctx: Ctx, lane: Lane, jobs: Vec<Job>) {
         }
     };
     // Forwarded only once a failover cannot lose the marks; otherwise given back, so each buyer
-    // can try again with the same token (a place reserved stays taken).
+    // can try again with the same token (a place reserved stays taken). Given back last claim
+    // first: a user's later claim in the call may have moved an earlier one's mark (two tokens
+    // of one user), and each release puts back what its claim found.
     let any = made.iter().any(|m| matches!(m, Made::Claimed { .. }));
     let durable = if any { ctx.durable.confirm(part, &ctx.pulse).await } else { Ok(()) };
-    for (job, made) in jobs.into_iter().zip(made) {
-        let answer = match (made, &durable) {
+    let mut answers = Vec::with_capacity(jobs.len());
+    for (job, made) in jobs.iter().zip(made).rev() {
+        answers.push(match (made, &durable) {
             (Made::Claimed { previous, slot }, Ok(())) => Ok(PacedClaim::Claim(TokenClaim::Claimed { previous }, slot)),
             (Made::Claimed { previous, .. }, Err(e)) => {
                 match release(&mut conn, part, &job.user, &job.token, previous.as_deref(), limits).await {
@@ -116,7 +119,9 @@ pub(super) async fn execute(ctx: Ctx, lane: Lane, jobs: Vec<Job>) {
                 }
             }
             (Made::Other(answer), _) => answer,
-        };
+        });
+    }
+    for (job, answer) in jobs.into_iter().zip(answers.into_iter().rev()) {
         let _ = job.reply.send(answer);
     }
 }
