@@ -413,6 +413,11 @@ local function conv(keys, argv)
     local r = redis.pcall('HGET', keys[1], 'f')
     return { type(r), r.err }
   end
+  if kind == 'lua_pcall' then
+    redis.call('SET', keys[1], 'v')
+    local ok, e = pcall(function() return redis.call('HGET', keys[1], 'f') end)
+    return { tostring(ok), type(e), type(e) == 'table' and e.err or e, redis.call('GET', keys[1]) }
+  end
   if kind == 'raise' then
     redis.call('SET', keys[1], 'v')
     return redis.call('HGET', keys[1], 'f')
@@ -454,6 +459,7 @@ async fn functions_convert_replies_and_errors_as_redis_does() {
         "numbers",
         "status_in",
         "pcall",
+        "lua_pcall",
         "raise",
         "time",
         "scores",

@@ -1,6 +1,6 @@
 //! A Lua 5.1 host that runs vq's function library (`FUNCTION LOAD`, `FCALL`) over the
-//! [`Keyspace`], as Redis runs it: `redis.call` raises a command's error and `redis.pcall`
-//! returns it as `{err=…}`; replies become Lua values and a script's answer a reply by
+//! [`Keyspace`], as Redis runs it: `redis.call` raises a command's error (Lua's `pcall` catches
+//! its message, as in Redis 7.0) and `redis.pcall` returns it as `{err=…}`; replies become Lua values and a script's answer a reply by
 //! Redis' conversions (integers truncate, an array stops at its first nil, false is nil, true
 //! is 1, `{ok=…}` a status and `{err=…}` an error); "now" stands still while a script runs.
 //!
@@ -48,8 +48,17 @@ redis.register_function = function(a, b)
   if __vq_pending[name] or __vq_fns[name] then error('Function ' .. name .. ' already exists', 0) end
   __vq_pending[name] = fn
 end
+-- A script's own pcall gets a command's error as its message, as Redis 7.0's does (the
+-- error table stays for a script that does not catch it).
+local lua_pcall = pcall
+local function caught(ok, ...)
+  local e = ...
+  if not ok and type(e) == 'table' and e.err then return false, e.err end
+  return ok, ...
+end
+pcall = function(f, ...) return caught(lua_pcall(f, ...)) end
 __vq_run = function(f, keys, argv)
-  local ok, r = pcall(f, keys, argv)
+  local ok, r = lua_pcall(f, keys, argv)
   if ok then return r end
   if type(r) == 'table' and r.err then return r end
   return { err = 'ERR ' .. tostring(r) }
