@@ -18,8 +18,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
+
+use super::StoreError;
 
 /// Most jobs taken from the queue at once (and so the largest group).
 pub const MAX_JOBS: usize = 128;
@@ -59,6 +61,20 @@ where
     /// Queues a job; gives it back if the runner is gone (its runtime shut down).
     pub fn submit(&self, key: K, job: J) -> Result<(), J> {
         self.tx.send((key, job)).map_err(|e| e.0.1)
+    }
+
+    /// Queues the job `make` builds around its reply and waits for that reply: an error when
+    /// the runner is gone or the call dropped the job unanswered.
+    pub async fn ask<T>(
+        &self,
+        key: K,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        if self.submit(key, make(reply)).is_err() {
+            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
+        }
+        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
     }
 }
 

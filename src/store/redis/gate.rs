@@ -2,14 +2,12 @@
 //! `token_release.lua`), proof-of-work spends, and the pacing of purchases into ticks
 //! (`gate_pace.lua`).
 
-use super::RedisStore;
-use super::layout::*;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
+use super::RedisStore;
 use super::claims;
 use super::keys;
+use super::layout::*;
 use super::scripts::{GATE_PACE, GATE_PACE_KEYS, on_target};
 use crate::domain::{Ms, PurchaseLimits, QueueTarget, Ticks, UserId, Users};
 use crate::store::GateOps;
@@ -40,12 +38,8 @@ impl GateOps for RedisStore {
             };
             Coalescer::spawn(self.limits.coalesce_wait, move |lane, jobs| claims::execute(ctx.clone(), lane, jobs))
         });
-        let (reply, answer) = oneshot::channel();
-        let job = claims::Job { user, token: token.to_owned(), ttl_s, reply };
-        if lanes.submit(claims::Lane { part, limits, pace }, job).is_err() {
-            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
-        }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+        let lane = claims::Lane { part, limits, pace };
+        lanes.ask(lane, |reply| claims::Job { user, token: token.to_owned(), ttl_s, reply }).await
     }
     async fn release_token(
         &self,
@@ -76,12 +70,7 @@ impl GateOps for RedisStore {
             let (conn, ttl) = (self.conn.clone(), self.limits.record_ttl_s);
             Coalescer::spawn(Duration::ZERO, move |part, jobs| claims::settle(conn.clone(), ttl, part, jobs))
         });
-        let (reply, answer) = oneshot::channel();
-        let job = claims::Settled { user, through_queue, recorded: with, reply };
-        if lanes.submit(part, job).is_err() {
-            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
-        }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))?;
+        lanes.ask(part, |reply| claims::Settled { user, through_queue, recorded: with, reply }).await?;
         if let Some(r) = apart {
             crate::store::SaleOps::record_purchase(self, target, r.tick, r.answer).await?;
         }

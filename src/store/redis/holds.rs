@@ -131,12 +131,8 @@ impl RedisStore {
                 execute(conn.clone(), bucket, now / gen_ms, gen_ms, ahead, jobs)
             })
         });
-        let (reply, answer) = oneshot::channel();
         let bucket = bucket_of(&user, buckets);
-        if lanes.submit(bucket, HoldJob { user, target, op, reply }).is_err() {
-            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
-        }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+        lanes.ask(bucket, |reply| HoldJob { user, target, op, reply }).await
     }
 }
 

@@ -39,12 +39,8 @@ impl RedisStore {
                 execute(conn.clone(), limits.clone(), fences.clone(), Call { op, target, now }, jobs)
             })
         });
-        let (reply, answer) = oneshot::channel();
-        let job = Job { user, token: candidate.map(|c| c.token()), reply };
-        if lanes.submit((op, target), job).is_err() {
-            return Err(StoreError::Reply { what: "coalescer", detail: "its runtime has shut down".into() });
-        }
-        answer.await.unwrap_or_else(|_| Err(StoreError::Reply { what: "coalescer", detail: "call dropped".into() }))
+        let token = candidate.map(|c| c.token());
+        lanes.ask((op, target), |reply| Job { user, token, reply }).await
     }
 
     /// Stores the token of a user found admitted (`issue.lua`); the candidate is signed only now.
