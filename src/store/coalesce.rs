@@ -53,8 +53,19 @@ where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        Self::spawn_spread(wait, |_| 1, exec)
+    }
+
+    /// [`Self::spawn`] for keys that may be one of `spread(key)` lanes sharing one stream of
+    /// jobs (see the module's doc): a drain holding such a key waits as if it were that many
+    /// drains.
+    pub fn spawn_spread<F, Fut>(wait: Duration, spread: fn(&K) -> usize, exec: F) -> Self
+    where
+        F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, wait, Arc::new(exec)));
+        tokio::spawn(run(rx, wait, spread, Arc::new(exec)));
         Self { tx }
     }
 
@@ -78,6 +89,10 @@ where
     }
 }
 
+/// The most lanes a drain waits for: a drain never waits past this many times `wait`, nor
+/// holds more than [`MAX_JOBS`].
+const MAX_SPREAD: usize = MAX_JOBS / SHARE;
+
 /// How fast the rate forgets: the weight of what it measured falls by e every `RATE_MEMORY`.
 const RATE_MEMORY: Duration = Duration::from_millis(20);
 
@@ -98,19 +113,25 @@ impl Rate {
         self.last = now;
     }
 
-    /// How long a drain of `n` jobs waits for more: none when it is large enough, no wait is
-    /// allowed, or the rate does not bring [`EXPECTED`] more within it; otherwise until the
-    /// rate should have filled it to [`SHARE`], at most `wait`.
-    fn wait_for(&self, n: usize, wait: Duration) -> Option<Duration> {
-        if n >= SHARE || wait.is_zero() || self.per_s * wait.as_secs_f64() < EXPECTED {
+    /// How long a drain of `n` jobs feeding lanes of `spread` waits for more: none when it is
+    /// large enough (`SHARE` a lane), no wait is allowed, or the rate does not bring
+    /// [`EXPECTED`] more within `wait`; otherwise until the rate should have filled it, at most
+    /// `wait` a lane.
+    fn wait_for(&self, n: usize, wait: Duration, spread: usize) -> Option<Duration> {
+        let share = SHARE * spread;
+        if n >= share || wait.is_zero() || self.per_s * wait.as_secs_f64() < EXPECTED {
             return None;
         }
-        Some(wait.min(Duration::from_secs_f64((SHARE - n) as f64 / self.per_s)))
+        Some((wait * spread as u32).min(Duration::from_secs_f64((share - n) as f64 / self.per_s)))
     }
 }
 
-async fn run<K, J, F, Fut>(mut rx: mpsc::UnboundedReceiver<(K, J)>, wait: Duration, exec: Arc<F>)
-where
+async fn run<K, J, F, Fut>(
+    mut rx: mpsc::UnboundedReceiver<(K, J)>,
+    wait: Duration,
+    spread: fn(&K) -> usize,
+    exec: Arc<F>,
+) where
     K: Copy + Eq + Send + 'static,
     J: Send + 'static,
     F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
@@ -125,9 +146,10 @@ where
         if rx.recv_many(&mut queued, MAX_JOBS).await == 0 {
             return;
         }
-        if let Some(more) = rate.wait_for(queued.len(), wait) {
+        let lanes = queued.iter().map(|(key, _)| spread(key)).max().unwrap_or(1).clamp(1, MAX_SPREAD);
+        if let Some(more) = rate.wait_for(queued.len(), wait, lanes) {
             let until = Instant::now() + more;
-            while queued.len() < SHARE {
+            while queued.len() < SHARE * lanes {
                 let room = MAX_JOBS - queued.len();
                 match tokio::time::timeout_at(until, rx.recv_many(&mut queued, room)).await {
                     Ok(0) | Err(_) => break,
@@ -173,18 +195,75 @@ mod tests {
             rate.drained(1, now + Duration::from_micros(500 * i));
         }
         assert!((rate.per_s - 2000.0).abs() < 50.0, "{}", rate.per_s);
-        assert_eq!(rate.wait_for(1, wait), Some(wait), "4 more expected within 2 ms");
-        assert_eq!(rate.wait_for(SHARE, wait), None, "large enough");
-        assert_eq!(rate.wait_for(1, Duration::ZERO), None, "waiting is off");
+        assert_eq!(rate.wait_for(1, wait, 1), Some(wait), "4 more expected within 2 ms");
+        assert_eq!(rate.wait_for(SHARE, wait, 1), None, "large enough");
+        assert_eq!(rate.wait_for(1, Duration::ZERO, 1), None, "waiting is off");
         // Fast enough to fill the drain before the wait is up: waits only that long.
         let fast = Rate { per_s: 20_000.0, last: now };
-        assert_eq!(fast.wait_for(4, wait), Some(Duration::from_micros(600)));
+        assert_eq!(fast.wait_for(4, wait, 1), Some(Duration::from_micros(600)));
         // 500 a second brings one more in 2 ms: not worth a wait.
         let slow = Rate { per_s: 500.0, last: now };
-        assert_eq!(slow.wait_for(1, wait), None);
+        assert_eq!(slow.wait_for(1, wait, 1), None);
+        // A drain feeding three lanes (a target over three shards) waits for a share in each,
+        // up to the wait once per lane.
+        assert_eq!(rate.wait_for(1, wait, 3), Some(3 * wait), "each lane's call fills as one would");
+        assert_eq!(rate.wait_for(SHARE, wait, 3), Some(3 * wait), "a share for one lane, not for three");
+        assert_eq!(rate.wait_for(3 * SHARE, wait, 3), None, "a share for each lane");
+        assert_eq!(fast.wait_for(4, wait, 3), Some(Duration::from_micros(2200)));
+        assert_eq!(slow.wait_for(1, wait, 3), None, "the rate decides as for one lane");
         // After a pause the rate falls at once and the next job goes alone.
         rate.drained(1, now + Duration::from_secs(60));
-        assert_eq!(rate.wait_for(1, wait), None, "{}", rate.per_s);
+        assert_eq!(rate.wait_for(1, wait, 1), None, "{}", rate.per_s);
+    }
+
+    /// The users each call carried when 600 jobs come at 2,000 a second (two every
+    /// millisecond, the timer's step) for `keys` keys taken in turn, each call taking 100 µs,
+    /// and the runner told each key is one of `spread` lanes.
+    async fn calls_at_2000_a_second(keys: u8, spread: fn(&u8) -> usize) -> Vec<usize> {
+        let sizes: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let seen = sizes.clone();
+        let c = Coalescer::spawn_spread(Duration::from_millis(2), spread, move |_key: u8, jobs: Vec<Job>| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+                seen.lock().unwrap().push(jobs.len());
+                for (n, reply) in jobs {
+                    let _ = reply.send(n);
+                }
+            }
+        });
+        let mut answers = Vec::new();
+        for n in 0..600u32 {
+            let (tx, rx) = oneshot::channel();
+            c.submit((n % u32::from(keys)) as u8, (n, tx)).map_err(|_| "runner gone").unwrap();
+            answers.push(rx);
+            if n % 2 == 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        for (n, rx) in answers.into_iter().enumerate() {
+            assert_eq!(rx.await.unwrap(), n as u32);
+        }
+        let sizes = sizes.lock().unwrap();
+        sizes.clone()
+    }
+
+    fn mean(sizes: &[usize]) -> f64 {
+        sizes.iter().sum::<usize>() as f64 / sizes.len() as f64
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_lane_of_a_spread_target_carries_what_the_one_lane_of_a_whole_one_does() {
+        let whole = mean(&calls_at_2000_a_second(1, |_| 1).await);
+        let shards = mean(&calls_at_2000_a_second(3, |_| 3).await);
+        let unspread = mean(&calls_at_2000_a_second(3, |_| 1).await);
+        // The wait fills a whole target's calls: 2 ms at 2,000 a second, about 6 a call.
+        assert!(whole >= 4.5, "whole target: {whole:.2} a call");
+        // Three shards told apart wait three times as long: each shard's call carries about as
+        // many (the two a drain starts with are not spread: 0.73 of them on the paused clock).
+        assert!(shards >= 0.65 * whole, "3 shards: {shards:.2} a call against {whole:.2}");
+        // Not told, each shard's call carries a third.
+        assert!(unspread <= 0.5 * whole, "3 shards, not spread: {unspread:.2} a call against {whole:.2}");
     }
 
     type Job = (u32, oneshot::Sender<u32>);

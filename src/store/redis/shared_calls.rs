@@ -34,7 +34,10 @@ impl RedisStore {
         let lanes = self.lanes.get_or_init(|| {
             let (conn, limits) = (self.conn.clone(), Arc::new(self.limits.clone()));
             let (fences, pulse, clock) = (self.fences.clone(), self.pulse.clone(), self.clock.clone());
-            Coalescer::spawn(self.limits.coalesce_wait, move |(op, target), jobs| {
+            // A shard's lane gets a shard's part of its target's users: it waits for as many
+            // as the whole target's lane would.
+            let spread: fn(&(Op, QueueTarget)) -> usize = |(_, target)| target.shard.count.into();
+            Coalescer::spawn_spread(self.limits.coalesce_wait, spread, move |(op, target), jobs| {
                 let now = super::store_now(clock.as_ref(), &pulse);
                 execute(conn.clone(), limits.clone(), fences.clone(), Call { op, target, now }, jobs)
             })
