@@ -634,3 +634,41 @@ async fn enters_arriving_a_millisecond_apart_wait_to_share_their_calls() {
     let used = usage(&redis).await;
     assert!(used.scripts * 4 <= STEADY, "{} script calls for {STEADY} enters: {:?}", used.scripts, used.by_name);
 }
+
+/// The same for a target over three shards: each shard's calls get a third of the users, so a
+/// drain holding them waits for a share per shard, up to three times the wait, and each
+/// shard's call carries about what one unsharded call would. Waiting only as long as an
+/// unsharded target does, 150 users at this pace made 43–46 calls (a drain of ~16 split three
+/// ways); waiting per shard, 16–18.
+#[tokio::test]
+async fn enters_of_a_sharded_target_wait_to_share_each_shards_calls() {
+    const STEADY: u64 = 150;
+    let redis = RedisServer::spawn();
+    flag_on_before_start(&redis).await;
+    let mut s = settings(&redis);
+    s.redis.coalesce_wait_ms = 20;
+    s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").expect("shipped type").shards = Some(SHARDS.into());
+    let settings = Arc::new(s);
+    let service = Arc::new(QueueService::new(open_store(&settings), secret(), settings.clone()));
+    service.refresh_flag().await.expect("flag");
+    for i in 1..=12 {
+        waiting_seq(&service, &user(&format!("first-{i}"))).await;
+    }
+    reset(&redis).await;
+    let mut tasks = Vec::new();
+    for i in 1..=STEADY {
+        let service = service.clone();
+        tasks.push(tokio::spawn(async move { waiting_seq(&service, &user(&format!("steady-{i}"))).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    for task in tasks {
+        task.await.expect("enter task");
+    }
+    let used = usage(&redis).await;
+    assert!(
+        used.scripts * 6 <= STEADY,
+        "{} script calls for {STEADY} enters over {SHARDS} shards: {:?}",
+        used.scripts,
+        used.by_name
+    );
+}
