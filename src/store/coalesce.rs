@@ -13,6 +13,13 @@
 //! than [`SHARE`] and the recent rate brings at least [`EXPECTED`] more within the wait. When
 //! jobs come slower than that, or a drain is already large (a closed loop of clients that all
 //! wait), a job goes at once, as when idle.
+//!
+//! A key may be one of several lanes that share what would otherwise be one key's jobs: a
+//! target spread over N shards is N keys, each given a shard's part of the target's users, so
+//! each call would carry an N-th of what the whole target's call carries and pay its fixed
+//! cost N times as often. A drain holding such a key ([`Coalescer::spawn_spread`]) waits for
+//! [`SHARE`] jobs per lane, at most `wait` per lane (and at most [`MAX_SPREAD`] lanes): each
+//! lane's call then carries about what the one call would.
 
 use std::future::Future;
 use std::sync::Arc;
