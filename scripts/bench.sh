@@ -55,9 +55,10 @@
 #       scripts/wrk/poll.lua). vq runs with its default `threads` (one worker per core) unless
 #       VQ_THREADS says otherwise (docs/deploy.md). Table: req/s, share of the calibration,
 #       P50/P95/P99, 5xx, users per script call, CPU µs per request of wrk, the server and Redis.
-#   [PAIRS=3] [SECS=4] scripts/bench.sh pair 'A-SPEC' 'B-SPEC'
+#   [PAIRS=3] [SECS=4] [CONNS=64] scripts/bench.sh pair 'A-SPEC' 'B-SPEC'
 #       two vq builds or settings where single runs cannot tell them apart: A and B side by
-#       side on one fresh redis-server, taking turns (A B B A …) in short wrk runs, enters
+#       side on one fresh redis-server, taking turns (A B B A …) in short wrk runs (CONNS
+#       connections), enters
 #       first (new users in every run: ids of the run's own), then polls of the users they
 #       entered (entry order). A spec is
 #       `[NAME=VALUE ...]|BINARY`: settings for that vq and its binary, e.g.
@@ -488,9 +489,9 @@ pair_scenario() {
     local i=$1 kind=$2 run=$3 target=$(($1 + 1)) r0 v0 n
     r0=$(ticks_of "$REDIS_PID"); v0=$(ticks_of "${vpid[i]}")
     if [ "$kind" = enter ]; then
-      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" "${run}00000000" >"$WORK/pair.out"
+      wrk -t2 -c"${CONNS:-64}" -d"${secs}s" -s scripts/wrk/enter.lua "http://127.0.0.1:${port[i]}" -- 2 "$target" "${run}00000000" >"$WORK/pair.out"
     else
-      wrk -t2 -c64 -d"${secs}s" -s scripts/wrk/poll.lua "http://127.0.0.1:${port[i]}" -- "$WORK/users$i.txt" "$target" 2 >"$WORK/pair.out"
+      wrk -t2 -c"${CONNS:-64}" -d"${secs}s" -s scripts/wrk/poll.lua "http://127.0.0.1:${port[i]}" -- "$WORK/users$i.txt" "$target" 2 >"$WORK/pair.out"
     fi
     n=$(awk '/requests in/ {print $1}' "$WORK/pair.out")
     echo "$(awk '/Requests\/sec/ {printf "%.0f", $2}' "$WORK/pair.out") $(per_req $(($(ticks_of "$REDIS_PID") - r0)) t "$n") $(per_req $(($(ticks_of "${vpid[i]}") - v0)) t "$n")"

@@ -17,9 +17,17 @@
 //! A key may be one of several lanes that share what would otherwise be one key's jobs: a
 //! target spread over N shards is N keys, each given a shard's part of the target's users, so
 //! each call would carry an N-th of what the whole target's call carries and pay its fixed
-//! cost N times as often. A drain holding such a key ([`Coalescer::spawn_spread`]) waits for
+//! cost N times as often. A drain holding such a key ([`Coalescer::spawn_lanes`]) waits for
 //! [`SHARE`] jobs per lane, at most `wait` per lane (and at most [`MAX_SPREAD`] lanes): each
 //! lane's call then carries about what the one call would.
+//!
+//! The rate cannot tell buyers arriving on their own from a closed loop: a few clients that
+//! each send their next request as soon as the last is answered (a backend with a small
+//! connection pool, `wrk -c8`). Fewer of them than [`SHARE`] all sit in the drain while it
+//! waits for jobs none of them can send, and every request pays the whole wait (eight clients:
+//! an eighth of the enters without it). So on the buyers' lanes ([`Coalescer::spawn_lanes`]) a
+//! wait that ends short with nothing come in its second half makes the next drains go at once,
+//! 1, 3, 7 … up to 63 of them as it keeps failing, and a wait that fills resets it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -60,19 +68,25 @@ where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        Self::spawn_spread(wait, |_| 1, exec)
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, wait, |_| 1, false, Arc::new(exec)));
+        Self { tx }
     }
 
-    /// [`Self::spawn`] for keys that may be one of `spread(key)` lanes sharing one stream of
-    /// jobs (see the module's doc): a drain holding such a key waits as if it were that many
-    /// drains.
-    pub fn spawn_spread<F, Fut>(wait: Duration, spread: fn(&K) -> usize, exec: F) -> Self
+    /// [`Self::spawn`] for the lanes a buyer's own request waits on (enters, polls, the counts
+    /// of queues before an enter), whose jobs come as a steady stream: a key may be one of
+    /// `spread(key)` lanes sharing one stream of jobs, and a drain holding it waits as if it were
+    /// that many drains (see the module's doc); and after a wait the jobs it waited for did not
+    /// come to, the next drains go without one (the module's doc: a closed loop). Purchases come
+    /// in bursts after each admission, which that rule would take for a closed loop, so their
+    /// claims use [`Self::spawn`].
+    pub fn spawn_lanes<F, Fut>(wait: Duration, spread: fn(&K) -> usize, exec: F) -> Self
     where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, wait, spread, Arc::new(exec)));
+        tokio::spawn(run(rx, wait, spread, true, Arc::new(exec)));
         Self { tx }
     }
 
@@ -99,6 +113,10 @@ where
 /// The most lanes a drain waits for: a drain never waits past this many times `wait`, nor
 /// holds more than [`MAX_JOBS`].
 const MAX_SPREAD: usize = MAX_JOBS / SHARE;
+
+/// The most drains in a row that go without a wait after waits that brought nothing:
+/// 2^MAX_BACKOFF − 1.
+const MAX_BACKOFF: u32 = 6;
 
 /// How fast the rate forgets: the weight of what it measured falls by e every `RATE_MEMORY`.
 const RATE_MEMORY: Duration = Duration::from_millis(20);
@@ -137,6 +155,7 @@ async fn run<K, J, F, Fut>(
     mut rx: mpsc::UnboundedReceiver<(K, J)>,
     wait: Duration,
     spread: fn(&K) -> usize,
+    back_off: bool,
     exec: Arc<F>,
 ) where
     K: Copy + Eq + Send + 'static,
@@ -147,6 +166,9 @@ async fn run<K, J, F, Fut>(
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut queued = Vec::with_capacity(MAX_JOBS);
     let mut rate = Rate { per_s: 0.0, last: Instant::now() };
+    // After a wait that brought nothing in its second half, the next drains go without one
+    // (1, 3, 7 … up to 2^MAX_BACKOFF − 1 of them): see `fruitless` below.
+    let (mut skip, mut backoff) = (0u32, 0u32);
     loop {
         // Wait for a free slot first: what arrives meanwhile joins the next call.
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
@@ -154,15 +176,28 @@ async fn run<K, J, F, Fut>(
             return;
         }
         let lanes = queued.iter().map(|(key, _)| spread(key)).max().unwrap_or(1).clamp(1, MAX_SPREAD);
-        if let Some(more) = rate.wait_for(queued.len(), wait, lanes) {
-            let until = Instant::now() + more;
+        let waits = rate.wait_for(queued.len(), wait, lanes);
+        if skip > 0 && waits.is_some() {
+            skip -= 1;
+        } else if let Some(more) = waits {
+            let start = Instant::now();
+            let until = start + more;
+            let mut last = start;
             while queued.len() < SHARE * lanes {
                 let room = MAX_JOBS - queued.len();
                 match tokio::time::timeout_at(until, rx.recv_many(&mut queued, room)).await {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                    Ok(_) => last = Instant::now(),
                 }
             }
+            // The jobs the rate promised did not come: nothing arrived in the wait's second half
+            // and the drain is still short. A steady stream (buyers arriving on their own) keeps
+            // bringing jobs; a closed loop of fewer clients than a share, each waiting for its
+            // answer, brings none until this drain is answered, so each wait only delays them
+            // all. Back off from waiting, further each time it fails; one that pays resets it.
+            let fruitless = back_off && queued.len() < SHARE * lanes && last < start + more / 2;
+            backoff = if fruitless { (backoff + 1).min(MAX_BACKOFF) } else { 0 };
+            skip = (1 << backoff) - 1;
         }
         rate.drained(queued.len(), Instant::now());
         let mut groups: Vec<(K, Vec<J>)> = Vec::new();
@@ -229,7 +264,7 @@ mod tests {
     async fn calls_at_2000_a_second(keys: u8, spread: fn(&u8) -> usize) -> Vec<usize> {
         let sizes: Arc<Mutex<Vec<usize>>> = Arc::default();
         let seen = sizes.clone();
-        let c = Coalescer::spawn_spread(Duration::from_millis(2), spread, move |_key: u8, jobs: Vec<Job>| {
+        let c = Coalescer::spawn_lanes(Duration::from_millis(2), spread, move |_key: u8, jobs: Vec<Job>| {
             let seen = seen.clone();
             async move {
                 tokio::time::sleep(Duration::from_micros(100)).await;
@@ -271,6 +306,50 @@ mod tests {
         assert!(shards >= 0.65 * whole, "3 shards: {shards:.2} a call against {whole:.2}");
         // Not told, each shard's call carries a third.
         assert!(unspread <= 0.5 * whole, "3 shards, not spread: {unspread:.2} a call against {whole:.2}");
+    }
+
+    /// The jobs answered in 200 ms of a closed loop: `clients` clients each sending its next
+    /// job as soon as the last is answered, each call taking 100 µs, with `wait`.
+    async fn closed_loop(clients: u32, wait: Duration) -> u32 {
+        let c = Arc::new(Coalescer::spawn_lanes(
+            wait,
+            |_| 1,
+            move |_key: u8, jobs: Vec<Job>| async move {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+                for (n, reply) in jobs {
+                    let _ = reply.send(n);
+                }
+            },
+        ));
+        let end = Instant::now() + Duration::from_millis(200);
+        let mut tasks = Vec::new();
+        for client in 0..clients {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut answered = 0;
+                while Instant::now() < end {
+                    let (tx, rx) = oneshot::channel();
+                    c.submit(0, (client, tx)).map_err(|_| "runner gone").unwrap();
+                    assert_eq!(rx.await.unwrap(), client);
+                    answered += 1;
+                }
+                answered
+            }));
+        }
+        let mut answered = 0;
+        for t in tasks {
+            answered += t.await.unwrap();
+        }
+        answered
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_loop_of_fewer_clients_than_a_share_is_not_held_back_by_the_wait() {
+        // Eight clients that each wait for their answer: no wait brings a ninth job, so a drain
+        // that waits for one only delays all eight.
+        let without = closed_loop(8, Duration::ZERO).await;
+        let with = closed_loop(8, Duration::from_millis(2)).await;
+        assert!(with * 10 >= without * 7, "{with} jobs answered with the wait, {without} without");
     }
 
     type Job = (u32, oneshot::Sender<u32>);

@@ -121,15 +121,19 @@ impl RedisStore {
             let conn = self.conn.clone();
             let gen_ms = self.limits.key_ttl_s.max(1) * 1000;
             let (pulse, clock, cluster) = (self.pulse.clone(), self.clock.clone(), self.conn.is_cluster());
-            Coalescer::spawn(self.limits.coalesce_wait, move |bucket, jobs| {
-                let now = super::store_now(clock.as_ref(), &pulse);
-                // Written ahead only with Redis' clock known (measured, or the store's own).
-                // On a single server enter.lua counts, and its call reads the previous
-                // generation only for users the current one lacks: nothing is written ahead there.
-                let known = cluster && (clock.is_some() || pulse.clock_offset_ms().is_some());
-                let ahead = (known && now % gen_ms >= EDGE_MS && gen_ms - now % gen_ms >= EDGE_MS).then_some(now);
-                execute(conn.clone(), bucket, now / gen_ms, gen_ms, ahead, jobs)
-            })
+            Coalescer::spawn_lanes(
+                self.limits.coalesce_wait,
+                |_| 1,
+                move |bucket, jobs| {
+                    let now = super::store_now(clock.as_ref(), &pulse);
+                    // Written ahead only with Redis' clock known (measured, or the store's own).
+                    // On a single server enter.lua counts, and its call reads the previous
+                    // generation only for users the current one lacks: nothing is written ahead there.
+                    let known = cluster && (clock.is_some() || pulse.clock_offset_ms().is_some());
+                    let ahead = (known && now % gen_ms >= EDGE_MS && gen_ms - now % gen_ms >= EDGE_MS).then_some(now);
+                    execute(conn.clone(), bucket, now / gen_ms, gen_ms, ahead, jobs)
+                },
+            )
         });
         let bucket = bucket_of(&user, buckets);
         lanes.ask(bucket, |reply| HoldJob { user, target, op, reply }).await

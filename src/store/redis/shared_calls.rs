@@ -37,7 +37,7 @@ impl RedisStore {
             // A shard's lane gets a shard's part of its target's users: it waits for as many
             // as the whole target's lane would.
             let spread: fn(&(Op, QueueTarget)) -> usize = |(_, target)| target.shard.count.into();
-            Coalescer::spawn_spread(self.limits.coalesce_wait, spread, move |(op, target), jobs| {
+            Coalescer::spawn_lanes(self.limits.coalesce_wait, spread, move |(op, target), jobs| {
                 let now = super::store_now(clock.as_ref(), &pulse);
                 execute(conn.clone(), limits.clone(), fences.clone(), Call { op, target, now }, jobs)
             })
