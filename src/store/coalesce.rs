@@ -68,9 +68,7 @@ where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, wait, |_| 1, false, Arc::new(exec)));
-        Self { tx }
+        Self::start(wait, |_| 1, false, exec)
     }
 
     /// [`Self::spawn`] for the lanes a buyer's own request waits on (enters, polls, the counts
@@ -85,8 +83,16 @@ where
         F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        Self::start(wait, spread, true, exec)
+    }
+
+    fn start<F, Fut>(wait: Duration, spread: fn(&K) -> usize, back_off: bool, exec: F) -> Self
+    where
+        F: Fn(K, Vec<J>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, wait, spread, true, Arc::new(exec)));
+        tokio::spawn(run(rx, wait, spread, back_off, Arc::new(exec)));
         Self { tx }
     }
 

@@ -611,24 +611,7 @@ async fn a_sharded_targets_steps_stay_within_the_sharded_budget() {
 async fn enters_arriving_a_millisecond_apart_wait_to_share_their_calls() {
     const STEADY: u64 = 100;
     let redis = RedisServer::spawn();
-    flag_on_before_start(&redis).await;
-    let mut s = settings(&redis);
-    s.redis.coalesce_wait_ms = 20;
-    let settings = Arc::new(s);
-    let service = Arc::new(QueueService::new(open_store(&settings), secret(), settings.clone()));
-    service.refresh_flag().await.expect("flag");
-    waiting_seq(&service, &user("first")).await;
-    reset(&redis).await;
-    let mut tasks = Vec::new();
-    for i in 1..=STEADY {
-        let service = service.clone();
-        tasks.push(tokio::spawn(async move { waiting_seq(&service, &user(&format!("steady-{i}"))).await }));
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    let mut seqs = Vec::new();
-    for task in tasks {
-        seqs.push(task.await.expect("enter task"));
-    }
+    let mut seqs = steady_enters(&redis, 20, 1, 1, STEADY).await;
     seqs.sort_unstable();
     assert_eq!(seqs, (2..=STEADY + 1).collect::<Vec<_>>(), "one seq each, without gaps");
     let used = usage(&redis).await;
@@ -645,26 +628,7 @@ async fn enters_arriving_a_millisecond_apart_wait_to_share_their_calls() {
 async fn enters_of_a_sharded_target_wait_to_share_each_shards_calls() {
     const STEADY: u64 = 150;
     let redis = RedisServer::spawn();
-    flag_on_before_start(&redis).await;
-    let mut s = settings(&redis);
-    s.redis.coalesce_wait_ms = 50;
-    s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").expect("shipped type").shards = Some(SHARDS.into());
-    let settings = Arc::new(s);
-    let service = Arc::new(QueueService::new(open_store(&settings), secret(), settings.clone()));
-    service.refresh_flag().await.expect("flag");
-    for i in 1..=12 {
-        waiting_seq(&service, &user(&format!("first-{i}"))).await;
-    }
-    reset(&redis).await;
-    let mut tasks = Vec::new();
-    for i in 1..=STEADY {
-        let service = service.clone();
-        tasks.push(tokio::spawn(async move { waiting_seq(&service, &user(&format!("steady-{i}"))).await }));
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    for task in tasks {
-        task.await.expect("enter task");
-    }
+    steady_enters(&redis, 50, SHARDS, 12, STEADY).await;
     let used = usage(&redis).await;
     assert!(
         used.scripts * 6 <= STEADY,
@@ -672,4 +636,35 @@ async fn enters_of_a_sharded_target_wait_to_share_each_shards_calls() {
         used.scripts,
         used.by_name
     );
+}
+
+/// A service with `redis.coalesce_wait_ms` = `wait_ms` and limited-drop over `shards`; `first`
+/// users entered before the counts are reset (each shard's first seq sets its keys' expiry: not
+/// an enter's cost), then `steady` new users entering one about every millisecond. Their seqs.
+async fn steady_enters(redis: &RedisServer, wait_ms: u64, shards: u8, first: u64, steady: u64) -> Vec<u64> {
+    flag_on_before_start(redis).await;
+    let mut s = settings(redis);
+    s.redis.coalesce_wait_ms = wait_ms;
+    if shards > 1 {
+        s.targets.types.iter_mut().find(|t| t.slug == "limited-drop").expect("shipped type").shards =
+            Some(shards.into());
+    }
+    let settings = Arc::new(s);
+    let service = Arc::new(QueueService::new(open_store(&settings), secret(), settings.clone()));
+    service.refresh_flag().await.expect("flag");
+    for i in 1..=first {
+        waiting_seq(&service, &user(&format!("first-{i}"))).await;
+    }
+    reset(redis).await;
+    let mut tasks = Vec::new();
+    for i in 1..=steady {
+        let service = service.clone();
+        tasks.push(tokio::spawn(async move { waiting_seq(&service, &user(&format!("steady-{i}"))).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    let mut seqs = Vec::new();
+    for task in tasks {
+        seqs.push(task.await.expect("enter task"));
+    }
+    seqs
 }
