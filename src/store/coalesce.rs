@@ -350,6 +350,68 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn closed_loops_of_four_and_twelve_clients_are_not_held_back_either() {
+        for clients in [4, 12] {
+            let without = closed_loop(clients, Duration::ZERO).await;
+            let with = closed_loop(clients, Duration::from_millis(2)).await;
+            assert!(with * 10 >= without * 7, "{clients} clients: {with} answered with the wait, {without} without");
+        }
+    }
+
+    /// A client's closed loop beside a steady stream of other buyers' jobs on the same lanes
+    /// does not switch the waits off for them: the stream keeps each wait fruitful.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_loop_beside_a_steady_stream_does_not_stop_its_calls_from_filling() {
+        let alone = mean(&calls_at_2000_a_second(1, |_| 1).await);
+        let sizes: Arc<Mutex<Vec<(u8, usize)>>> = Arc::default();
+        let seen = sizes.clone();
+        let c = Arc::new(Coalescer::spawn_lanes(
+            Duration::from_millis(2),
+            |_| 1,
+            move |key: u8, jobs: Vec<Job>| {
+                let seen = seen.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                    seen.lock().unwrap().push((key, jobs.len()));
+                    for (n, reply) in jobs {
+                        let _ = reply.send(n);
+                    }
+                }
+            },
+        ));
+        let end = Instant::now() + Duration::from_millis(300);
+        let mut loops = Vec::new();
+        for client in 0..8u32 {
+            let c = c.clone();
+            loops.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let (tx, rx) = oneshot::channel();
+                    c.submit(1, (client, tx)).map_err(|_| "runner gone").unwrap();
+                    rx.await.unwrap();
+                }
+            }));
+        }
+        let mut answers = Vec::new();
+        for n in 0..600u32 {
+            let (tx, rx) = oneshot::channel();
+            c.submit(0, (n, tx)).map_err(|_| "runner gone").unwrap();
+            answers.push(rx);
+            if n % 2 == 1 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        for rx in answers {
+            rx.await.unwrap();
+        }
+        for l in loops {
+            l.await.unwrap();
+        }
+        let stream: Vec<usize> = sizes.lock().unwrap().iter().filter(|(k, _)| *k == 0).map(|(_, n)| *n).collect();
+        let beside = mean(&stream);
+        assert!(beside >= 0.8 * alone, "the stream's calls carry {beside:.2} beside the loop, {alone:.2} alone");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_closed_loop_of_fewer_clients_than_a_share_is_not_held_back_by_the_wait() {
         // Eight clients that each wait for their answer: no wait brings a ninth job, so a drain
         // that waits for one only delays all eight.
