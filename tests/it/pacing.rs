@@ -44,7 +44,8 @@ async fn purchase(addr: String, user: u64) -> (u64, u16, Value) {
 }
 
 /// Arrivals per tick, where an arrival within [`DELIVERY_SLACK_MS`] of a tick's start counts
-/// for the tick before while that one has room. Returns the load of every tick.
+/// for the tick before while that one has room (the tick before the first arrival too). Returns
+/// the load of every tick.
 pub(crate) fn load_per_tick(arrivals_ms: &[u64]) -> BTreeMap<u64, u64> {
     load_per_tick_of(arrivals_ms, BATCH)
 }
@@ -59,7 +60,8 @@ pub(crate) fn load_per_tick_of(arrivals_ms: &[u64], batch: u64) -> BTreeMap<u64,
     }
     let (first, last) = (arrivals_ms.iter().min().unwrap() / TICK_MS, arrivals_ms.iter().max().unwrap() / TICK_MS);
     let mut load = BTreeMap::new();
-    let mut room_before = 0;
+    // The tick before the first arrival had none: all its room.
+    let mut room_before = batch;
     for tick in first..=last {
         let e = early.get(&tick).copied().unwrap_or(0);
         let moved = e.min(room_before);
@@ -132,8 +134,13 @@ async fn a_paused_instance_never_forwards_a_purchase_outside_its_reserved_tick()
 #[test]
 fn an_arrival_just_after_a_boundary_counts_for_the_tick_before_while_it_has_room() {
     let t = |tick: u64, into: u64| tick * TICK_MS + into;
-    let four_then_two_early = [t(10, 100), t(10, 200), t(10, 300), t(10, 400), t(11, 5), t(11, 10), t(11, 200)];
+    let four_then_two_early = [t(10, 160), t(10, 200), t(10, 300), t(10, 400), t(11, 5), t(11, 10), t(11, 200)];
     assert_eq!(load_per_tick(&four_then_two_early), BTreeMap::from([(10, 5), (11, 2)]));
     let six_firm = [t(3, 200), t(3, 210), t(3, 220), t(3, 230), t(3, 240), t(3, 250)];
     assert_eq!(load_per_tick(&six_firm), BTreeMap::from([(3, 6)]));
+    // The first arrivals, just after a boundary: the tick before had none, so room for a batch.
+    let late_then_firm = [t(7, 5), t(7, 20), t(7, 40), t(7, 60), t(7, 80), t(7, 90), t(7, 300), t(7, 310)];
+    assert_eq!(load_per_tick(&late_then_firm), BTreeMap::from([(6, 5), (7, 3)]));
+    let seven_late = [t(7, 5), t(7, 10), t(7, 15), t(7, 20), t(7, 25), t(7, 30), t(7, 35)];
+    assert_eq!(load_per_tick(&seven_late), BTreeMap::from([(6, 5), (7, 2)]));
 }
