@@ -110,32 +110,54 @@ local toks = tokens_of(seqs, n, 9, st, 3)
 -- once for the call (the current generation, then the previous one for those it lacks).
 local holdMax, holdAt, holdMarked = num(ARGV[9]), nil, false
 local holds, holdMoved, holdSet, holdEntry = NONE, NONE, NONE, nil
+-- holdSet's length: user, field pairs.
+local nset = 0
 if holdMax > 0 and phase ~= P_SCHEDULED and phase ~= P_CLOSED then
   holds, holdMoved, holdSet = {}, {}, {}
   holdAt = hold_generation(now, num(ARGV[11]), num(ARGV[12]))
   holdEntry = ARGV[10] .. '=' .. now
-  local ask = {}
+  -- The users to read: every user of the call (straight from ARGV) unless the queue knows
+  -- some, the common case of new users arriving.
+  local src, off, na = ARGV, U, n
   for i = 1, n do
-    if not (seqs[i] or toks[i] or pre[i]) then
-      ask[#ask + 1] = ARGV[U + i]
+    if seqs[i] or toks[i] or pre[i] then
+      src, off, na = {}, 0, 0
+      for j = 1, n do
+        if not (seqs[j] or toks[j] or pre[j]) then
+          na = na + 1
+          src[na] = ARGV[U + j]
+        end
+      end
+      break
     end
   end
-  if #ask > 0 then
+  if na > 0 then
     -- With the generation's mark (HOLD_MARK in prelude.lua): once it is there, the key has
     -- its expiry.
-    local found, missing = redis.call('HMGET', KEYS[13 + n + holdAt - 1], HOLD_MARK, unpack(ask)), {}
+    local found = redis.call('HMGET', KEYS[13 + n + holdAt - 1], HOLD_MARK, unpack(src, off + 1, off + na))
     holdMarked = found[1] and true or false
-    for k, u in ipairs(ask) do
+    -- The users the current generation lacks: all of them, the common case, or a list.
+    local msrc, moff, nm = src, off, na
+    for k = 1, na do
       if found[k + 1] then
-        holds[u] = found[k + 1]
-      else
-        missing[#missing + 1] = u
+        msrc, moff, nm = {}, 0, 0
+        for j = 1, na do
+          local u = src[off + j]
+          if found[j + 1] then
+            holds[u] = found[j + 1]
+          else
+            nm = nm + 1
+            msrc[nm] = u
+          end
+        end
+        break
       end
     end
-    if holdAt > 1 and #missing > 0 then
-      local older = redis.call('HMGET', KEYS[13 + n + holdAt - 2], unpack(missing))
-      for k, u in ipairs(missing) do
+    if holdAt > 1 and nm > 0 then
+      local older = redis.call('HMGET', KEYS[13 + n + holdAt - 2], unpack(msrc, moff + 1, moff + nm))
+      for k = 1, nm do
         if older[k] then
+          local u = msrc[moff + k]
           holds[u], holdMoved[u] = older[k], true
         end
       end
@@ -160,7 +182,8 @@ local function hold_check(user)
     return nil, v .. ' ' .. holdEntry
   end
   if holdMoved[user] then
-    holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, v
+    holdSet[nset + 1], holdSet[nset + 2] = user, v
+    nset = nset + 2
   end
   local ages = {}
   for t, ms in string.gmatch(v, '([^ =]+)=(%d+)') do
@@ -174,10 +197,13 @@ local above
 -- Per user i: out[3i], out[3i+1], out[3i+2] = code, a, b (see above); a user twice in one
 -- call gets the first answer twice.
 local out, first, beats, seqBeats, fresh = {mark, batch}, {}, {}, {}, {}
+-- How many new users (fresh's length); whether a user came twice.
+local nfresh, twice = 0, false
 for i = 1, n do
   local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
   if j then
+    twice = true
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
@@ -216,7 +242,8 @@ for i = 1, n do
           beats[#beats + 1], beats[#beats + 2] = now, user
           prequeued = prequeued + 1
           if field then
-            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+            holdSet[nset + 1], holdSet[nset + 2] = user, field
+            nset = nset + 2
           end
           out[o], out[o + 1], out[o + 2] = PRE_QUEUE, 0, 0
         end
@@ -228,9 +255,11 @@ for i = 1, n do
         if above >= max then
           out[o], out[o + 1], out[o + 2] = FULL, 0, 0
         else
-          fresh[#fresh + 1] = i
+          nfresh = nfresh + 1
+          fresh[nfresh] = i
           if field then
-            holdSet[#holdSet + 1], holdSet[#holdSet + 2] = user, field
+            holdSet[nset + 1], holdSet[nset + 2] = user, field
+            nset = nset + 2
           end
           out[o], out[o + 1], out[o + 2] = WAITING, 0, above
           above = above + 1
@@ -240,7 +269,6 @@ for i = 1, n do
   end
 end
 -- New users take the next seqs in arrival order.
-local nfresh = #fresh
 if nfresh > 0 then
   last = redis.call('INCRBY', KEYS[3], str(nfresh))
   local from = last - nfresh + 1
@@ -248,7 +276,7 @@ if nfresh > 0 then
   for j = 1, nfresh do
     local i, seq = fresh[j], from + j - 1
     out[3 * i + 1] = seq
-    adds[2 * j - 1], adds[2 * j] = seq, ARGV[U + i]
+    adds[2 * j - 1], adds[2 * j] = int_str(seq), ARGV[U + i]
     refresh = refresh or seq % every == 1
   end
   -- Their heartbeats: one run of fields, from .. last.
@@ -262,7 +290,7 @@ if nfresh > 0 then
     end
   end
   -- Duplicates of a new user were copied before their seq was known.
-  for i = 1, n do
+  for i = 1, twice and n or 0 do
     local j = first[ARGV[U + i]]
     if j ~= i then
       out[3 * i + 1] = out[3 * j + 1]

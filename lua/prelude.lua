@@ -37,6 +37,12 @@ end
 -- (Wrapped: the library's load sees Redis' API alone; Lua's own functions exist at call time.)
 local num = kept(function(s) return tonumber(s) end)
 local str = kept(function(n) return tostring(n) end)
+-- A whole number that differs call after call (a seq, an offset: nothing to keep) as its
+-- decimal string, through `string.format`'s integer path: a few hundred instructions, where
+-- `tostring`, a concatenation or a number argument of `redis.call` formats it as a float.
+local function int_str(n)
+  return string.format('%d', n)
+end
 --
 -- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
 local WAITING = 1

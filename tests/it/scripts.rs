@@ -598,6 +598,25 @@ async fn enter_counts_the_queues_of_the_users_it_gives_a_place() {
         redis::pipe().hget(hk(g), "6").pttl(hk(g)).query_async(&mut c).await.unwrap();
     assert!(six.is_some_and(|v| v.starts_with("LIMITED_DROP:1=")));
     assert!(ttl > 123_000_000, "the expiry set before stays: {ttl}");
+
+    // A call mixing a user the queue knows, one whose count is in the previous generation and a
+    // new one twice: only the unknown are read, the moved count gains the target, and the one
+    // refused for capacity (and its copy) is not counted.
+    let _: () = c.zrem(format!("{P}waiting"), "3").await.unwrap();
+    let _: () = c.zadd(format!("{P}departed"), 2, 2).await.unwrap();
+    let _: () = c.hset(hk(g - 1), "9", "TICKETING_EVENT:5=9").await.unwrap();
+    let six_before: Option<String> = c.hget(hk(g), "6").await.unwrap();
+    let r = enter(&mut c, &[6, 9, 8, 8]).await;
+    assert_eq!(answer(&r, 0), ("1".into(), "4".into()), "user 6 keeps seq 4: {r:?}");
+    assert_eq!(answer(&r, 1), ("1".into(), "5".into()), "user 9 waits, seq 5: {r:?}");
+    assert_eq!((answer(&r, 2).0.as_str(), answer(&r, 3).0.as_str()), ("3", "3"), "user 8: FULL, twice: {r:?}");
+    let fields: Vec<Option<String>> =
+        redis::cmd("HMGET").arg(hk(g)).arg(&["6", "9", "8"]).query_async(&mut c).await.unwrap();
+    assert_eq!(fields[0], six_before, "a user the queue knows is not counted again");
+    assert!(fields[1].as_deref().is_some_and(|v| v.starts_with("TICKETING_EVENT:5=9 LIMITED_DROP:1=")), "{fields:?}");
+    assert_eq!(fields[2], None, "refused for capacity: not counted");
+    let moved: Option<String> = c.hget(hk(g - 1), "9").await.unwrap();
+    assert_eq!(moved, None, "the previous generation's field moved");
 }
 
 /// `leave.lua` on a single server drops the target from the user's count of queues in the same
