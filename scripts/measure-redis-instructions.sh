@@ -14,6 +14,10 @@
 # new users for DURATION s (scripts/wrk/enter.lua), the idle run's count is subtracted, and
 # what is left is divided by wrk's enters; the script calls are read from Redis' `INFO
 # commandstats` (the users a call carries set how much of its fixed part each user pays).
+# With WARM=s, wrk first enters other new users for that long and the counts start after it
+# (`callgrind_control -z`, `CONFIG RESETSTAT`; the idle run waits as long and starts its count
+# there too): a long sale's enter, past the first users of each structure (a HASH of fewer
+# than `hash-max-listpack-entries` fields is a list Redis scans, a ZSET of few members too).
 #
 #   scripts/measure-redis-instructions.sh [ENV ...|]BINARY...
 #
@@ -29,7 +33,7 @@
 install_missing valgrind redis-server curl wrk
 use_work_dir
 users="${USERS:-1000}" rate="${RATE:-100}" duration="${DURATION:-10}" batch="${BATCH:-200}" runs="${RUNS:-2}"
-load="${LOAD:-sale}" conns="${CONNS:-8}"
+load="${LOAD:-sale}" conns="${CONNS:-8}" warm="${WARM:-0}"
 case "$load" in sale | enter) ;; *) die "LOAD is sale or enter, not '$load'" ;; esac
 for spec in "$@"; do
   [ -x "${spec#*|}" ] || die "no vq binary at '${spec#*|}'"
@@ -56,6 +60,16 @@ one_run() { # spec name idle(0|1)
   wait_http "http://127.0.0.1:$vq_port/healthz" 30 "$vq_pid" || die "vq serve did not start: $(tail -5 "$WORK/$name.vq.log")"
   local admitted=0
   RUN_ENTERS=0 RUN_CALLS=0
+  if [ "$load" = enter ] && [ "$warm" != 0 ]; then
+    if [ "$idle" = 1 ]; then
+      sleep "$warm"
+    else
+      wrk -t2 -c"$conns" -d"${warm}s" --timeout 30s -s scripts/wrk/enter.lua "http://127.0.0.1:$vq_port" -- 2 1 900000000 \
+        >"$WORK/$name.warm.wrk" || die "wrk failed: $(tail -5 "$WORK/$name.warm.wrk")"
+    fi
+    callgrind_control -z "$redis_pid" >/dev/null 2>&1 || die "callgrind_control could not zero $name's counts"
+    redis-cli -p "$redis_port" config resetstat >/dev/null
+  fi
   if [ "$idle" = 1 ]; then
     sleep "$duration"
   elif [ "$load" = enter ]; then
