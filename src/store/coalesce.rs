@@ -264,22 +264,30 @@ mod tests {
         assert_eq!(rate.wait_for(1, wait, 1), None, "{}", rate.per_s);
     }
 
-    /// The users each call carried when 600 jobs come at 2,000 a second (two every
-    /// millisecond, the timer's step) for `keys` keys taken in turn, each call taking 100 µs,
-    /// and the runner told each key is one of `spread` lanes.
-    async fn calls_at_2000_a_second(keys: u8, spread: fn(&u8) -> usize) -> Vec<usize> {
-        let sizes: Arc<Mutex<Vec<usize>>> = Arc::default();
-        let seen = sizes.clone();
-        let c = Coalescer::spawn_lanes(Duration::from_millis(2), spread, move |_key: u8, jobs: Vec<Job>| {
+    /// The key and size of each call, in the order they ran.
+    type CallSizes = Arc<Mutex<Vec<(u8, usize)>>>;
+
+    /// A coalescer on buyers' lanes whose calls take 100 µs each and answer every job with its
+    /// number; the key and size of each call, in the order they ran.
+    fn answering_in_100_us(wait: Duration, spread: fn(&u8) -> usize) -> (Arc<Coalescer<u8, Job>>, CallSizes) {
+        let calls: CallSizes = Arc::default();
+        let seen = calls.clone();
+        let c = Coalescer::spawn_lanes(wait, spread, move |key: u8, jobs: Vec<Job>| {
             let seen = seen.clone();
             async move {
                 tokio::time::sleep(Duration::from_micros(100)).await;
-                seen.lock().unwrap().push(jobs.len());
+                seen.lock().unwrap().push((key, jobs.len()));
                 for (n, reply) in jobs {
                     let _ = reply.send(n);
                 }
             }
         });
+        (Arc::new(c), calls)
+    }
+
+    /// 600 jobs at 2,000 a second (two every millisecond, the timer's step) for `keys` keys
+    /// taken in turn, each answered with its own number.
+    async fn steady_jobs(c: &Coalescer<u8, Job>, keys: u8) {
         let mut answers = Vec::new();
         for n in 0..600u32 {
             let (tx, rx) = oneshot::channel();
@@ -292,8 +300,14 @@ mod tests {
         for (n, rx) in answers.into_iter().enumerate() {
             assert_eq!(rx.await.unwrap(), n as u32);
         }
-        let sizes = sizes.lock().unwrap();
-        sizes.clone()
+    }
+
+    /// The users each call carried when [`steady_jobs`] come for `keys` keys, the runner told
+    /// each key is one of `spread` lanes.
+    async fn calls_at_2000_a_second(keys: u8, spread: fn(&u8) -> usize) -> Vec<usize> {
+        let (c, calls) = answering_in_100_us(Duration::from_millis(2), spread);
+        steady_jobs(&c, keys).await;
+        calls.lock().unwrap().iter().map(|(_, n)| *n).collect()
     }
 
     fn mean(sizes: &[usize]) -> f64 {
@@ -317,16 +331,7 @@ mod tests {
     /// The jobs answered in 200 ms of a closed loop: `clients` clients each sending its next
     /// job as soon as the last is answered, each call taking 100 µs, with `wait`.
     async fn closed_loop(clients: u32, wait: Duration) -> u32 {
-        let c = Arc::new(Coalescer::spawn_lanes(
-            wait,
-            |_| 1,
-            move |_key: u8, jobs: Vec<Job>| async move {
-                tokio::time::sleep(Duration::from_micros(100)).await;
-                for (n, reply) in jobs {
-                    let _ = reply.send(n);
-                }
-            },
-        ));
+        let (c, _) = answering_in_100_us(wait, |_| 1);
         let end = Instant::now() + Duration::from_millis(200);
         let mut tasks = Vec::new();
         for client in 0..clients {
@@ -363,22 +368,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_closed_loop_beside_a_steady_stream_does_not_stop_its_calls_from_filling() {
         let alone = mean(&calls_at_2000_a_second(1, |_| 1).await);
-        let sizes: Arc<Mutex<Vec<(u8, usize)>>> = Arc::default();
-        let seen = sizes.clone();
-        let c = Arc::new(Coalescer::spawn_lanes(
-            Duration::from_millis(2),
-            |_| 1,
-            move |key: u8, jobs: Vec<Job>| {
-                let seen = seen.clone();
-                async move {
-                    tokio::time::sleep(Duration::from_micros(100)).await;
-                    seen.lock().unwrap().push((key, jobs.len()));
-                    for (n, reply) in jobs {
-                        let _ = reply.send(n);
-                    }
-                }
-            },
-        ));
+        let (c, calls) = answering_in_100_us(Duration::from_millis(2), |_| 1);
         let end = Instant::now() + Duration::from_millis(300);
         let mut loops = Vec::new();
         for client in 0..8u32 {
@@ -391,22 +381,11 @@ mod tests {
                 }
             }));
         }
-        let mut answers = Vec::new();
-        for n in 0..600u32 {
-            let (tx, rx) = oneshot::channel();
-            c.submit(0, (n, tx)).map_err(|_| "runner gone").unwrap();
-            answers.push(rx);
-            if n % 2 == 1 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-        for rx in answers {
-            rx.await.unwrap();
-        }
+        steady_jobs(&c, 1).await;
         for l in loops {
             l.await.unwrap();
         }
-        let stream: Vec<usize> = sizes.lock().unwrap().iter().filter(|(k, _)| *k == 0).map(|(_, n)| *n).collect();
+        let stream: Vec<usize> = calls.lock().unwrap().iter().filter(|(k, _)| *k == 0).map(|(_, n)| *n).collect();
         let beside = mean(&stream);
         assert!(beside >= 0.8 * alone, "the stream's calls carry {beside:.2} beside the loop, {alone:.2} alone");
     }
