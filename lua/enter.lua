@@ -196,14 +196,16 @@ local ahead = ahead_counter(KEYS[7], mark)
 local above
 -- Per user i: out[3i], out[3i+1], out[3i+2] = code, a, b (see above); a user twice in one
 -- call gets the first answer twice.
-local out, first, beats, seqBeats, fresh = {mark, batch}, {}, {}, {}, {}
--- How many new users (fresh's length); whether a user came twice.
-local nfresh, twice = 0, false
+local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
+-- New users take the next seqs in arrival order, given here: the counter holds `counter` (as
+-- fenced and frozen above, and nothing else writes it within the call), and is raised by their
+-- number once they are all known. `adds` is
+-- their ZADD's arguments (seq, user); `refresh` whether a seq asks for the keys' TTLs.
+local nfresh, adds, refresh, every, seqStr = 0, {}, false, num(ARGV[8]), int_run()
 for i = 1, n do
   local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
   if j then
-    twice = true
     out[o], out[o + 1], out[o + 2] = out[3 * j], out[3 * j + 1], out[3 * j + 2]
   else
     first[user] = i
@@ -256,29 +258,23 @@ for i = 1, n do
           out[o], out[o + 1], out[o + 2] = FULL, 0, 0
         else
           nfresh = nfresh + 1
-          fresh[nfresh] = i
+          local seq = counter + nfresh
+          adds[2 * nfresh - 1], adds[2 * nfresh] = seqStr(seq), user
+          refresh = refresh or seq % every == 1
           if field then
             holdSet[nset + 1], holdSet[nset + 2] = user, field
             nset = nset + 2
           end
-          out[o], out[o + 1], out[o + 2] = WAITING, 0, above
+          out[o], out[o + 1], out[o + 2] = WAITING, seq, above
           above = above + 1
         end
       end
     end
   end
 end
--- New users take the next seqs in arrival order.
 if nfresh > 0 then
   last = redis.call('INCRBY', KEYS[3], str(nfresh))
-  local from = last - nfresh + 1
-  local adds, refresh, every = {}, false, num(ARGV[8])
-  for j = 1, nfresh do
-    local i, seq = fresh[j], from + j - 1
-    out[3 * i + 1] = seq
-    adds[2 * j - 1], adds[2 * j] = int_str(seq), ARGV[U + i]
-    refresh = refresh or seq % every == 1
-  end
+  local from = counter + 1
   -- Their heartbeats: one run of fields, from .. last.
   beats_set_run(KEYS[9], from, nfresh, beat_tag(now))
   redis.call('ZADD', KEYS[1], unpack(adds))
@@ -289,13 +285,6 @@ if nfresh > 0 then
       redis.call('EXPIRE', k, ARGV[2])
     end
   end
-  -- Duplicates of a new user were copied before their seq was known.
-  for i = 1, twice and n or 0 do
-    local j = first[ARGV[U + i]]
-    if j ~= i then
-      out[3 * i + 1] = out[3 * j + 1]
-    end
-  end
 end
 if #beats > 0 then
   redis.call('ZADD', KEYS[2], unpack(beats))
@@ -303,20 +292,20 @@ end
 if #seqBeats > 0 then
   beats_set(KEYS[9], seqBeats, beat_tag(now))
 end
-if #holdSet > 0 then
+if nset > 0 then
   local key = KEYS[13 + n + holdAt - 1]
   if holdMarked then
-    redis.call('HSET', key, unpack(holdSet))
+    redis.call('HSET', key, unpack(holdSet, 1, nset))
   else
     -- The generation's first write here: its mark, and its expiry (kept through the next
     -- generation, where it is read as the previous one).
-    holdSet[#holdSet + 1], holdSet[#holdSet + 2] = HOLD_MARK, '1'
-    redis.call('HSET', key, unpack(holdSet))
+    holdSet[nset + 1], holdSet[nset + 2] = HOLD_MARK, '1'
+    redis.call('HSET', key, unpack(holdSet, 1, nset + 2))
     redis.call('PEXPIREAT', key, (num(ARGV[11]) + holdAt) * num(ARGV[12]))
   end
   if next(holdMoved) then
     local from = {}
-    for k = 1, #holdSet, 2 do
+    for k = 1, nset, 2 do
       if holdMoved[holdSet[k]] then
         from[#from + 1] = holdSet[k]
       end

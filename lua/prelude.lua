@@ -38,10 +38,25 @@ end
 local num = kept(function(s) return tonumber(s) end)
 local str = kept(function(n) return tostring(n) end)
 -- A whole number that differs call after call (a seq, an offset: nothing to keep) as its
--- decimal string, through `string.format`'s integer path: a few hundred instructions, where
+-- decimal string, through `string.format`'s integer path (an sprintf of `%d`), where
 -- `tostring`, a concatenation or a number argument of `redis.call` formats it as a float.
 local function int_str(n)
   return string.format('%d', n)
+end
+-- Whole numbers counted up one at a time (a call's new seqs) as decimal strings: `run(n)` is
+-- int_str(n), but the sprintf comes once per ten numbers; the others join the tens' string and
+-- their last digit.
+local DIGIT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+local function int_run()
+  local tens, head = -1, ''
+  return function(n)
+    local d = n % 10
+    local t = (n - d) / 10
+    if t ~= tens then
+      tens, head = t, t > 0 and int_str(t) or ''
+    end
+    return head .. DIGIT[d]
+  end
 end
 --
 -- The per-user reply codes (Rust: `scripts::Code`, checked against these lines by its tests).
@@ -201,8 +216,9 @@ end
 local function tokens_of(seqs, n, first, got, skip, due)
   local toks = {}
   if got then
+    -- Only the tokens found: an absent one (false) would grow the table for nothing.
     for i = 1, n do
-      if not seqs[i] then
+      if not seqs[i] and got[skip + i] then
         toks[i] = got[skip + i]
       end
     end

@@ -329,6 +329,30 @@ async fn wait_buckets_of_the_prelude_are_the_domains() {
     }
 }
 
+/// `int_run` (the prelude's strings of a call's new seqs, counted up one at a time) writes each
+/// number as Rust does, across the tens, hundreds and larger powers it crosses, from runs that
+/// start anywhere.
+#[tokio::test]
+async fn seq_runs_of_the_prelude_are_decimal() {
+    let redis = RedisServer::spawn();
+    let mut c = redis.conn().await;
+    let runs: [(u64, u64); 6] = [(0, 25), (1, 130), (95, 12), (998, 15), (99_999_990, 21), (4_503_599_627_370_490, 20)];
+    let body = "local out = {}\n\
+                for r = 1, #ARGV, 2 do\n\
+                  local run, from = int_run(), tonumber(ARGV[r])\n\
+                  for n = from, from + tonumber(ARGV[r + 1]) - 1 do out[#out + 1] = run(n) end\n\
+                end\n\
+                return out";
+    let script = redis::Script::new(&lua_as_sent(body));
+    let mut inv = script.prepare_invoke();
+    for (from, count) in runs {
+        inv.arg(from).arg(count);
+    }
+    let lua: Vec<String> = inv.invoke_async(&mut c).await.expect("prelude call");
+    let rust: Vec<String> = runs.iter().flat_map(|&(from, count)| (from..from + count).map(|n| n.to_string())).collect();
+    assert_eq!(lua, rust);
+}
+
 /// One sale state: the hash fields the scripts write, and the time it is read at.
 #[derive(Debug, Default, Clone, Copy)]
 struct SaleCase {
