@@ -349,7 +349,8 @@ async fn seq_runs_of_the_prelude_are_decimal() {
         inv.arg(from).arg(count);
     }
     let lua: Vec<String> = inv.invoke_async(&mut c).await.expect("prelude call");
-    let rust: Vec<String> = runs.iter().flat_map(|&(from, count)| (from..from + count).map(|n| n.to_string())).collect();
+    let rust: Vec<String> =
+        runs.iter().flat_map(|&(from, count)| (from..from + count).map(|n| n.to_string())).collect();
     assert_eq!(lua, rust);
 }
 
