@@ -285,12 +285,15 @@ end
 -- conversion per user.
 local function beats_set(key, seqs, tag)
   tag = tostring(tag)
-  for from = 1, #seqs, 1500 do
-    local part = {}
-    for i = from, math.min(from + 1499, #seqs) do
-      part[#part + 1], part[#part + 2], part[#part + 3], part[#part + 4] = 'SET', BEAT.type, '#' .. seqs[i], tag
+  local n, typ = #seqs, BEAT.type
+  for from = 1, n, 1500 do
+    -- k counts the arguments: the length operator is a search each time it is asked.
+    local part, k = {}, 0
+    for i = from, math.min(from + 1499, n) do
+      part[k + 1], part[k + 2], part[k + 3], part[k + 4] = 'SET', typ, '#' .. seqs[i], tag
+      k = k + 4
     end
-    redis.call('BITFIELD', key, unpack(part))
+    redis.call('BITFIELD', key, unpack(part, 1, k))
   end
 end
 

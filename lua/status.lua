@@ -79,6 +79,8 @@ local issued = {}
 local ahead = ahead_counter(KEYS[5], mark)
 -- A user twice in one call gets the first answer twice.
 local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
+-- seqBeats' length.
+local nsb = 0
 for i = 1, n do
   local user = ARGV[U + i]
   local o, j = 3 * i, first[user]
@@ -98,7 +100,8 @@ for i = 1, n do
     end
     if beat and code == WAITING then
       -- The seq as ZMSCORE gave it (a string: no formatting).
-      seqBeats[#seqBeats + 1] = seqs[i]
+      nsb = nsb + 1
+      seqBeats[nsb] = seqs[i]
     elseif beat then
       beats[#beats + 1], beats[#beats + 2] = now, user
     end

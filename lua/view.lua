@@ -40,10 +40,11 @@ if KEYS[6] then
 end
 if n > 0 then
   local seqs = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, 2, 1 + n))
-  local beats = {}
+  local beats, nb = {}, 0
   for i = 1, n do
     if seqs[i] then
-      beats[#beats + 1] = seqs[i]
+      nb = nb + 1
+      beats[nb] = seqs[i]
     else
       out[#out + 1] = ARGV[1 + i]
     end
