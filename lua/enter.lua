@@ -199,8 +199,8 @@ local above
 local out, first, beats, seqBeats = {mark, batch}, {}, {}, {}
 -- New users take the next seqs in arrival order, given here: the counter holds `counter` (as
 -- fenced and frozen above, and nothing else writes it within the call), and is raised by their
--- number once they are all known. `adds` is
--- their ZADD's arguments (seq, user); `refresh` whether a seq asks for the keys' TTLs.
+-- number once they are all known. `adds` is their ZADD's arguments (seq, user); `refresh`
+-- whether a seq asks for the keys' TTLs.
 local nfresh, adds, refresh, every, seqStr = 0, {}, false, num(ARGV[8]), int_run()
 for i = 1, n do
   local user = ARGV[U + i]

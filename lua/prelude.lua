@@ -37,15 +37,11 @@ end
 -- (Wrapped: the library's load sees Redis' API alone; Lua's own functions exist at call time.)
 local num = kept(function(s) return tonumber(s) end)
 local str = kept(function(n) return tostring(n) end)
--- A whole number that differs call after call (a seq, an offset: nothing to keep) as its
--- decimal string, through `string.format`'s integer path (an sprintf of `%d`), where
--- `tostring`, a concatenation or a number argument of `redis.call` formats it as a float.
-local function int_str(n)
-  return string.format('%d', n)
-end
--- Whole numbers counted up one at a time (a call's new seqs) as decimal strings: `run(n)` is
--- int_str(n), but the sprintf comes once per ten numbers; the others join the tens' string and
--- their last digit.
+-- Whole numbers that differ call after call, counted up one at a time (a call's new seqs:
+-- nothing to keep), as decimal strings: `run(n)` is n's. The tens' string comes from
+-- `string.format`'s integer path (an sprintf of `%d`, where `tostring`, a concatenation or a
+-- number argument of `redis.call` formats a number as a float), once per ten numbers; each
+-- number joins it and its last digit.
 local DIGIT = {[0] = '0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
 local function int_run()
   local tens, head = -1, ''
@@ -53,7 +49,7 @@ local function int_run()
     local d = n % 10
     local t = (n - d) / 10
     if t ~= tens then
-      tens, head = t, t > 0 and int_str(t) or ''
+      tens, head = t, t > 0 and string.format('%d', t) or ''
     end
     return head .. DIGIT[d]
   end
